@@ -1,0 +1,139 @@
+/* obx_conf.h - the configuration table
+ *
+ * DESIGN: every key is declared once, in OBX_CONF_KEYS below: struct field, type, dotted name,
+ * environment variable, default, range (ints and durations) or allowed values (enums), flags
+ * and description. The same table fills obx_conf_t, validates, and prints the documentation
+ * (`outboxctl conf list`, README's configuration section).
+ *
+ * Sources, later wins: defaults -> file (`key = value` lines, dotted names or env names, `#`
+ * comments) -> environment -> `-X key=value` overrides. Keys under `kafka.` and `amqp.` that
+ * are not in the table pass through untouched to librdkafka / the AMQP client (obx_conf_t.passthrough).
+ * Durations accept `250ms`, `5s`, `2m`, `1h`, `7d`, or a bare number of milliseconds.
+ * A bad key or value fails with a message naming the key, the value and what is allowed. */
+#ifndef OBX_CONF_H
+#define OBX_CONF_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "obx_err.h"
+
+typedef enum {
+  OBX_CONF_STR,
+  OBX_CONF_INT,
+  OBX_CONF_BOOL,
+  OBX_CONF_DURATION,      /* milliseconds */
+  OBX_CONF_ENUM,          /* one of the '|'-separated values in `range` */
+  OBX_CONF_DURATION_LIST, /* comma-separated durations, e.g. the retry ladder */
+} obx_conf_type_t;
+
+#define OBX_CONF_SENSITIVE 0x1 /* never printed or logged in clear */
+
+#define OBX_CONF_MAX_LIST 16
+typedef struct {
+  int n;
+  int64_t ms[OBX_CONF_MAX_LIST];
+} obx_conf_durations_t;
+
+/* X(field, TYPE, name, env, default, min, max, enum_values, flags, description)
+ * min/max apply to INT and DURATION (DURATION bounds in ms; DURATION_LIST bounds apply to each
+ * element); enum_values to ENUM. */
+#define OBX_CONF_KEYS(X)                                                                          \
+  X(mongo_uri, STR, "mongo.uri", "MONGO_URI", "mongodb://127.0.0.1:27017/?replicaSet=rs0", 0, 0, NULL, OBX_CONF_SENSITIVE, \
+    "MongoDB connection string (replica set or sharded cluster; transactions and change streams are required)") \
+  X(mongo_db, STR, "mongo.db", "MONGO_DB", "outboxd", 0, 0, NULL, 0,                              \
+    "Database holding orders, outbox, inbox and the other collections")                          \
+  X(kafka_brokers, STR, "kafka.brokers", "KAFKA_BROKERS", "127.0.0.1:9092", 0, 0, NULL, 0,        \
+    "Kafka bootstrap servers (comma-separated host:port)")                                        \
+  X(kafka_topic, STR, "kafka.topic", "KAFKA_TOPIC", "domain-events", 0, 0, NULL, 0,               \
+    "Topic the relay publishes domain events to and the worker consumes")                        \
+  X(amqp_url, STR, "amqp.url", "AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F", 0, 0, NULL, OBX_CONF_SENSITIVE, \
+    "RabbitMQ URL for the retry ladder and the parking-lot DLQ (default vhost is %2F)")          \
+  X(http_port, INT, "http.port", "HTTP_PORT", "8080", 0, 65535, NULL, 0,                          \
+    "Port of the HTTP API (and of the CloudEvents sink when WORKER_SOURCE=http); 0 picks a free port") \
+  X(http_bind, STR, "http.bind", "HTTP_BIND", "0.0.0.0", 0, 0, NULL, 0,                           \
+    "Address the HTTP server listens on")                                                         \
+  X(api_enabled, BOOL, "api.enabled", "API_ENABLED", "true", 0, 0, NULL, 0,                       \
+    "Run the api role in this process")                                                           \
+  X(relay_enabled, BOOL, "relay.enabled", "OUTBOX_RELAY_ENABLED", "true", 0, 0, NULL, 0,          \
+    "Run the relay role in this process")                                                         \
+  X(worker_enabled, BOOL, "worker.enabled", "WORKER_ENABLED", "true", 0, 0, NULL, 0,              \
+    "Run the worker role in this process")                                                        \
+  X(relay_mode, ENUM, "relay.mode", "RELAY_MODE", "stream", 0, 0, "stream|poll", 0,               \
+    "stream: change stream plus sweeper; poll: the sweeper alone with leased claims")            \
+  X(outbox_poll_interval, DURATION, "outbox.poll_interval", "OUTBOX_POLL_INTERVAL_MS", "2000", 10, 3600000, NULL, 0, \
+    "Interval of the sweeper that publishes PENDING events the stream missed")                   \
+  X(outbox_batch_size, INT, "outbox.batch_size", "OUTBOX_BATCH_SIZE", "50", 1, 10000, NULL, 0,    \
+    "Events claimed per sweep")                                                                   \
+  X(outbox_max_attempts, INT, "outbox.max_attempts", "OUTBOX_MAX_ATTEMPTS", "10", 1, 1000, NULL, 0, \
+    "Publish attempts before an outbox event becomes FAILED")                                    \
+  X(outbox_retention, DURATION, "outbox.retention", "OUTBOX_RETENTION", "7d", 1000, 31536000000LL, NULL, 0, \
+    "How long PUBLISHED outbox documents are kept for audit (partial TTL index)")                \
+  X(inbox_retention, DURATION, "inbox.retention", "INBOX_RETENTION", "7d", 1000, 31536000000LL, NULL, 0, \
+    "How long finished inbox entries are kept (TTL on processedAt)")                             \
+  X(order_post_attempts, INT, "worker.attempts", "ORDER_POST_ATTEMPTS", "5", 1, 100, NULL, 0,     \
+    "Pipeline attempts per event before it is parked in the DLQ")                                \
+  X(order_post_concurrency, INT, "worker.concurrency", "ORDER_POST_CONCURRENCY", "4", 1, 256, NULL, 0, \
+    "Events of different keys run in parallel by one worker")                                    \
+  X(retry_ladder, DURATION_LIST, "worker.retry_ladder", "RETRY_LADDER", "5s,30s,2m,10m", 10, 86400000, NULL, 0, \
+    "Delays of the RabbitMQ retry tiers (one TTL queue per tier)")                               \
+  X(worker_source, ENUM, "worker.source", "WORKER_SOURCE", "kafka", 0, 0, "kafka|http", 0,         \
+    "kafka: consumer group on KAFKA_TOPIC; http: CloudEvents HTTP sink (Knative)")               \
+  X(egress_allowlist, STR, "egress.allowlist", "EGRESS_ALLOWLIST", "", 0, 0, NULL, 0,             \
+    "Hosts http-request nodes may call (comma-separated; empty allows any public host)")         \
+  X(log_level, ENUM, "log.level", "LOG_LEVEL", "info", 0, 0, "debug|info|warn|error", 0,           \
+    "Lowest level written to the log")
+
+#define OBX_CONF_CTYPE_STR char *
+#define OBX_CONF_CTYPE_INT int64_t
+#define OBX_CONF_CTYPE_BOOL bool
+#define OBX_CONF_CTYPE_DURATION int64_t
+#define OBX_CONF_CTYPE_ENUM char *
+#define OBX_CONF_CTYPE_DURATION_LIST obx_conf_durations_t
+
+typedef struct {
+  char *key;   /* full dotted key, e.g. "kafka.linger.ms" */
+  char *value;
+} obx_conf_pair_t;
+
+typedef struct {
+#define OBX_CONF_FIELD_(field, TYPE, ...) OBX_CONF_CTYPE_##TYPE field;
+  OBX_CONF_KEYS(OBX_CONF_FIELD_)
+#undef OBX_CONF_FIELD_
+  obx_conf_pair_t *passthrough; /* kafka.* / amqp.* keys not in the table */
+  int npassthrough;
+} obx_conf_t;
+
+/* Static description of one key, as declared in OBX_CONF_KEYS. */
+typedef struct {
+  const char *name, *env, *def, *enum_values, *description;
+  obx_conf_type_t type;
+  int64_t min, max;
+  int flags;
+} obx_conf_key_t;
+
+/* The table; *n receives its length. */
+const obx_conf_key_t *obx_conf_keys(int *n);
+
+/* Fills conf with the defaults. conf is caller storage; free with obx_conf_cleanup. */
+void obx_conf_init(obx_conf_t *conf);
+void obx_conf_cleanup(obx_conf_t *conf);
+/* Sets one key by dotted name or env name from a string, validating it. */
+bool obx_conf_set(obx_conf_t *conf, const char *key, const char *value, obx_err_t *err);
+/* Reads `key = value` lines; a missing file is an error only when required. */
+bool obx_conf_load_file(obx_conf_t *conf, const char *path, bool required, obx_err_t *err);
+/* Applies every table key whose env variable is set (envp NULL: the process environment). */
+bool obx_conf_load_env(obx_conf_t *conf, char *const *envp, obx_err_t *err);
+/* The whole order: defaults -> file (if path) -> env -> overrides ("key=value" strings). */
+bool obx_conf_load(obx_conf_t *conf, const char *file, char *const *envp,
+                   char *const *overrides, int noverrides, obx_err_t *err);
+/* Current value of a key as text (sensitive values redacted unless reveal); caller frees. */
+char *obx_conf_get_string(const obx_conf_t *conf, const char *key, bool reveal);
+/* Documentation: format "text" (aligned table) or "markdown" (README table). */
+void obx_conf_print_doc(FILE *out, const char *format);
+/* Effective values, one `name = value` per line, secrets redacted. */
+void obx_conf_print_values(const obx_conf_t *conf, FILE *out);
+/* Parse helpers shared with other modules. */
+bool obx_conf_parse_duration(const char *s, int64_t *ms);
+
+#endif

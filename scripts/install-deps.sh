@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# install-deps.sh - install the Debian packages outboxd needs to build, test and run locally.
+#
+# Idempotent: installs only what is missing and runs `apt-get update` only when a package
+# cannot be found in the current lists. Needs root (or sudo) when something is missing.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config git ca-certificates procps psmisc iproute2
+  libmongoc-dev libbson-dev librdkafka-dev librabbitmq-dev libcurl4-openssl-dev
+  libmicrohttpd-dev libcmocka-dev
+  rabbitmq-server kcat wrk curl
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# Refresh the package lists only if one of the missing packages is unknown to apt.
+for p in "${missing[@]}"; do
+  if ! apt-cache show "$p" >/dev/null 2>&1; then
+    $SUDO apt-get update -q
+    break
+  fi
+done
+# rabbitmq-server's postinst starts the system node; keep it from running (tests use a private node).
+policy_added=0
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+  $SUDO chmod +x /usr/sbin/policy-rc.d
+  policy_added=1
+fi
+trap '[ "$policy_added" = 1 ] && $SUDO rm -f /usr/sbin/policy-rc.d' EXIT
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

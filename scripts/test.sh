@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# test.sh - the test command: install deps, build, start services, run every test, stop services.
+#
+#   scripts/test.sh            full run: unit + integration, then unit tests again under ASan+UBSan
+#   scripts/test.sh --quick    one build, unit + integration, no sanitizer pass
+#
+# Exits non-zero on any failure. Services started here are stopped on every exit path.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+QUICK=0
+[ "${1:-}" = "--quick" ] && QUICK=1
+
+scripts/install-deps.sh
+
+JOBS=$(nproc)
+BUILD=${OBX_BUILD_DIR:-$ROOT/build}
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOBX_WERROR=ON >/dev/null
+cmake --build "$BUILD" -j "$JOBS"
+
+# RabbitMQ: a private node for this run (own name, ports, data directory).
+export OBX_RMQ_DIR=${OBX_RMQ_DIR:-$(mktemp -d /tmp/obx-rmq.XXXXXX)}
+cleanup() {
+  scripts/rabbitmq.sh stop || true
+}
+trap cleanup EXIT INT TERM
+scripts/rabbitmq.sh start
+# shellcheck disable=SC1091
+source "$OBX_RMQ_DIR/env"   # exports AMQP_URL for the tests
+
+status=0
+ctest --test-dir "$BUILD" -L unit --output-on-failure -j "$JOBS" || status=1
+ctest --test-dir "$BUILD" -L integration --output-on-failure || status=1
+
+if [ "$QUICK" = 0 ]; then
+  ASAN_BUILD=${BUILD}-asan
+  cmake -S . -B "$ASAN_BUILD" -DCMAKE_BUILD_TYPE=Debug -DOBX_WERROR=ON -DOBX_SANITIZE=ON >/dev/null
+  cmake --build "$ASAN_BUILD" -j "$JOBS"
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir "$ASAN_BUILD" -L unit --output-on-failure -j "$JOBS" || status=1
+fi
+
+if [ "$status" = 0 ]; then echo "test.sh: all tests passed"; else echo "test.sh: FAILED"; fi
+exit "$status"

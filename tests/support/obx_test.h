@@ -1,0 +1,49 @@
+/* obx_test.h - helpers shared by the test suites
+ *
+ * DESIGN: child processes (the dev servers, outboxd itself) are started with obx_test_spawn and
+ * always stopped by obx_test_proc_stop; waiting is done by polling a condition with a deadline,
+ * never by sleeping a fixed time. */
+#ifndef OBX_TEST_H
+#define OBX_TEST_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <cmocka.h>
+
+typedef struct {
+  pid_t pid;
+  char log_path[256];  /* stdout+stderr of the child */
+} obx_test_proc_t;
+
+/* Monotonic milliseconds. */
+int64_t obx_test_now_ms(void);
+
+/* Polls cond(ctx) every poll_ms until it returns true or timeout_ms passes; returns its last
+ * answer. */
+bool obx_test_wait_for(bool (*cond)(void *ctx), void *ctx, int timeout_ms, int poll_ms);
+
+/* Starts argv[0] (a path) with argv; stdout and stderr go to a temp file named in
+ * proc->log_path. Returns false if fork/exec fails. env_extra: NULL or "K=V" strings
+ * terminated by NULL, added to the environment. */
+bool obx_test_spawn(obx_test_proc_t *proc, char *const argv[], char *const env_extra[]);
+/* Sends sig (SIGTERM for a clean stop, SIGKILL for a crash) and waits up to timeout_ms for
+ * exit, then SIGKILLs. Returns the wait status (or -1). Safe on a zeroed proc. */
+int obx_test_proc_stop(obx_test_proc_t *proc, int sig, int timeout_ms);
+bool obx_test_proc_alive(obx_test_proc_t *proc);
+
+/* Waits until `path` exists and has a first non-empty line; copies it to out. */
+bool obx_test_read_first_line(const char *path, char *out, size_t outlen, int timeout_ms);
+/* Waits until the file contains `needle`. */
+bool obx_test_file_contains(const char *path, const char *needle, int timeout_ms);
+
+/* A private temp directory for this test run (created once, under $TMPDIR). */
+const char *obx_test_tmpdir(void);
+
+/* Builds a path to a program in the build tree, e.g. obx_test_build_path("tests/fixtures/devmongo/devmongod"). */
+const char *obx_test_build_path(const char *rel);
+
+#endif

@@ -1,0 +1,157 @@
+/* proc.c - child processes and deadline polling for tests */
+#include "obx_test.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+int64_t obx_test_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+bool obx_test_wait_for(bool (*cond)(void *ctx), void *ctx, int timeout_ms, int poll_ms) {
+  int64_t deadline = obx_test_now_ms() + timeout_ms;
+  for (;;) {
+    if (cond(ctx)) return true;
+    if (obx_test_now_ms() >= deadline) return cond(ctx);
+    struct timespec ts = {poll_ms / 1000, (long)(poll_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
+const char *obx_test_tmpdir(void) {
+  static char dir[200];
+  if (!dir[0]) {
+    const char *base = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/obxtest.XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(dir)) {
+      perror("mkdtemp");
+      abort();
+    }
+  }
+  return dir;
+}
+
+const char *obx_test_build_path(const char *rel) {
+  static char path[4][512];
+  static int next;
+  char *p = path[next++ % 4];
+  snprintf(p, 512, "%s/%s", OBX_BUILD_DIR, rel);
+  return p;
+}
+
+bool obx_test_spawn(obx_test_proc_t *proc, char *const argv[], char *const env_extra[]) {
+  static int seq;
+  const char *base = strrchr(argv[0], '/');
+  snprintf(proc->log_path, sizeof proc->log_path, "%s/%s.%d.%d.log", obx_test_tmpdir(),
+           base ? base + 1 : argv[0], (int)getpid(), seq++);
+  int fd = open(proc->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(fd);
+    return false;
+  }
+  if (pid == 0) {
+    dup2(fd, 1);
+    dup2(fd, 2);
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, 0);
+    for (int i = 0; env_extra && env_extra[i]; i++) putenv(env_extra[i]);
+    execv(argv[0], argv);
+    fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  close(fd);
+  proc->pid = pid;
+  return true;
+}
+
+bool obx_test_proc_alive(obx_test_proc_t *proc) {
+  if (proc->pid <= 0) return false;
+  int status;
+  pid_t r = waitpid(proc->pid, &status, WNOHANG);
+  if (r == proc->pid) {
+    proc->pid = 0;
+    return false;
+  }
+  return r == 0;
+}
+
+int obx_test_proc_stop(obx_test_proc_t *proc, int sig, int timeout_ms) {
+  if (proc->pid <= 0) return -1;
+  kill(proc->pid, sig);
+  int64_t deadline = obx_test_now_ms() + timeout_ms;
+  int status = -1;
+  for (;;) {
+    pid_t r = waitpid(proc->pid, &status, WNOHANG);
+    if (r == proc->pid) break;
+    if (r < 0) {
+      status = -1;
+      break;
+    }
+    if (obx_test_now_ms() >= deadline) {
+      kill(proc->pid, SIGKILL);
+      waitpid(proc->pid, &status, 0);
+      break;
+    }
+    struct timespec ts = {0, 10 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  proc->pid = 0;
+  return status;
+}
+
+typedef struct {
+  const char *path;
+  const char *needle;
+  char *out;
+  size_t outlen;
+} file_wait_t;
+
+static bool first_line_ready(void *ctx) {
+  file_wait_t *w = ctx;
+  FILE *f = fopen(w->path, "r");
+  if (!f) return false;
+  char buf[1024];
+  bool ok = fgets(buf, sizeof buf, f) && strchr(buf, '\n');
+  fclose(f);
+  if (ok) {
+    buf[strcspn(buf, "\r\n")] = 0;
+    ok = buf[0] != 0;
+    if (ok) snprintf(w->out, w->outlen, "%s", buf);
+  }
+  return ok;
+}
+
+bool obx_test_read_first_line(const char *path, char *out, size_t outlen, int timeout_ms) {
+  file_wait_t w = {path, NULL, out, outlen};
+  return obx_test_wait_for(first_line_ready, &w, timeout_ms, 10);
+}
+
+static bool file_has(void *ctx) {
+  file_wait_t *w = ctx;
+  FILE *f = fopen(w->path, "r");
+  if (!f) return false;
+  bool found = false;
+  char *line = NULL;
+  size_t cap = 0;
+  while (!found && getline(&line, &cap, f) > 0) found = strstr(line, w->needle) != NULL;
+  free(line);
+  fclose(f);
+  return found;
+}
+
+bool obx_test_file_contains(const char *path, const char *needle, int timeout_ms) {
+  file_wait_t w = {path, needle, NULL, 0};
+  return obx_test_wait_for(file_has, &w, timeout_ms, 20);
+}
