@@ -1,0 +1,58 @@
+/* obx_relay.h - the relay role: outbox change stream (and sweeper) to Kafka
+ *
+ * DESIGN: the relay owns one thread that reads the `outbox` collection (a change stream on
+ * inserts and on updates that set status back to PENDING, plus a sweeper for PENDING events the
+ * stream missed), produces each event as a CloudEvents binary-mode record (DESIGN.md §4) with an
+ * idempotent librdkafka producer, and only after Kafka acknowledges marks the event PUBLISHED and
+ * advances the resume-token checkpoint in `relay_checkpoints`. Several relays may run: a lease in
+ * `leases` elects the one that publishes in stream mode; in poll mode every relay sweeps with
+ * leased claims. See src/relay/relay.c for the loop.
+ *
+ * The producer is exposed on its own so that tests and benchmarks can drive it. */
+#ifndef OBX_RELAY_H
+#define OBX_RELAY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "obx_conf.h"
+#include "obx_err.h"
+#include "obx_event.h"
+
+/* ---- producer ---------------------------------------------------------------------------- */
+
+typedef struct obx_relay_producer obx_relay_producer_t;
+
+/* One delivery report. Borrowed for the duration of the callback. */
+typedef struct {
+  void *opaque;        /* as passed to obx_relay_producer_send */
+  bool ok;             /* acknowledged by every in-sync replica (acks=all) */
+  obx_err_t err;       /* when !ok: the Kafka error, retriable or not */
+  int32_t partition;
+  int64_t offset;      /* -1 when unknown */
+} obx_relay_ack_t;
+
+typedef void (*obx_relay_ack_fn)(const obx_relay_ack_t *ack, void *ctx);
+
+/* Creates an idempotent producer (enable.idempotence=true, acks=all,
+ * partitioner=murmur2_random) for conf->kafka_brokers; conf's `kafka.*` passthrough keys are
+ * applied last (without the `kafka.` prefix); librdkafka logs go to ours. `ack` is called from
+ * obx_relay_producer_poll on the polling thread, once per sent record. Returns owned. */
+obx_relay_producer_t *obx_relay_producer_new(const obx_conf_t *conf, obx_relay_ack_fn ack, void *ctx,
+                                             obx_err_t *err);
+/* Destroys; records still queued get their failed delivery reports first. NULL is a no-op. */
+void obx_relay_producer_destroy(obx_relay_producer_t *producer);
+/* Queues rec (copied) for `topic`; opaque comes back in the delivery report. A full local
+ * queue is a retriable error. */
+bool obx_relay_producer_send(obx_relay_producer_t *producer, const char *topic,
+                             const obx_kafka_record_t *rec, void *opaque, obx_err_t *err);
+/* Serves delivery reports, waiting up to timeout_ms for the first; returns how many events
+ * were served. */
+int obx_relay_producer_poll(obx_relay_producer_t *producer, int timeout_ms);
+/* Records sent and not yet reported. */
+int obx_relay_producer_pending(const obx_relay_producer_t *producer);
+/* Serves reports until nothing is pending or timeout_ms passes; true when nothing is left. */
+bool obx_relay_producer_flush(obx_relay_producer_t *producer, int timeout_ms);
+/* True after the idempotent producer hit a fatal error: it must be destroyed and recreated. */
+bool obx_relay_producer_fatal(const obx_relay_producer_t *producer);
+
+#endif

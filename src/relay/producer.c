@@ -1,0 +1,141 @@
+/* producer.c - the relay's idempotent Kafka producer
+ *
+ * DESIGN: a thin owner of one rd_kafka_t. Configuration: bootstrap servers from the table,
+ * then the guarantees DESIGN.md §4 requires (enable.idempotence=true, acks=all,
+ * partitioner=murmur2_random: the same partition as Java clients and Knative), then the
+ * `kafka.*` passthrough keys. The idempotent producer keeps order per partition with up to 5
+ * requests in flight, so per-key order in Kafka is the order of obx_relay_producer_send calls.
+ * Delivery reports are served on the thread that calls obx_relay_producer_poll (the relay
+ * thread); `pending` is only touched there and in send, so it needs no lock. */
+#include "obx/obx_relay.h"
+
+#include <librdkafka/rdkafka.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "obx/obx_log.h"
+
+struct obx_relay_producer {
+  rd_kafka_t *rk;
+  obx_relay_ack_fn ack;
+  void *ctx;
+  int pending;
+  bool fatal;
+};
+
+static void producer_on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque) {
+  obx_relay_producer_t *producer = opaque;
+  obx_relay_ack_t ack;
+  memset(&ack, 0, sizeof ack);
+  ack.opaque = msg->_private;
+  ack.ok = msg->err == RD_KAFKA_RESP_ERR_NO_ERROR;
+  ack.partition = msg->partition;
+  ack.offset = msg->offset;
+  if (!ack.ok) obx_err_from_kafka(&ack.err, msg->err, "delivery");
+  producer->pending--;
+  producer->ack(&ack, producer->ctx);
+}
+
+static void producer_on_error(rd_kafka_t *rk, int code, const char *reason, void *opaque) {
+  obx_relay_producer_t *producer = opaque;
+  if (code == RD_KAFKA_RESP_ERR__FATAL) {
+    char why[256];
+    rd_kafka_fatal_error(rk, why, sizeof why);
+    producer->fatal = true;
+    obx_error("kafka producer fatal error: %s", why);
+    return;
+  }
+  obx_debug("kafka: %s (%s)", reason, rd_kafka_err2name(code)); /* also in the routed log */
+}
+
+static bool producer_conf_set(rd_kafka_conf_t *kconf, const char *name, const char *value, obx_err_t *err) {
+  char why[256];
+  if (rd_kafka_conf_set(kconf, name, value, why, sizeof why) == RD_KAFKA_CONF_OK) return true;
+  obx_err_set(err, OBX_ERR_CONF, 0, false, "kafka.%s=%s: %s", name, value, why);
+  return false;
+}
+
+obx_relay_producer_t *obx_relay_producer_new(const obx_conf_t *conf, obx_relay_ack_fn ack, void *ctx,
+                                             obx_err_t *err) {
+  static const char *const fixed[][2] = {
+    {"client.id", "outboxd-relay"},
+    {"enable.idempotence", "true"},
+    {"acks", "all"},
+    {"partitioner", "murmur2_random"},
+  };
+  obx_relay_producer_t *producer = calloc(1, sizeof *producer);
+  rd_kafka_conf_t *kconf = rd_kafka_conf_new();
+  char why[512];
+  if (!producer) abort();
+  producer->ack = ack;
+  producer->ctx = ctx;
+
+  if (!producer_conf_set(kconf, "bootstrap.servers", conf->kafka_brokers, err)) goto fail;
+  for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+    if (!producer_conf_set(kconf, fixed[i][0], fixed[i][1], err)) goto fail;
+  for (int i = 0; i < conf->npassthrough; i++) {
+    const char *key = conf->passthrough[i].key;
+    if (strncmp(key, "kafka.", 6) != 0) continue;
+    if (!producer_conf_set(kconf, key + 6, conf->passthrough[i].value, err)) goto fail;
+  }
+  rd_kafka_conf_set_opaque(kconf, producer);
+  rd_kafka_conf_set_dr_msg_cb(kconf, producer_on_delivery);
+  rd_kafka_conf_set_error_cb(kconf, producer_on_error);
+  obx_log_route_kafka(kconf);
+
+  producer->rk = rd_kafka_new(RD_KAFKA_PRODUCER, kconf, why, sizeof why);
+  if (!producer->rk) {
+    obx_err_set(err, OBX_ERR_KAFKA, 0, false, "kafka producer: %s", why);
+    goto fail;
+  }
+  return producer; /* rd_kafka_new took kconf */
+
+fail:
+  rd_kafka_conf_destroy(kconf);
+  free(producer);
+  return NULL;
+}
+
+void obx_relay_producer_destroy(obx_relay_producer_t *producer) {
+  if (!producer) return;
+  rd_kafka_purge(producer->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+  rd_kafka_flush(producer->rk, 5000);
+  rd_kafka_destroy(producer->rk);
+  free(producer);
+}
+
+bool obx_relay_producer_send(obx_relay_producer_t *producer, const char *topic,
+                             const obx_kafka_record_t *rec, void *opaque, obx_err_t *err) {
+  rd_kafka_headers_t *headers = rd_kafka_headers_new((size_t)rec->nheaders);
+  for (int i = 0; i < rec->nheaders; i++)
+    rd_kafka_header_add(headers, rec->headers[i].name, -1, rec->headers[i].value,
+                        (ssize_t)rec->headers[i].len);
+  rd_kafka_resp_err_t rc = rd_kafka_producev(
+    producer->rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+    RD_KAFKA_V_KEY(rec->key, rec->key_len), RD_KAFKA_V_VALUE(rec->value, rec->value_len),
+    RD_KAFKA_V_HEADERS(headers), RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
+  if (rc != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    rd_kafka_headers_destroy(headers); /* producev owns them only on success */
+    obx_err_from_kafka(err, rc, "produce");
+    return false;
+  }
+  producer->pending++;
+  return true;
+}
+
+int obx_relay_producer_poll(obx_relay_producer_t *producer, int timeout_ms) {
+  return rd_kafka_poll(producer->rk, timeout_ms);
+}
+
+int obx_relay_producer_pending(const obx_relay_producer_t *producer) {
+  return producer->pending;
+}
+
+bool obx_relay_producer_flush(obx_relay_producer_t *producer, int timeout_ms) {
+  rd_kafka_flush(producer->rk, timeout_ms);
+  return producer->pending == 0;
+}
+
+bool obx_relay_producer_fatal(const obx_relay_producer_t *producer) {
+  return producer->fatal;
+}

@@ -1,0 +1,198 @@
+/* test_relay_producer.c - the relay producer: Java-compatible partitioning, passthrough keys
+ *
+ * DESIGN: the reference murmur2 below is written from the Kafka algorithm (Java client,
+ * Utils.murmur2 + toPositive) and pinned to the values Kafka's own tests use; librdkafka's
+ * murmur2_random partitioner, driven through obx_relay_producer_*, must pick the same partition
+ * for every key and partition count. Kafka is librdkafka's in-process mock cluster. */
+#include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka_mock.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "obx/obx_relay.h"
+#include "obx_test.h"
+
+static int32_t ref_murmur2(const void *key, size_t len) {
+  const uint8_t *data = key;
+  const uint32_t m = 0x5bd1e995u;
+  const int r = 24;
+  uint32_t h = 0x9747b28cu ^ (uint32_t)len;
+  size_t n4 = len / 4;
+  for (size_t i = 0; i < n4; i++) {
+    const uint8_t *p = data + i * 4;
+    uint32_t k = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    k *= m;
+    k ^= k >> r;
+    k *= m;
+    h *= m;
+    h ^= k;
+  }
+  const uint8_t *tail = data + (len & ~(size_t)3);
+  switch (len % 4) {
+  case 3: h ^= (uint32_t)tail[2] << 16; /* fall through */
+  case 2: h ^= (uint32_t)tail[1] << 8;  /* fall through */
+  case 1: h ^= tail[0]; h *= m;
+  }
+  h ^= h >> 13;
+  h *= m;
+  h ^= h >> 15;
+  return (int32_t)h;
+}
+
+static int32_t ref_partition(const char *key, int partitions) {
+  return (int32_t)(((uint32_t)ref_murmur2(key, strlen(key)) & 0x7fffffffu) % (uint32_t)partitions);
+}
+
+static void test_reference_murmur2_matches_kafka(void **state) {
+  /* Values from the Kafka project's own unit test of Utils.murmur2. */
+  static const struct { const char *key; int32_t want; } cases[] = {
+    {"21", -973932308},
+    {"foobar", -790332482},
+    {"a-little-bit-long-string", -985981536},
+    {"a-little-bit-longer-string", -1486304829},
+    {"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971},
+    {"abc", 479470107},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int32_t got = ref_murmur2(cases[i].key, strlen(cases[i].key));
+    if (got != cases[i].want) fail_msg("murmur2(%s): got %d want %d", cases[i].key, got, cases[i].want);
+  }
+}
+
+/* ---- producing to the mock cluster ----------------------------------------------------- */
+
+typedef struct {
+  int32_t partition[64];
+  bool ok[64];
+  obx_err_t err[64];
+  int acked;
+} acks_t;
+
+static void on_ack(const obx_relay_ack_t *ack, void *ctx) {
+  acks_t *acks = ctx;
+  intptr_t i = (intptr_t)ack->opaque;
+  acks->partition[i] = ack->partition;
+  acks->ok[i] = ack->ok;
+  acks->err[i] = ack->err;
+  acks->acked++;
+}
+
+static const char *const keys[] = {
+  "21", "foobar", "abc", "a-little-bit-long-string", "ORD-000001", "ORD-000002", "ORD-424242",
+  "0193f2a4-7c1e-7b3a-9f00-0a1b2c3d4e5f", "org-1/Order/77", "S\xc3\xa3o Paulo", "x",
+  "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+};
+#define NKEYS ((int)(sizeof keys / sizeof keys[0]))
+
+static void test_partition_matches_java(void **state) {
+  static const int partition_counts[] = {1, 3, 7, 12, 64};
+  char why[256];
+  rd_kafka_conf_t *host_conf = rd_kafka_conf_new();
+  rd_kafka_conf_set(host_conf, "log_level", "2", why, sizeof why); /* the host never connects */
+  rd_kafka_t *host = rd_kafka_new(RD_KAFKA_PRODUCER, host_conf, why, sizeof why);
+  assert_non_null(host);
+  rd_kafka_mock_cluster_t *mc = rd_kafka_mock_cluster_new(host, 1);
+  assert_non_null(mc);
+
+  obx_conf_t conf;
+  memset(&conf, 0, sizeof conf);
+  conf.kafka_brokers = (char *)rd_kafka_mock_cluster_bootstraps(mc);
+  obx_conf_pair_t pass[] = {{"kafka.linger.ms", "1"}, {"amqp.heartbeat", "10"}};
+  conf.passthrough = pass;
+  conf.npassthrough = 2;
+
+  for (size_t t = 0; t < sizeof partition_counts / sizeof partition_counts[0]; t++) {
+    int n = partition_counts[t];
+    char topic[32];
+    snprintf(topic, sizeof topic, "murmur-%d", n);
+    assert_int_equal(rd_kafka_mock_topic_create(mc, topic, n, 1), RD_KAFKA_RESP_ERR_NO_ERROR);
+
+    acks_t acks;
+    memset(&acks, 0, sizeof acks);
+    obx_err_t err = OBX_ERR_INIT;
+    obx_relay_producer_t *producer = obx_relay_producer_new(&conf, on_ack, &acks, &err);
+    if (!producer) fail_msg("producer_new: %s", err.msg);
+    for (int i = 0; i < NKEYS; i++) {
+      obx_kafka_record_t rec;
+      memset(&rec, 0, sizeof rec);
+      rec.key = (char *)keys[i];
+      rec.key_len = strlen(keys[i]);
+      rec.value = "{}";
+      rec.value_len = 2;
+      if (!obx_relay_producer_send(producer, topic, &rec, (void *)(intptr_t)i, &err))
+        fail_msg("send %s: %s", keys[i], err.msg);
+    }
+    assert_int_equal(obx_relay_producer_pending(producer), NKEYS);
+    if (!obx_relay_producer_flush(producer, 30000))
+      fail_msg("flush: %d reports missing", obx_relay_producer_pending(producer));
+    assert_int_equal(acks.acked, NKEYS);
+    for (int i = 0; i < NKEYS; i++) {
+      if (!acks.ok[i]) fail_msg("key %s to %s: not acknowledged", keys[i], topic);
+      int32_t want = ref_partition(keys[i], n);
+      if (acks.partition[i] != want)
+        fail_msg("key %s with %d partitions: got partition %d want %d", keys[i], n, acks.partition[i], want);
+    }
+    obx_relay_producer_destroy(producer);
+  }
+  rd_kafka_mock_cluster_destroy(mc);
+  rd_kafka_destroy(host);
+}
+
+static void test_bad_passthrough_key_is_named(void **state) {
+  static const struct { const char *key, *value, *want_in_msg; } cases[] = {
+    {"kafka.no.such.property", "1", "kafka.no.such.property"},
+    {"kafka.linger.ms", "soon", "kafka.linger.ms=soon"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    obx_conf_t conf;
+    memset(&conf, 0, sizeof conf);
+    conf.kafka_brokers = "127.0.0.1:1";
+    obx_conf_pair_t pass = {(char *)cases[i].key, (char *)cases[i].value};
+    conf.passthrough = &pass;
+    conf.npassthrough = 1;
+    obx_err_t err = OBX_ERR_INIT;
+    obx_relay_producer_t *producer = obx_relay_producer_new(&conf, on_ack, NULL, &err);
+    if (producer) fail_msg("%s=%s: got a producer, want an error", cases[i].key, cases[i].value);
+    assert_int_equal(err.domain, OBX_ERR_CONF);
+    if (!strstr(err.msg, cases[i].want_in_msg))
+      fail_msg("error message: got \"%s\", want it to contain \"%s\"", err.msg, cases[i].want_in_msg);
+  }
+}
+
+static void test_undeliverable_record_reports_failure(void **state) {
+  /* A broker that never answers: the record times out and comes back as a failed report. */
+  obx_conf_t conf;
+  memset(&conf, 0, sizeof conf);
+  conf.kafka_brokers = "127.0.0.1:1";
+  obx_conf_pair_t pass[] = {{"kafka.message.timeout.ms", "300"}};
+  conf.passthrough = pass;
+  conf.npassthrough = 1;
+  acks_t acks;
+  memset(&acks, 0, sizeof acks);
+  obx_err_t err = OBX_ERR_INIT;
+  obx_relay_producer_t *producer = obx_relay_producer_new(&conf, on_ack, &acks, &err);
+  if (!producer) fail_msg("producer_new: %s", err.msg);
+  obx_kafka_record_t rec;
+  memset(&rec, 0, sizeof rec);
+  rec.key = "k";
+  rec.key_len = 1;
+  rec.value = "{}";
+  rec.value_len = 2;
+  assert_true(obx_relay_producer_send(producer, "t", &rec, (void *)(intptr_t)0, &err));
+  assert_true(obx_relay_producer_flush(producer, 20000));
+  assert_int_equal(acks.acked, 1);
+  assert_false(acks.ok[0]);
+  assert_int_equal(acks.err[0].domain, OBX_ERR_KAFKA);
+  assert_int_equal(acks.err[0].code, RD_KAFKA_RESP_ERR__MSG_TIMED_OUT);
+  obx_relay_producer_destroy(producer);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_reference_murmur2_matches_kafka),
+    cmocka_unit_test(test_partition_matches_java),
+    cmocka_unit_test(test_bad_passthrough_key_is_named),
+    cmocka_unit_test(test_undeliverable_record_reports_failure),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
