@@ -50,6 +50,8 @@ const char *obx_err_domain_name(int domain);
 struct _bson_error_t;
 struct _bson_t;
 void obx_err_from_bson(obx_err_t *err, const struct _bson_error_t *berr, const struct _bson_t *reply);
+/* True for a MongoDB duplicate key error (code 11000) wrapped by obx_err_from_bson. */
+bool obx_err_is_duplicate_key(const obx_err_t *err);
 void obx_err_from_kafka(obx_err_t *err, int rd_kafka_resp_err, const char *what);
 void obx_err_from_curl(obx_err_t *err, int curlcode, const char *errbuf);
 void obx_err_from_http_status(obx_err_t *err, long status, const char *url);
