@@ -1,0 +1,153 @@
+/* obx_ladder.h - the RabbitMQ retry ladder and parking-lot DLQ
+ *
+ * DESIGN: DESIGN.md §6. Topology, declared idempotently on every (re)connect, names built from
+ * a prefix P (WORKER_QUEUE_PREFIX, default "outboxd"):
+ *   P.retry             direct exchange the worker publishes failed events to
+ *   P.retry.<ms>ms      one durable quorum queue per RETRY_LADDER tier, bound to P.retry with
+ *                       its own name as routing key; x-message-ttl = the tier delay;
+ *                       dead-lettered (at-least-once strategy, overflow reject-publish) through
+ *                       the default exchange to P.work when the TTL expires
+ *   P.work              durable quorum queue the worker consumes to run retries
+ *   P.dlq               durable quorum queue, the parking lot
+ * Tier queues are named by their delay, so changing RETRY_LADDER declares new queues instead of
+ * failing on an argument mismatch; old tiers keep draining into P.work.
+ *
+ * A message carries the CloudEvent in Kafka binary form: the ce_* / content-type headers as
+ * AMQP headers (utf8 strings), the payload as the body, message-id = ce_id, plus x-key (the
+ * record key), x-attempt (int), x-first-failure-at (RFC 3339), x-last-error, x-failure-class
+ * (transient|terminal|malformed), x-history (JSON array of {attempt, at, class, error}),
+ * x-reason (DLQ only) and x-source ("topic/partition/offset"). Malformed records travel the same
+ * way with the headers they had and a generated message-id.
+ *
+ * Every publish uses publisher confirms (basic.ack/nack awaited with a deadline) and
+ * mandatory=true (an unroutable message is an error). Connections use heartbeats; a lost
+ * connection is reopened with exponential backoff (100 ms doubling to 10 s) on the next call, so
+ * the worker starts with RabbitMQ down and catches up. Not thread-safe per object except where
+ * said: obx_ladder_t serialises its calls with a mutex; a consumer belongs to one thread.
+ *
+ * DLQ browsing (list/peek/redrive) uses basic.get without ack on a private channel and closes
+ * the channel at the end, so everything not acked is returned to the DLQ; browsing bumps the
+ * quorum queue's delivery count of the messages it saw, nothing else. Redrive publishes a
+ * message back to P.work with the attempt count reset, waits for the confirm, and only then acks
+ * its DLQ copy. */
+#ifndef OBX_LADDER_H
+#define OBX_LADDER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "obx_err.h"
+#include "obx_event.h"
+
+#define OBX_LADDER_MAX_HEADERS 24
+
+typedef struct {
+  const char *url;          /* AMQP URL, amqp_parse_url syntax; borrowed during _new */
+  const char *prefix;       /* queue/exchange name prefix; NULL: "outboxd" */
+  const int64_t *tiers_ms;  /* RETRY_LADDER delays; copied */
+  int ntiers;
+  int confirm_timeout_ms;   /* 0: 5000 */
+  int heartbeat_s;          /* 0: 30 */
+} obx_ladder_opts_t;
+
+typedef struct {
+  char *name;
+  char *value;              /* NUL-terminated; value_len excludes the NUL */
+  size_t value_len;
+} obx_ladder_header_t;
+
+/* One message on the ladder. Every pointer is owned by the message (obx_ladder_msg_cleanup). */
+typedef struct {
+  char *message_id;         /* ce_id, or a generated id for malformed records */
+  char *key;                /* record key (partitionKey); may be NULL */
+  size_t key_len;
+  char *body;               /* CloudEvent payload */
+  size_t body_len;
+  obx_ladder_header_t headers[OBX_LADDER_MAX_HEADERS]; /* CloudEvent headers */
+  int nheaders;
+  int attempt;              /* failed attempts so far */
+  int64_t first_failure_ms; /* 0: none yet */
+  char *last_error;
+  char *failure_class;      /* "transient" | "terminal" | "malformed" */
+  char *reason;             /* why it is in the DLQ */
+  char *history;            /* JSON array, NULL: [] */
+  char *source;             /* "topic/partition/offset", optional */
+  /* Set on messages received from a queue. */
+  uint64_t delivery_tag;
+  bool redelivered;
+  uint64_t epoch_;          /* private: connection the message arrived on */
+} obx_ladder_msg_t;
+
+void obx_ladder_msg_init(obx_ladder_msg_t *msg);
+void obx_ladder_msg_cleanup(obx_ladder_msg_t *msg);
+/* Fills msg (after init) from a Kafka record in binary mode: headers, key and value copied. */
+void obx_ladder_msg_from_record(obx_ladder_msg_t *msg, const char *message_id, const void *key, size_t key_len,
+                                const void *value, size_t value_len, const obx_ce_header_t *headers, int nheaders);
+/* Fills msg (after init) from an event, in the form obx_event_to_kafka gives it. */
+bool obx_ladder_msg_from_event(obx_ladder_msg_t *msg, const obx_event_t *ev, obx_err_t *err);
+/* Decodes the CloudEvent a message carries (obx_event_from_kafka). ev must be initialised. */
+bool obx_ladder_msg_to_event(const obx_ladder_msg_t *msg, obx_event_t *ev, obx_err_t *err);
+/* Records one failed attempt: attempt++, first failure time (if unset), last error, class and a
+ * history entry. */
+void obx_ladder_msg_fail(obx_ladder_msg_t *msg, const char *failure_class, const char *error, int64_t now_ms);
+/* Value of a CloudEvent header, or NULL (borrowed from msg). */
+const char *obx_ladder_msg_header(const obx_ladder_msg_t *msg, const char *name);
+
+typedef struct obx_ladder obx_ladder_t;
+
+/* Creates the publisher side. Does not connect: the first call that needs the broker does, so
+ * this succeeds with RabbitMQ down. Fails only on a bad URL or bad options. Owned. */
+obx_ladder_t *obx_ladder_new(const obx_ladder_opts_t *opts, obx_err_t *err);
+void obx_ladder_destroy(obx_ladder_t *ladder);
+/* Connects and declares the topology now (respecting the reconnect backoff). */
+bool obx_ladder_connect(obx_ladder_t *ladder, obx_err_t *err);
+bool obx_ladder_connected(obx_ladder_t *ladder);
+/* Services the connection (heartbeats) and reconnects when due; call about once a second. */
+void obx_ladder_tick(obx_ladder_t *ladder);
+int obx_ladder_ntiers(const obx_ladder_t *ladder);
+/* Queue names (borrowed, live as long as the ladder). */
+const char *obx_ladder_work_queue(const obx_ladder_t *ladder);
+const char *obx_ladder_dlq_queue(const obx_ladder_t *ladder);
+const char *obx_ladder_tier_queue(const obx_ladder_t *ladder, int tier);
+
+/* Publishes to retry tier `tier` (0-based), to the DLQ, or straight to the work queue, and waits
+ * for the confirm. One attempt: on a connection problem the error is retriable and the next call
+ * reconnects. */
+bool obx_ladder_publish_retry(obx_ladder_t *ladder, const obx_ladder_msg_t *msg, int tier, obx_err_t *err);
+bool obx_ladder_publish_dlq(obx_ladder_t *ladder, const obx_ladder_msg_t *msg, obx_err_t *err);
+bool obx_ladder_publish_work(obx_ladder_t *ladder, const obx_ladder_msg_t *msg, obx_err_t *err);
+
+/* Message counts of a queue (passive declare). */
+bool obx_ladder_queue_depth(obx_ladder_t *ladder, const char *queue, uint32_t *messages, obx_err_t *err);
+
+/* DLQ operations. `match` NULL selects every message; visit returns false to stop early. */
+typedef bool (*obx_ladder_match_fn)(void *ctx, const obx_ladder_msg_t *msg);
+typedef bool (*obx_ladder_visit_fn)(void *ctx, const obx_ladder_msg_t *msg);
+/* Browses up to `limit` (0: all) matching messages without removing them. */
+bool obx_ladder_dlq_browse(obx_ladder_t *ladder, int limit, obx_ladder_match_fn match, obx_ladder_visit_fn visit,
+                           void *ctx, obx_err_t *err);
+/* Moves matching messages back to the work queue with attempts reset (x-attempt 0, history
+ * kept, x-redriven-at added). dry_run: only counts. *moved receives the count. visit (may be
+ * NULL) sees each message before it is moved. */
+bool obx_ladder_dlq_redrive(obx_ladder_t *ladder, obx_ladder_match_fn match, void *ctx, bool dry_run,
+                            obx_ladder_visit_fn visit, int *moved, obx_err_t *err);
+/* Empties the DLQ; *purged receives the count removed. */
+bool obx_ladder_dlq_purge(obx_ladder_t *ladder, uint32_t *purged, obx_err_t *err);
+
+/* Consumer of the work queue: its own connection, manual ack, prefetch. Owned by one thread. */
+typedef struct obx_ladder_consumer obx_ladder_consumer_t;
+
+obx_ladder_consumer_t *obx_ladder_consumer_new(const obx_ladder_opts_t *opts, int prefetch, obx_err_t *err);
+void obx_ladder_consumer_destroy(obx_ladder_consumer_t *consumer);
+/* Waits up to timeout_ms for the next message. Returns true with *got false on timeout; false
+ * on a broker problem (the next call reconnects, after the backoff). msg must be initialised;
+ * the caller cleans it up. Unacked messages of a lost connection are redelivered by the broker. */
+bool obx_ladder_consumer_next(obx_ladder_consumer_t *consumer, obx_ladder_msg_t *msg, int timeout_ms, bool *got,
+                              obx_err_t *err);
+/* Settles a message received by this consumer. A message from a connection that has since been
+ * lost cannot be settled (the broker redelivers it): the call then succeeds without effect. */
+bool obx_ladder_consumer_ack(obx_ladder_consumer_t *consumer, const obx_ladder_msg_t *msg, obx_err_t *err);
+bool obx_ladder_consumer_nack(obx_ladder_consumer_t *consumer, const obx_ladder_msg_t *msg, bool requeue,
+                              obx_err_t *err);
+
+#endif
