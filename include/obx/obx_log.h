@@ -53,8 +53,13 @@ void obx_log_write(obx_log_level_t level, const obx_log_field_t *fields, int nfi
     }                                                                              \
   } while (0)
 
-/* Returns a copy of `uri` with any userinfo password replaced by "***" (caller frees). */
+/* Returns a copy of `uri` with any userinfo password replaced by "***" (caller frees). The same
+ * masking is applied to every message and field value: URI passwords inside free text and
+ * `password=...`-style assignments are masked too. */
 char *obx_log_redact_uri(const char *uri);
+/* True when a field or key name looks secret (password, secret, token, authorization, apikey,
+ * credential, cookie, private_key; case-insensitive substring). Such values are never shown. */
+bool obx_log_key_is_secret(const char *key);
 
 /* Routes the client libraries' logs into ours: mongoc_log_set_handler; and, for an
  * rd_kafka_conf_t (void * to keep rdkafka.h out), rd_kafka_conf_set_log_cb; curl debug output is

@@ -83,11 +83,16 @@ static void sb_addn(sbuf_t *sb, const char *s, size_t n) {
 static void sb_add(sbuf_t *sb, const char *s) { sb_addn(sb, s, strlen(s)); }
 
 static void sb_vprintf(sbuf_t *sb, const char *fmt, va_list ap) {
+  char small[256];
   va_list ap2;
   va_copy(ap2, ap);
-  int n = vsnprintf(NULL, 0, fmt, ap2);
+  int n = vsnprintf(small, sizeof small, fmt, ap2);
   va_end(ap2);
   if (n < 0) return;
+  if ((size_t)n < sizeof small) {
+    sb_addn(sb, small, (size_t)n);
+    return;
+  }
   sb_reserve(sb, (size_t)n);
   vsnprintf(sb->s + sb->len, (size_t)n + 1, fmt, ap);
   sb->len += (size_t)n;
@@ -159,6 +164,8 @@ static bool has_secret_word(const char *key, size_t len) {
   }
   return false;
 }
+
+bool obx_log_key_is_secret(const char *key) { return has_secret_word(key, strlen(key)); }
 
 static bool is_ident(char c) { return isalnum((unsigned char)c) || c == '_' || c == '-' || c == '.'; }
 static bool ends_value(char c) {
@@ -258,7 +265,7 @@ static void write_line(obx_log_level_t level, const obx_log_field_t *fields, int
   add_json_field(&line, &tmp, "msg", msg, true);
   for (int i = 0; i < nfields; i++) {
     if (!fields[i].key || !fields[i].value) continue;
-    if (has_secret_word(fields[i].key, strlen(fields[i].key)))
+    if (obx_log_key_is_secret(fields[i].key))
       add_json_field(&line, &tmp, fields[i].key, "***", false);
     else
       add_json_field(&line, &tmp, fields[i].key, fields[i].value, true);
