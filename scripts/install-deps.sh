@@ -8,7 +8,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake pkg-config git ca-certificates procps psmisc iproute2
   libmongoc-dev libbson-dev librdkafka-dev librabbitmq-dev libcurl4-openssl-dev
-  libmicrohttpd-dev libcmocka-dev
+  libmicrohttpd-dev libcmocka-dev libssl-dev
   rabbitmq-server kcat wrk curl
 )
 

@@ -53,6 +53,12 @@ typedef struct {
     "Port of the HTTP API (and of the CloudEvents sink when WORKER_SOURCE=http); 0 picks a free port") \
   X(http_bind, STR, "http.bind", "HTTP_BIND", "0.0.0.0", 0, 0, NULL, 0,                           \
     "Address the HTTP server listens on")                                                         \
+  X(http_max_body, INT, "http.max_body", "HTTP_MAX_BODY", "1048576", 1024, 67108864, NULL, 0,      \
+    "Largest request body accepted, in bytes; larger ones get 413")                              \
+  X(api_keys_file, STR, "api.keys_file", "API_KEYS_FILE", "", 0, 0, NULL, 0,                      \
+    "API keys file: lines '<sha256 hex of key> <orgId> <perm,...>' (outboxctl apikey new); empty: no keys") \
+  X(order_currency, STR, "api.default_currency", "ORDER_DEFAULT_CURRENCY", "BRL", 0, 0, NULL, 0,   \
+    "ISO 4217 currency of orders that do not name one")                                          \
   X(api_enabled, BOOL, "api.enabled", "API_ENABLED", "true", 0, 0, NULL, 0,                       \
     "Run the api role in this process")                                                           \
   X(relay_enabled, BOOL, "relay.enabled", "OUTBOX_RELAY_ENABLED", "true", 0, 0, NULL, 0,          \
@@ -87,6 +93,16 @@ typedef struct {
     "kafka: consumer group on KAFKA_TOPIC; http: CloudEvents HTTP sink (Knative)")               \
   X(egress_allowlist, STR, "egress.allowlist", "EGRESS_ALLOWLIST", "", 0, 0, NULL, 0,             \
     "Hosts http-request nodes may call (comma-separated; empty allows any public host)")         \
+  X(egress_allow_networks, STR, "egress.allow_networks", "EGRESS_ALLOW_NETWORKS", "", 0, 0, NULL, 0, \
+    "Non-public networks http-request nodes may reach anyway (CIDRs, e.g. 127.0.0.0/8 for local tests)") \
+  X(http_connect_timeout, DURATION, "egress.connect_timeout", "HTTP_CONNECT_TIMEOUT_MS", "2000", 10, 60000, NULL, 0, \
+    "Connect timeout of http-request nodes")                                                      \
+  X(http_timeout, DURATION, "egress.timeout", "HTTP_TIMEOUT_MS", "5000", 10, 300000, NULL, 0,     \
+    "Total time limit of one http-request call (connect, send, receive)")                        \
+  X(http_max_response_bytes, INT, "egress.max_response_bytes", "HTTP_MAX_RESPONSE_BYTES", "1048576", 1, 67108864, NULL, 0, \
+    "Largest response body an http-request node accepts")                                        \
+  X(pipelines_dir, STR, "pipelines.dir", "PIPELINES_DIR", "", 0, 0, NULL, 0,                      \
+    "Directory of pipeline definitions (*.json) applied at start; empty: none")                  \
   X(log_level, ENUM, "log.level", "LOG_LEVEL", "info", 0, 0, "debug|info|warn|error", 0,           \
     "Lowest level written to the log")
 

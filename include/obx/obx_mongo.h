@@ -1,0 +1,80 @@
+/* obx_mongo.h - the MongoDB client pool, index setup, transactions and readiness ping
+ *
+ * DESIGN: one obx_mongo_t per role (or per process) wraps a mongoc_client_pool_t built from
+ * MONGO_URI (appname "outboxd", driver logs routed into ours, serverSelectionTimeoutMS 5000
+ * unless the URI sets it). Creating it never touches the network: a role starts while MongoDB
+ * is down and its first operation fails with a retriable error instead. Threads borrow a
+ * client with obx_mongo_pop and give it back with obx_mongo_push.
+ *
+ * Transactions go through obx_mongo_transaction, a wrapper over
+ * mongoc_client_session_with_transaction with majority write concern: the driver retries the
+ * whole callback on TransientTransactionError and the commit on
+ * UnknownTransactionCommitResult (for up to 120 s); the wrapper counts committed, retried
+ * (extra callback runs) and failed transactions for /metrics. Thread-safe. */
+#ifndef OBX_MONGO_H
+#define OBX_MONGO_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <mongoc/mongoc.h>
+#include "obx_conf.h"
+#include "obx_err.h"
+
+typedef struct obx_mongo obx_mongo_t;
+
+/* Builds the pool from conf->mongo_uri / conf->mongo_db (copied). Fails only on a malformed
+ * URI (OBX_ERR_CONF). Returns owned; free with obx_mongo_destroy (NULL is a no-op) after every
+ * popped client was pushed back. */
+obx_mongo_t *obx_mongo_new(const obx_conf_t *conf, obx_err_t *err);
+void obx_mongo_destroy(obx_mongo_t *mongo);
+
+/* Borrows a client (blocks while all are in use); give it back with obx_mongo_push. A client
+ * is used by one thread at a time. */
+mongoc_client_t *obx_mongo_pop(obx_mongo_t *mongo);
+void obx_mongo_push(obx_mongo_t *mongo, mongoc_client_t *client);
+
+/* The database name (MONGO_DB); borrowed for the life of mongo. */
+const char *obx_mongo_db_name(const obx_mongo_t *mongo);
+/* A collection of MONGO_DB on `client`; owned by the caller (mongoc_collection_destroy),
+ * valid while the client is popped. */
+mongoc_collection_t *obx_mongo_collection(obx_mongo_t *mongo, mongoc_client_t *client, const char *name);
+
+/* One index for obx_mongo_create_indexes: keys and options are relaxed extended JSON, e.g.
+ *   {"outbox_published_ttl", "{\"publishedAt\": 1}",
+ *    "{\"expireAfterSeconds\": 604800, \"partialFilterExpression\": {\"status\": \"PUBLISHED\"}}"}
+ * options may be NULL; "name" must not appear in options. */
+typedef struct {
+  const char *name;
+  const char *keys;
+  const char *options;
+} obx_mongo_index_t;
+
+/* Runs createIndexes on `collection` (creating the collection if needed). Idempotent: indexes
+ * that already exist with the same definition are left alone; when only expireAfterSeconds of
+ * an existing index differs (a changed retention), it is updated with collMod. Other
+ * conflicts fail (OBX_ERR_MONGO, not retriable). Network errors are retriable. */
+bool obx_mongo_create_indexes(obx_mongo_t *mongo, const char *collection,
+                              const obx_mongo_index_t *indexes, int nindexes, obx_err_t *err);
+
+/* The body of a transaction. It runs the transaction's operations with `session` (pass it in
+ * the operation opts with mongoc_client_session_append) and returns true to commit. On
+ * failure it sets err, wrapping MongoDB errors with obx_err_from_bson: a retriable MongoDB
+ * error (inside a transaction that is the TransientTransactionError case: write conflicts,
+ * network errors, elections) makes the driver run fn again from the start; any other error
+ * aborts. fn may run several times: it must not keep side effects outside the transaction
+ * between runs. */
+typedef bool (*obx_mongo_txn_fn_t)(mongoc_client_session_t *session, void *ctx, obx_err_t *err);
+
+/* Runs fn in a transaction on a client popped from the pool (majority write concern).
+ * On failure err carries fn's own error when fn failed last (e.g. a duplicate key), otherwise
+ * the driver's (commit failure, timeout, network), wrapped with obx_err_from_bson. */
+bool obx_mongo_transaction(obx_mongo_t *mongo, obx_mongo_txn_fn_t fn, void *ctx, obx_err_t *err);
+
+/* Transaction counters since start (any pointer may be NULL). */
+void obx_mongo_txn_counts(const obx_mongo_t *mongo, uint64_t *committed, uint64_t *retried,
+                          uint64_t *failed);
+
+/* Sends {ping: 1} to the deployment; false (retriable) with the reason when unreachable. */
+bool obx_mongo_ping(obx_mongo_t *mongo, obx_err_t *err);
+
+#endif

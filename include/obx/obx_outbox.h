@@ -1,0 +1,33 @@
+/* obx_outbox.h - append domain events to the outbox inside the caller's transaction
+ *
+ * DESIGN: the public C API for MongoDB services that want outboxd's guarantee: write the
+ * business change and its events in the same transaction, and the relay publishes the events
+ * to Kafka after the commit (never before, never lost). The outbox document is the public
+ * schema described in README ("Outbox document schema (public interface)"), built by
+ * obx_event_to_outbox: services in other languages insert the same shape themselves.
+ *
+ *   bool my_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *err) {
+ *     ... insert or update the business documents with session ...
+ *     return obx_outbox_append(session, outbox, &event, err);
+ *   }
+ *   obx_mongo_transaction(mongo, my_txn, ctx, &err);   (or mongoc_client_session_with_transaction)
+ */
+#ifndef OBX_OUTBOX_H
+#define OBX_OUTBOX_H
+
+#include <stdbool.h>
+#include <mongoc/mongoc.h>
+#include "obx_err.h"
+#include "obx_event.h"
+
+/* Inserts event as a PENDING outbox document into `outbox` (the `outbox` collection of the
+ * relay's database) within session's transaction. event must be finalized
+ * (obx_event_finalize: id, occurredAt, partitionKey, version set) or finalizable: a copy is
+ * finalized, event itself is not changed. session must be in a transaction (asserted): outside
+ * one the append would not be atomic with the business write. Errors: OBX_ERR_INPUT for an
+ * incomplete event; MongoDB errors wrapped with obx_err_from_bson (retriable ones mean the
+ * transaction should be retried; a duplicate id is obx_err_is_duplicate_key). */
+bool obx_outbox_append(mongoc_client_session_t *session, mongoc_collection_t *outbox,
+                       const obx_event_t *event, obx_err_t *err);
+
+#endif

@@ -1,0 +1,496 @@
+/* http.c - the HTTP server shared by every role (libmicrohttpd)
+ *
+ * DESIGN: MHD runs an internal listening thread and one thread per connection, so a handler
+ * blocking on MongoDB only holds its own connection. Per request: the first callback checks
+ * Content-Length against http.max_body (413 at once), later callbacks accumulate the body
+ * (still capped), the last one dispatches: route match (404/405), bearer key check (401/403),
+ * handler, reply. The route table grows under a write lock and is read under a read lock, so
+ * roles may register routes while the server runs. Reads http.*, api.keys_file. */
+#include "obx/obx_http.h"
+
+#include <arpa/inet.h>
+#include <assert.h>
+#include <ctype.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include <microhttpd.h>
+
+#include "obx/obx_auth.h"
+#include "obx/obx_log.h"
+
+#define HTTP_MAX_SEGMENTS 16
+#define HTTP_MAX_HEADERS 8
+#define HTTP_PROBLEM_BASE "https://outboxd.dev/problems/"
+
+typedef struct {
+  char *method, *pattern, *permission;
+  char *segs[HTTP_MAX_SEGMENTS];
+  int nsegs;
+  obx_http_handler_t handler;
+  void *ctx;
+} http_route_t;
+
+typedef struct {
+  char *name;
+  obx_http_ready_fn_t fn;
+  void *ctx;
+} http_check_t;
+
+struct obx_http {
+  struct MHD_Daemon *daemon;
+  obx_auth_t *auth;
+  char *bind;
+  int port;
+  size_t max_body;
+  pthread_rwlock_t lock; /* routes, checks */
+  http_route_t *routes;
+  int nroutes, caproutes;
+  http_check_t *checks;
+  int nchecks;
+};
+
+struct obx_http_req {
+  struct MHD_Connection *conn;
+  const char *method, *path;
+  char *body;
+  size_t len, cap;
+  bool too_large;
+  const char *org;
+  char *path_copy;                       /* path split at '/', params point into it */
+  const char *param_names[HTTP_MAX_SEGMENTS];
+  const char *param_values[HTTP_MAX_SEGMENTS];
+  int nparams;
+};
+
+struct obx_http_resp {
+  int status;
+  char *content_type;
+  char *body;
+  size_t len;
+  char *headers[HTTP_MAX_HEADERS][2];
+  int nheaders;
+};
+
+/* ---- responses ---------------------------------------------------------------------------- */
+
+void obx_http_reply(obx_http_resp_t *resp, int status, const char *content_type, const char *body, size_t len) {
+  free(resp->content_type);
+  free(resp->body);
+  resp->status = status;
+  resp->content_type = strdup(content_type);
+  resp->body = malloc(len + 1);
+  memcpy(resp->body, body, len);
+  resp->body[len] = '\0';
+  resp->len = len;
+}
+
+void obx_http_reply_bson(obx_http_resp_t *resp, int status, const bson_t *doc) {
+  size_t len;
+  char *json = bson_as_relaxed_extended_json(doc, &len);
+  obx_http_reply(resp, status, "application/json", json, len);
+  bson_free(json);
+}
+
+void obx_http_reply_problem(obx_http_resp_t *resp, int status, const char *title, const char *detail,
+                            const bson_t *errors) {
+  char type[128] = HTTP_PROBLEM_BASE;
+  size_t n = strlen(type);
+  for (const char *c = title; *c && n + 1 < sizeof type; c++) {
+    if (isalnum((unsigned char)*c)) type[n++] = (char)tolower((unsigned char)*c);
+    else if (type[n - 1] != '-') type[n++] = '-';
+  }
+  while (type[n - 1] == '-') n--;
+  type[n] = '\0';
+  bson_t doc = BSON_INITIALIZER;
+  BSON_APPEND_UTF8(&doc, "type", type);
+  BSON_APPEND_UTF8(&doc, "title", title);
+  BSON_APPEND_INT32(&doc, "status", status);
+  if (detail) BSON_APPEND_UTF8(&doc, "detail", detail);
+  if (errors) BSON_APPEND_ARRAY(&doc, "errors", errors);
+  size_t len;
+  char *json = bson_as_relaxed_extended_json(&doc, &len);
+  obx_http_reply(resp, status, "application/problem+json", json, len);
+  bson_free(json);
+  bson_destroy(&doc);
+}
+
+void obx_http_reply_err(obx_http_resp_t *resp, const obx_err_t *err) {
+  switch (err->domain) {
+  case OBX_ERR_NOT_FOUND: obx_http_reply_problem(resp, 404, "Not found", err->msg, NULL); return;
+  case OBX_ERR_INPUT: obx_http_reply_problem(resp, 400, "Bad request", err->msg, NULL); return;
+  case OBX_ERR_CONFLICT: obx_http_reply_problem(resp, 409, "Conflict", err->msg, NULL); return;
+  default: break;
+  }
+  if (err->retriable) {
+    obx_warn("request failed, retriable: %s", err->msg);
+    obx_http_resp_header(resp, "Retry-After", "1");
+    obx_http_reply_problem(resp, 503, "Service unavailable", err->msg, NULL);
+    return;
+  }
+  obx_error("request failed: %s (%s %d)", err->msg, obx_err_domain_name(err->domain), err->code);
+  obx_http_reply_problem(resp, 500, "Internal error", "the request failed; see the server log", NULL);
+}
+
+void obx_http_resp_header(obx_http_resp_t *resp, const char *name, const char *value) {
+  assert(resp->nheaders < HTTP_MAX_HEADERS);
+  resp->headers[resp->nheaders][0] = strdup(name);
+  resp->headers[resp->nheaders][1] = strdup(value);
+  resp->nheaders++;
+}
+
+static void resp_cleanup(obx_http_resp_t *resp) {
+  for (int i = 0; i < resp->nheaders; i++) {
+    free(resp->headers[i][0]);
+    free(resp->headers[i][1]);
+  }
+  free(resp->content_type);
+  free(resp->body);
+}
+
+/* ---- request accessors -------------------------------------------------------------------- */
+
+const char *obx_http_req_method(const obx_http_req_t *req) { return req->method; }
+const char *obx_http_req_path(const obx_http_req_t *req) { return req->path; }
+const char *obx_http_req_org(const obx_http_req_t *req) { return req->org; }
+
+const char *obx_http_req_body(const obx_http_req_t *req, size_t *len) {
+  if (len) *len = req->len;
+  return req->body ? req->body : "";
+}
+
+const char *obx_http_req_param(const obx_http_req_t *req, const char *name) {
+  for (int i = 0; i < req->nparams; i++)
+    if (strcmp(req->param_names[i], name) == 0) return req->param_values[i];
+  return NULL;
+}
+
+const char *obx_http_req_header(const obx_http_req_t *req, const char *name) {
+  return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, name);
+}
+
+const char *obx_http_req_query(const obx_http_req_t *req, const char *name) {
+  return MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, name);
+}
+
+/* ---- routes ------------------------------------------------------------------------------- */
+
+/* Splits s (modified) at '/' into segs; false when there are too many. Empty segments
+ * (a trailing or doubled '/') are skipped. */
+static bool split_path(char *s, char **segs, int *nsegs) {
+  char *save = NULL;
+  *nsegs = 0;
+  for (char *tok = strtok_r(s, "/", &save); tok; tok = strtok_r(NULL, "/", &save)) {
+    if (*nsegs == HTTP_MAX_SEGMENTS) return false;
+    segs[(*nsegs)++] = tok;
+  }
+  return true;
+}
+
+void obx_http_route(obx_http_t *http, const char *method, const char *pattern, const char *permission,
+                    obx_http_handler_t handler, void *ctx) {
+  http_route_t route = {.method = strdup(method), .pattern = strdup(pattern),
+                        .permission = permission ? strdup(permission) : NULL, .handler = handler, .ctx = ctx};
+  char *copy = strdup(pattern), *segs[HTTP_MAX_SEGMENTS];
+  bool split = split_path(copy, segs, &route.nsegs);
+  assert(split);
+  for (int i = 0; i < route.nsegs; i++) route.segs[i] = strdup(segs[i]);
+  free(copy);
+  pthread_rwlock_wrlock(&http->lock);
+  for (int i = 0; i < http->nroutes; i++)
+    assert(!(strcmp(http->routes[i].method, method) == 0 && strcmp(http->routes[i].pattern, pattern) == 0));
+  if (http->nroutes == http->caproutes) {
+    http->caproutes = http->caproutes ? 2 * http->caproutes : 16;
+    http->routes = realloc(http->routes, (size_t)http->caproutes * sizeof *http->routes);
+  }
+  http->routes[http->nroutes++] = route;
+  pthread_rwlock_unlock(&http->lock);
+}
+
+void obx_http_add_ready_check(obx_http_t *http, const char *name, obx_http_ready_fn_t fn, void *ctx) {
+  pthread_rwlock_wrlock(&http->lock);
+  http->checks = realloc(http->checks, (size_t)(http->nchecks + 1) * sizeof *http->checks);
+  http->checks[http->nchecks++] = (http_check_t){strdup(name), fn, ctx};
+  pthread_rwlock_unlock(&http->lock);
+}
+
+static bool route_matches(const http_route_t *route, char **segs, int nsegs) {
+  if (route->nsegs != nsegs) return false;
+  for (int i = 0; i < nsegs; i++)
+    if (route->segs[i][0] != ':' && strcmp(route->segs[i], segs[i]) != 0) return false;
+  return true;
+}
+
+typedef enum { MATCH_NONE, MATCH_PATH_ONLY, MATCH_OK } http_match_t;
+
+/* Finds the route for req; on MATCH_OK copies it to *out (its strings stay valid: routes are
+ * never removed) and fills req's params; on MATCH_PATH_ONLY fills allow ("GET, POST"). */
+static http_match_t http_match(obx_http_t *http, obx_http_req_t *req, http_route_t *out, char *allow, size_t allowlen) {
+  char *segs[HTTP_MAX_SEGMENTS];
+  int nsegs;
+  http_match_t match = MATCH_NONE;
+  req->path_copy = strdup(req->path);
+  if (!split_path(req->path_copy, segs, &nsegs)) return MATCH_NONE;
+  allow[0] = '\0';
+  pthread_rwlock_rdlock(&http->lock);
+  for (int i = 0; i < http->nroutes && match != MATCH_OK; i++) {
+    const http_route_t *route = &http->routes[i];
+    if (!route_matches(route, segs, nsegs)) continue;
+    if (strcmp(route->method, req->method) != 0) {
+      match = MATCH_PATH_ONLY;
+      if (!strstr(allow, route->method)) {
+        size_t n = strlen(allow);
+        snprintf(allow + n, allowlen - n, "%s%s", n ? ", " : "", route->method);
+      }
+      continue;
+    }
+    match = MATCH_OK;
+    *out = *route;
+    for (int s = 0; s < nsegs; s++) {
+      if (route->segs[s][0] != ':') continue;
+      req->param_names[req->nparams] = route->segs[s] + 1;
+      req->param_values[req->nparams++] = segs[s];
+    }
+  }
+  pthread_rwlock_unlock(&http->lock);
+  return match;
+}
+
+/* 401/403 per DESIGN.md §7; sets req->org on success. */
+static bool http_authorize(obx_http_t *http, obx_http_req_t *req, const char *permission, obx_http_resp_t *resp) {
+  const char *authz = obx_http_req_header(req, MHD_HTTP_HEADER_AUTHORIZATION);
+  const obx_auth_key_t *key = NULL;
+  if (authz && strncasecmp(authz, "Bearer ", 7) == 0) key = obx_auth_find(http->auth, authz + 7);
+  if (!key) {
+    obx_http_resp_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"outboxd\"");
+    obx_http_reply_problem(resp, 401, "Unauthorized",
+                           authz ? "the API key is not valid" : "an Authorization: Bearer <API key> header is required", NULL);
+    return false;
+  }
+  if (!obx_auth_key_allows(key, permission)) {
+    char detail[160];
+    snprintf(detail, sizeof detail, "the API key lacks the permission %s", permission);
+    obx_http_reply_problem(resp, 403, "Forbidden", detail, NULL);
+    return false;
+  }
+  req->org = key->org_id;
+  return true;
+}
+
+static void http_dispatch(obx_http_t *http, obx_http_req_t *req, obx_http_resp_t *resp) {
+  http_route_t route;
+  char allow[128];
+  if (req->too_large) {
+    char detail[96];
+    snprintf(detail, sizeof detail, "the body exceeds %zu bytes", http->max_body);
+    obx_http_reply_problem(resp, 413, "Payload too large", detail, NULL);
+    return;
+  }
+  switch (http_match(http, req, &route, allow, sizeof allow)) {
+  case MATCH_NONE:
+    obx_http_reply_problem(resp, 404, "Not found", "no such resource", NULL);
+    return;
+  case MATCH_PATH_ONLY:
+    obx_http_resp_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
+    obx_http_reply_problem(resp, 405, "Method not allowed", "see the Allow header", NULL);
+    return;
+  case MATCH_OK:
+    break;
+  }
+  if (route.permission && !http_authorize(http, req, route.permission, resp)) return;
+  route.handler(req, resp, route.ctx);
+  if (resp->status == 0) {
+    obx_error("handler %s %s set no response", route.method, route.pattern);
+    obx_http_reply_problem(resp, 500, "Internal error", "the request failed; see the server log", NULL);
+  }
+}
+
+/* ---- MHD callbacks ------------------------------------------------------------------------ */
+
+static enum MHD_Result http_queue(struct MHD_Connection *conn, obx_http_resp_t *resp) {
+  struct MHD_Response *mresp = MHD_create_response_from_buffer(resp->len, resp->body, MHD_RESPMEM_MUST_COPY);
+  if (resp->content_type) MHD_add_response_header(mresp, MHD_HTTP_HEADER_CONTENT_TYPE, resp->content_type);
+  for (int i = 0; i < resp->nheaders; i++) MHD_add_response_header(mresp, resp->headers[i][0], resp->headers[i][1]);
+  enum MHD_Result ret = MHD_queue_response(conn, (unsigned)resp->status, mresp);
+  MHD_destroy_response(mresp);
+  return ret;
+}
+
+static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                       const char *version, const char *upload_data, size_t *upload_data_size,
+                                       void **con_cls) {
+  obx_http_t *http = cls;
+  obx_http_req_t *req = *con_cls;
+  if (!req) {
+    req = calloc(1, sizeof *req);
+    req->conn = conn;
+    req->method = method;
+    req->path = url;
+    *con_cls = req;
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (!cl || strtoull(cl, NULL, 10) <= http->max_body) return MHD_YES;
+    req->too_large = true; /* answer now, before reading the body */
+  } else if (*upload_data_size) {
+    size_t n = *upload_data_size;
+    *upload_data_size = 0;
+    if (req->too_large) return MHD_YES;
+    if (req->len + n > http->max_body) {
+      req->too_large = true;
+      return MHD_YES;
+    }
+    if (req->len + n + 1 > req->cap) {
+      req->cap = (req->len + n + 1) * 2;
+      if (req->cap > http->max_body + 1) req->cap = http->max_body + 1;
+      req->body = realloc(req->body, req->cap);
+    }
+    memcpy(req->body + req->len, upload_data, n);
+    req->len += n;
+    req->body[req->len] = '\0';
+    return MHD_YES;
+  }
+  obx_log_set_role("api");
+  obx_http_resp_t resp = {0};
+  http_dispatch(http, req, &resp);
+  obx_debug("%s %s -> %d", method, url, resp.status);
+  enum MHD_Result ret = http_queue(conn, &resp);
+  resp_cleanup(&resp);
+  return ret;
+}
+
+static void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                              enum MHD_RequestTerminationCode toe) {
+  obx_http_req_t *req = *con_cls;
+  if (!req) return;
+  free(req->path_copy);
+  free(req->body);
+  free(req);
+  *con_cls = NULL;
+}
+
+static void http_on_mhd_log(void *cls, const char *fmt, va_list ap) {
+  char msg[256];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  msg[strcspn(msg, "\n")] = '\0';
+  obx_warn("libmicrohttpd: %s", msg);
+}
+
+/* ---- built-in routes ---------------------------------------------------------------------- */
+
+static void http_healthz(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
+  static const char body[] = "{\"status\":\"ok\"}";
+  obx_http_reply(resp, 200, "application/json", body, sizeof body - 1);
+}
+
+static void http_readyz(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
+  obx_http_t *http = ctx;
+  pthread_rwlock_rdlock(&http->lock);
+  int n = http->nchecks;
+  http_check_t *checks = malloc((size_t)(n ? n : 1) * sizeof *checks);
+  memcpy(checks, http->checks, (size_t)n * sizeof *checks);
+  pthread_rwlock_unlock(&http->lock);
+  bson_t doc = BSON_INITIALIZER, sub;
+  BSON_APPEND_UTF8(&doc, "status", "ready");
+  BSON_APPEND_DOCUMENT_BEGIN(&doc, "checks", &sub);
+  bool ready = true;
+  for (int i = 0; i < n && ready; i++) {
+    obx_err_t err = OBX_ERR_INIT;
+    ready = checks[i].fn(checks[i].ctx, &err);
+    if (ready) {
+      BSON_APPEND_UTF8(&sub, checks[i].name, "ok");
+    } else {
+      char detail[320];
+      snprintf(detail, sizeof detail, "%s: %s", checks[i].name, err.msg);
+      obx_http_reply_problem(resp, 503, "Not ready", detail, NULL);
+    }
+  }
+  bson_append_document_end(&doc, &sub);
+  if (ready) obx_http_reply_bson(resp, 200, &doc);
+  bson_destroy(&doc);
+  free(checks);
+}
+
+/* ---- lifecycle ---------------------------------------------------------------------------- */
+
+obx_http_t *obx_http_new(const obx_conf_t *conf, obx_err_t *err) {
+  obx_auth_t *auth = obx_auth_load(conf->api_keys_file, err);
+  if (!auth) return NULL;
+  obx_http_t *http = calloc(1, sizeof *http);
+  http->auth = auth;
+  http->bind = strdup(conf->http_bind);
+  http->port = (int)conf->http_port;
+  http->max_body = (size_t)conf->http_max_body;
+  pthread_rwlock_init(&http->lock, NULL);
+  obx_http_route(http, "GET", "/healthz", NULL, http_healthz, http);
+  obx_http_route(http, "GET", "/readyz", NULL, http_readyz, http);
+  return http;
+}
+
+bool obx_http_start(obx_http_t *http, obx_err_t *err) {
+  struct sockaddr_in6 sa6 = {0};
+  struct sockaddr_in sa4 = {0};
+  struct sockaddr *sa;
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
+  if (inet_pton(AF_INET, http->bind, &sa4.sin_addr) == 1) {
+    sa4.sin_family = AF_INET;
+    sa4.sin_port = htons((uint16_t)http->port);
+    sa = (struct sockaddr *)&sa4;
+  } else if (inet_pton(AF_INET6, http->bind, &sa6.sin6_addr) == 1) {
+    sa6.sin6_family = AF_INET6;
+    sa6.sin6_port = htons((uint16_t)http->port);
+    sa = (struct sockaddr *)&sa6;
+    flags |= MHD_USE_IPv6;
+  } else {
+    obx_err_set(err, OBX_ERR_CONF, 0, false, "http.bind: '%s' is not an IPv4 or IPv6 address", http->bind);
+    return false;
+  }
+  http->daemon = MHD_start_daemon(flags, (uint16_t)http->port, NULL, NULL, http_on_request, http,
+                                  MHD_OPTION_SOCK_ADDR, sa,
+                                  MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, http,
+                                  MHD_OPTION_EXTERNAL_LOGGER, http_on_mhd_log, http,
+                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
+                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)1024,
+                                  MHD_OPTION_END);
+  if (!http->daemon) {
+    obx_err_set(err, OBX_ERR_SYS, 0, false, "cannot listen on %s:%d", http->bind, http->port);
+    return false;
+  }
+  const union MHD_DaemonInfo *info = MHD_get_daemon_info(http->daemon, MHD_DAEMON_INFO_BIND_PORT);
+  if (info) http->port = info->port;
+  char port[16];
+  snprintf(port, sizeof port, "%d", http->port);
+  obx_log_field_t fields[] = {{"bind", http->bind}, {"port", port}};
+  obx_log_write(OBX_LOG_INFO, fields, 2, "http listening");
+  return true;
+}
+
+int obx_http_port(const obx_http_t *http) { return http->port; }
+
+void obx_http_stop(obx_http_t *http) {
+  if (!http || !http->daemon) return;
+  MHD_stop_daemon(http->daemon);
+  http->daemon = NULL;
+}
+
+void obx_http_destroy(obx_http_t *http) {
+  if (!http) return;
+  obx_http_stop(http);
+  for (int i = 0; i < http->nroutes; i++) {
+    http_route_t *route = &http->routes[i];
+    for (int s = 0; s < route->nsegs; s++) free(route->segs[s]);
+    free(route->method);
+    free(route->pattern);
+    free(route->permission);
+  }
+  for (int i = 0; i < http->nchecks; i++) free(http->checks[i].name);
+  free(http->checks);
+  free(http->routes);
+  pthread_rwlock_destroy(&http->lock);
+  free(http->bind);
+  obx_auth_destroy(http->auth);
+  free(http);
+}

@@ -1,0 +1,241 @@
+/* mongo.c - the MongoDB client pool, index setup, transactions and readiness ping
+ *
+ * DESIGN: a thin layer over mongoc_client_pool_t (see obx_mongo.h). mongoc_init runs once per
+ * process (pthread_once); driver logs go through obx_log_route_mongoc. The pool connects
+ * lazily, so obx_mongo_new succeeds while MongoDB is down. Transaction counters are atomics
+ * read by /metrics. Reads mongo.uri and mongo.db. */
+#include "obx/obx_mongo.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "obx/obx_log.h"
+
+#define OBX_MONGO_SELECTION_TIMEOUT_MS 5000
+#define OBX_MONGO_INDEX_OPTIONS_CONFLICT 85
+
+struct obx_mongo {
+  mongoc_client_pool_t *pool;
+  char *db;
+  atomic_uint_fast64_t committed, retried, failed;
+};
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+static void mongo_global_init(void) {
+  mongoc_init();
+  obx_log_route_mongoc();
+}
+
+obx_mongo_t *obx_mongo_new(const obx_conf_t *conf, obx_err_t *err) {
+  pthread_once(&init_once, mongo_global_init);
+  obx_mongo_t *mongo = NULL;
+  bson_error_t berr;
+  mongoc_uri_t *uri = mongoc_uri_new_with_error(conf->mongo_uri, &berr);
+  if (!uri) {
+    obx_err_set(err, OBX_ERR_CONF, 0, false, "mongo.uri: %s", berr.message);
+    goto done;
+  }
+  if (!mongoc_uri_has_option(uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS))
+    mongoc_uri_set_option_as_int32(uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, OBX_MONGO_SELECTION_TIMEOUT_MS);
+  if (!mongoc_uri_has_option(uri, MONGOC_URI_APPNAME)) mongoc_uri_set_appname(uri, "outboxd");
+  mongo = calloc(1, sizeof *mongo);
+  mongo->pool = mongoc_client_pool_new(uri);
+  if (!mongo->pool) {
+    obx_err_set(err, OBX_ERR_CONF, 0, false, "mongo.uri: the driver refused the connection string");
+    free(mongo);
+    mongo = NULL;
+    goto done;
+  }
+  mongoc_client_pool_set_error_api(mongo->pool, MONGOC_ERROR_API_VERSION_2);
+  mongo->db = strdup(conf->mongo_db);
+done:
+  mongoc_uri_destroy(uri);
+  return mongo;
+}
+
+void obx_mongo_destroy(obx_mongo_t *mongo) {
+  if (!mongo) return;
+  mongoc_client_pool_destroy(mongo->pool);
+  free(mongo->db);
+  free(mongo);
+}
+
+mongoc_client_t *obx_mongo_pop(obx_mongo_t *mongo) { return mongoc_client_pool_pop(mongo->pool); }
+
+void obx_mongo_push(obx_mongo_t *mongo, mongoc_client_t *client) {
+  if (client) mongoc_client_pool_push(mongo->pool, client);
+}
+
+const char *obx_mongo_db_name(const obx_mongo_t *mongo) { return mongo->db; }
+
+mongoc_collection_t *obx_mongo_collection(obx_mongo_t *mongo, mongoc_client_t *client, const char *name) {
+  return mongoc_client_get_collection(client, mongo->db, name);
+}
+
+/* Parses relaxed extended JSON that the caller wrote in code: a syntax error is a bug. */
+static bool json_to_bson(const char *json, bson_t *out, const char *what, obx_err_t *err) {
+  bson_error_t berr;
+  if (bson_init_from_json(out, json, -1, &berr)) return true;
+  obx_err_set(err, OBX_ERR_INPUT, 0, false, "%s: %s", what, berr.message);
+  return false;
+}
+
+/* collMod {index: {name, expireAfterSeconds}}: the retention of a TTL index changed. */
+static bool mongo_update_ttl(mongoc_database_t *db, const char *collection, const char *name,
+                             const bson_t *options, obx_err_t *err) {
+  bson_iter_t it;
+  if (!bson_iter_init_find(&it, options, "expireAfterSeconds") || !BSON_ITER_HOLDS_NUMBER(&it)) {
+    obx_err_set(err, OBX_ERR_MONGO, OBX_MONGO_INDEX_OPTIONS_CONFLICT, false,
+                "index %s.%s exists with other options", collection, name);
+    return false;
+  }
+  bson_t cmd = BSON_INITIALIZER, index, reply;
+  BSON_APPEND_UTF8(&cmd, "collMod", collection);
+  BSON_APPEND_DOCUMENT_BEGIN(&cmd, "index", &index);
+  BSON_APPEND_UTF8(&index, "name", name);
+  BSON_APPEND_INT64(&index, "expireAfterSeconds", bson_iter_as_int64(&it));
+  bson_append_document_end(&cmd, &index);
+  bson_error_t berr;
+  bool ok = mongoc_database_write_command_with_opts(db, &cmd, NULL, &reply, &berr);
+  if (!ok) {
+    obx_err_from_bson(err, &berr, &reply);
+    obx_err_prefix(err, "collMod %s.%s", collection, name);
+  }
+  bson_destroy(&reply);
+  bson_destroy(&cmd);
+  return ok;
+}
+
+static bool mongo_create_index(mongoc_database_t *db, const char *collection,
+                               const obx_mongo_index_t *index, obx_err_t *err) {
+  bool ok = false;
+  bson_t keys = BSON_INITIALIZER, options = BSON_INITIALIZER, cmd = BSON_INITIALIZER, reply = BSON_INITIALIZER;
+  bson_t arr, spec;
+  bson_error_t berr;
+  if (!json_to_bson(index->keys, &keys, index->name, err)) goto done;
+  if (index->options && !json_to_bson(index->options, &options, index->name, err)) goto done;
+  BSON_APPEND_UTF8(&cmd, "createIndexes", collection);
+  BSON_APPEND_ARRAY_BEGIN(&cmd, "indexes", &arr);
+  BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &spec);
+  BSON_APPEND_DOCUMENT(&spec, "key", &keys);
+  BSON_APPEND_UTF8(&spec, "name", index->name);
+  bson_concat(&spec, &options);
+  bson_append_document_end(&arr, &spec);
+  bson_append_array_end(&cmd, &arr);
+  bson_destroy(&reply);
+  if (mongoc_database_write_command_with_opts(db, &cmd, NULL, &reply, &berr)) {
+    ok = true;
+  } else if (berr.code == OBX_MONGO_INDEX_OPTIONS_CONFLICT) {
+    ok = mongo_update_ttl(db, collection, index->name, &options, err);
+  } else {
+    obx_err_from_bson(err, &berr, &reply);
+    obx_err_prefix(err, "createIndexes %s.%s", collection, index->name);
+  }
+done:
+  bson_destroy(&reply);
+  bson_destroy(&cmd);
+  bson_destroy(&options);
+  bson_destroy(&keys);
+  return ok;
+}
+
+bool obx_mongo_create_indexes(obx_mongo_t *mongo, const char *collection,
+                              const obx_mongo_index_t *indexes, int nindexes, obx_err_t *err) {
+  mongoc_client_t *client = obx_mongo_pop(mongo);
+  mongoc_database_t *db = mongoc_client_get_database(client, mongo->db);
+  bool ok = true;
+  for (int i = 0; ok && i < nindexes; i++) ok = mongo_create_index(db, collection, &indexes[i], err);
+  mongoc_database_destroy(db);
+  obx_mongo_push(mongo, client);
+  return ok;
+}
+
+typedef struct {
+  obx_mongo_txn_fn_t fn;
+  void *ctx;
+  int runs;
+  bool fn_failed;  /* the last run of fn returned false */
+  obx_err_t err;   /* fn's error from that run */
+} mongo_txn_t;
+
+/* Adapts fn to the driver's callback: our error travels in txn->err; the driver gets its
+ * message and, for a retriable MongoDB error, a reply labelled TransientTransactionError so
+ * that it runs the callback again. */
+static bool mongo_txn_cb(mongoc_client_session_t *session, void *vtxn, bson_t **reply, bson_error_t *error) {
+  mongo_txn_t *txn = vtxn;
+  txn->runs++;
+  obx_err_clear(&txn->err);
+  txn->fn_failed = !txn->fn(session, txn->ctx, &txn->err);
+  if (!txn->fn_failed) return true;
+  bson_set_error(error, MONGOC_ERROR_TRANSACTION, (uint32_t)txn->err.code, "%s", txn->err.msg);
+  if (txn->err.domain == OBX_ERR_MONGO && txn->err.retriable) {
+    bson_t labels;
+    *reply = bson_new();
+    BSON_APPEND_ARRAY_BEGIN(*reply, "errorLabels", &labels);
+    BSON_APPEND_UTF8(&labels, "0", "TransientTransactionError");
+    bson_append_array_end(*reply, &labels);
+  }
+  return false;
+}
+
+bool obx_mongo_transaction(obx_mongo_t *mongo, obx_mongo_txn_fn_t fn, void *ctx, obx_err_t *err) {
+  mongo_txn_t txn = {.fn = fn, .ctx = ctx};
+  bson_error_t berr;
+  bson_t reply;
+  bool ok = false;
+  mongoc_client_t *client = obx_mongo_pop(mongo);
+  mongoc_write_concern_t *wc = mongoc_write_concern_new();
+  mongoc_write_concern_set_w(wc, MONGOC_WRITE_CONCERN_W_MAJORITY);
+  mongoc_transaction_opt_t *topts = mongoc_transaction_opts_new();
+  mongoc_transaction_opts_set_write_concern(topts, wc);
+  mongoc_client_session_t *session = mongoc_client_start_session(client, NULL, &berr);
+  if (!session) {
+    obx_err_from_bson(err, &berr, NULL);
+    bson_init(&reply);
+    goto done;
+  }
+  ok = mongoc_client_session_with_transaction(session, mongo_txn_cb, topts, &txn, &reply, &berr);
+  if (!ok) {
+    if (txn.fn_failed) {
+      if (err) *err = txn.err;
+    } else {
+      obx_err_from_bson(err, &berr, &reply);
+    }
+    obx_err_prefix(err, "transaction");
+  }
+done:
+  if (txn.runs > 1) atomic_fetch_add(&mongo->retried, (uint64_t)(txn.runs - 1));
+  atomic_fetch_add(ok ? &mongo->committed : &mongo->failed, 1);
+  bson_destroy(&reply);
+  mongoc_client_session_destroy(session);
+  mongoc_transaction_opts_destroy(topts);
+  mongoc_write_concern_destroy(wc);
+  obx_mongo_push(mongo, client);
+  return ok;
+}
+
+void obx_mongo_txn_counts(const obx_mongo_t *mongo, uint64_t *committed, uint64_t *retried, uint64_t *failed) {
+  if (committed) *committed = atomic_load(&mongo->committed);
+  if (retried) *retried = atomic_load(&mongo->retried);
+  if (failed) *failed = atomic_load(&mongo->failed);
+}
+
+bool obx_mongo_ping(obx_mongo_t *mongo, obx_err_t *err) {
+  mongoc_client_t *client = obx_mongo_pop(mongo);
+  bson_t cmd = BSON_INITIALIZER, reply;
+  bson_error_t berr;
+  BSON_APPEND_INT32(&cmd, "ping", 1);
+  bool ok = mongoc_client_command_simple(client, "admin", &cmd, NULL, &reply, &berr);
+  if (!ok) {
+    obx_err_from_bson(err, &berr, &reply);
+    if (err) err->retriable = true;
+    obx_err_prefix(err, "MongoDB unreachable");
+  }
+  bson_destroy(&reply);
+  bson_destroy(&cmd);
+  obx_mongo_push(mongo, client);
+  return ok;
+}

@@ -1,0 +1,178 @@
+/* outboxd.c - the outboxd daemon
+ *
+ * NAME
+ *   outboxd - transactional outbox daemon for MongoDB services
+ *
+ * SYNOPSIS
+ *   outboxd [--roles api,relay,worker] [-c FILE] [-X key=value]... [--help]
+ *
+ * DESCRIPTION
+ *   Runs any combination of the roles of DESIGN.md §1 in one process, on one HTTP server:
+ *     api     POST /orders and the operators' API; writes orders and outbox events in one
+ *             MongoDB transaction
+ *     relay   publishes PENDING outbox events to Kafka
+ *     worker  consumes domain events, runs pipelines, retries through RabbitMQ
+ *   The HTTP server always runs: GET /healthz, /readyz (MongoDB reachable), /metrics.
+ *   outboxd starts while MongoDB, Kafka or RabbitMQ are down and catches up when they return.
+ *
+ * OPTIONS
+ *   --roles LIST   comma-separated roles to run; overrides API_ENABLED,
+ *                  OUTBOX_RELAY_ENABLED and WORKER_ENABLED
+ *   -c FILE        configuration file (`key = value` lines); must exist when given
+ *   -X key=value   set one configuration key (dotted or environment name); repeatable
+ *   -h, --help     print this help and exit
+ *
+ * CONFIGURATION
+ *   Defaults, then FILE, then the environment, then -X (later wins); `outboxctl conf list`
+ *   prints every key. A bad key or value stops the start with a message naming it.
+ *
+ * SIGNALS
+ *   SIGTERM, SIGINT: stop intake (the HTTP server), stop the roles in reverse start order
+ *   (each finishes or hands back its in-flight work), exit 0.
+ *
+ * EXIT STATUS
+ *   0 after a clean stop; 1 on a configuration or start error; 2 on bad usage.
+ *
+ * DESIGN: main is short: parse, load config, start the HTTP server and the roles from the
+ * role table, sigwait, drain. SIGTERM/SIGINT are blocked before any thread starts, so only
+ * sigwait sees them. */
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "obx/obx_api.h"
+#include "obx/obx_conf.h"
+#include "obx/obx_err.h"
+#include "obx/obx_http.h"
+#include "obx/obx_log.h"
+#include "obx/obx_mongo.h"
+
+#define OUTBOXD_MAX_OVERRIDES 64
+
+typedef struct {
+  const char *name;
+  size_t enabled_offset; /* bool field of obx_conf_t */
+  void *(*start)(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err);
+  void (*stop)(void *role);
+} outboxd_role_t;
+
+static const outboxd_role_t roles[] = {
+  {"api", offsetof(obx_conf_t, api_enabled), obx_api_start, obx_api_stop},
+};
+#define NROLES ((int)(sizeof roles / sizeof roles[0]))
+
+static bool *role_enabled(obx_conf_t *conf, const outboxd_role_t *role) {
+  return (bool *)((char *)conf + role->enabled_offset);
+}
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: outboxd [--roles api,relay,worker] [-c FILE] [-X key=value]... [--help]\n"
+          "  --roles LIST   roles to run (overrides API_ENABLED, OUTBOX_RELAY_ENABLED, WORKER_ENABLED)\n"
+          "  -c FILE        configuration file\n"
+          "  -X key=value   set a configuration key (repeatable); see `outboxctl conf list`\n");
+}
+
+/* Applies --roles: every role is disabled except those listed. Names the bad one. */
+static bool apply_roles(obx_conf_t *conf, const char *list, obx_err_t *err) {
+  bool want[NROLES] = {0};
+  char *copy = strdup(list), *save = NULL;
+  bool ok = true;
+  for (char *tok = strtok_r(copy, ",", &save); tok && ok; tok = strtok_r(NULL, ",", &save)) {
+    int i = 0;
+    while (i < NROLES && strcmp(roles[i].name, tok) != 0) i++;
+    if (i == NROLES) {
+      obx_err_set(err, OBX_ERR_CONF, 0, false, "--roles: unknown role '%s'", tok);
+      ok = false;
+    } else {
+      want[i] = true;
+    }
+  }
+  free(copy);
+  if (ok)
+    for (int i = 0; i < NROLES; i++) *role_enabled(conf, &roles[i]) = want[i];
+  return ok;
+}
+
+static bool mongo_ready(void *mongo, obx_err_t *err) { return obx_mongo_ping(mongo, err); }
+
+int main(int argc, char **argv) {
+  const char *file = NULL, *role_list = NULL;
+  char *overrides[OUTBOXD_MAX_OVERRIDES];
+  int noverrides = 0, status = 1, nstarted = 0;
+  void *handles[NROLES] = {0};
+  obx_conf_t conf;
+  obx_err_t err = OBX_ERR_INIT;
+  obx_http_t *http = NULL;
+  obx_mongo_t *mongo = NULL;
+
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      usage(stdout);
+      return 0;
+    } else if (strcmp(a, "--roles") == 0 && i + 1 < argc) {
+      role_list = argv[++i];
+    } else if (strncmp(a, "--roles=", 8) == 0) {
+      role_list = a + 8;
+    } else if (strcmp(a, "-c") == 0 && i + 1 < argc) {
+      file = argv[++i];
+    } else if (strcmp(a, "-X") == 0 && i + 1 < argc && noverrides < OUTBOXD_MAX_OVERRIDES) {
+      overrides[noverrides++] = argv[++i];
+    } else {
+      fprintf(stderr, "outboxd: bad argument '%s'\n", a);
+      usage(stderr);
+      return 2;
+    }
+  }
+
+  obx_conf_init(&conf);
+  if (!obx_conf_load(&conf, file, NULL, overrides, noverrides, &err) ||
+      (role_list && !apply_roles(&conf, role_list, &err))) {
+    fprintf(stderr, "outboxd: %s\n", err.msg);
+    goto done;
+  }
+  obx_log_level_t level;
+  if (obx_log_level_parse(conf.log_level, &level)) obx_log_set_level(level);
+  obx_log_set_role("main");
+
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  if (!(mongo = obx_mongo_new(&conf, &err)) || !(http = obx_http_new(&conf, &err))) goto fail;
+  obx_http_add_ready_check(http, "mongo", mongo_ready, mongo);
+  if (!obx_http_start(http, &err)) goto fail;
+  for (; nstarted < NROLES; nstarted++) {
+    const outboxd_role_t *role = &roles[nstarted];
+    if (!*role_enabled(&conf, role)) continue;
+    if (!(handles[nstarted] = role->start(&conf, http, &err))) {
+      obx_err_prefix(&err, "role %s", role->name);
+      goto fail;
+    }
+    obx_info("role %s started", role->name);
+  }
+  obx_info("outboxd running");
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  obx_info("signal %d: stopping", sig);
+  status = 0;
+  goto stop;
+fail:
+  obx_error("outboxd: %s", err.msg);
+stop:
+  obx_http_stop(http);
+  while (nstarted-- > 0)
+    if (handles[nstarted]) roles[nstarted].stop(handles[nstarted]);
+  obx_http_destroy(http);
+  obx_mongo_destroy(mongo);
+  if (status == 0) obx_info("outboxd stopped");
+done:
+  obx_conf_cleanup(&conf);
+  return status;
+}
