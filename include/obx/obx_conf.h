@@ -91,6 +91,10 @@ typedef struct {
     "Delays of the RabbitMQ retry tiers (one TTL queue per tier)")                               \
   X(worker_source, ENUM, "worker.source", "WORKER_SOURCE", "kafka", 0, 0, "kafka|http", 0,         \
     "kafka: consumer group on KAFKA_TOPIC; http: CloudEvents HTTP sink (Knative)")               \
+  X(worker_group, STR, "worker.group", "WORKER_GROUP", "outboxd-worker", 0, 0, NULL, 0,          \
+    "Kafka consumer group of the worker; also the inbox consumer name")                           \
+  X(worker_queue_prefix, STR, "worker.queue_prefix", "WORKER_QUEUE_PREFIX", "outboxd", 0, 0, NULL, 0, \
+    "Prefix of the RabbitMQ names: <prefix>.retry exchange, <prefix>.retry.<delay> tiers, <prefix>.work, <prefix>.dlq") \
   X(egress_allowlist, STR, "egress.allowlist", "EGRESS_ALLOWLIST", "", 0, 0, NULL, 0,             \
     "Hosts http-request nodes may call (comma-separated; empty allows any public host)")         \
   X(egress_allow_networks, STR, "egress.allow_networks", "EGRESS_ALLOW_NETWORKS", "", 0, 0, NULL, 0, \
