@@ -1,0 +1,246 @@
+/* obx_pipeline.h - the pipeline engine: definitions, runs, execution tracking, egress guard
+ *
+ * DESIGN: a pipeline is a JSON graph (seeds/000, DESIGN.md §5):
+ *   { "name", "orgId", "trigger": "order.pre" | "order.post" | "event.<Type>", "enabled",
+ *     "version", "nodes": [{ "id", "type", "config", "onError": "abort" | "continue" }],
+ *     "edges": [{ "from", "to", "branch" }] }
+ * It is validated when parsed (obx_pipeline_parse): every error names the node or the edge.
+ *
+ * A run has two phases, so that HTTP calls never happen inside a long transaction:
+ *  1. obx_pipeline_execute walks the graph from the start node, performs the HTTP calls and
+ *     collects the database effects (status entries for the order, emitted events) together
+ *     with the pipeline_executions document. It touches no database.
+ *  2. obx_pipeline_run_commit writes the effects and the execution document with the caller's
+ *     mongoc_client_session_t, i.e. inside the caller's transaction (the API's order
+ *     transaction for order.pre, the worker's inbox transaction for order.post / event.*).
+ *     Without a session it opens its own transaction, so effects and tracking stay atomic.
+ * obx_pipeline_run does both for callers that need nothing in between.
+ *
+ * Branching: a node ends with an outcome: "success" or "failure" (any node), "true" or
+ * "false" (condition). An edge with a branch is followed when the branch equals the outcome;
+ * an edge without a branch is followed on every outcome but "failure". A failed node with
+ * onError "abort" ends the run FAILED; with "continue" the run follows its "failure" edges
+ * (or, when it has none, its unbranched edges) and may still succeed. Each node runs at
+ * most once per run (graphs are acyclic).
+ *
+ * Templates: every string inside a node's config may hold {{path}} references into the run
+ * context (the context document given by the caller, plus steps.<nodeId>.output.* of the
+ * nodes already run). A string that is exactly one template keeps the JSON type of the
+ * value; templates embedded in text are interpolated as text. A missing path is a terminal
+ * error naming the path and the node.
+ *
+ * Failure classes: transient (network, timeout, HTTP 5xx/408/429, Mongo transient errors):
+ * a later attempt may succeed; terminal (other 4xx, redirects, oversized responses, egress
+ * refusals, templates, validation): retrying cannot help.
+ *
+ * Thread safety: an obx_pipeline_t is immutable after parsing and may be shared by threads;
+ * an obx_pipeline_run_t belongs to one thread. */
+#ifndef OBX_PIPELINE_H
+#define OBX_PIPELINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <bson/bson.h>
+#include <mongoc/mongoc.h>
+#include "obx_conf.h"
+#include "obx_err.h"
+#include "obx_event.h"
+
+/* ---- definitions ------------------------------------------------------------------------ */
+
+typedef struct obx_pipeline obx_pipeline_t;
+
+/* Parses and validates a definition. `trigger` and `orgId` may be absent here (the seed's
+ * bare graph parses); obx_pipeline_store_* require them. On success *out is owned by the
+ * caller (obx_pipeline_destroy). Errors are OBX_ERR_PIPELINE, terminal, and name the node or
+ * edge: unknown type, missing or duplicate start, duplicate id, dangling edge, bad branch,
+ * cycle, bad template, bad config. */
+bool obx_pipeline_parse(const bson_t *doc, obx_pipeline_t **out, obx_err_t *err);
+bool obx_pipeline_parse_json(const char *json, obx_pipeline_t **out, obx_err_t *err);
+void obx_pipeline_destroy(obx_pipeline_t *pipeline);
+
+/* Borrowed until obx_pipeline_destroy; NULL when absent. */
+const char *obx_pipeline_id(const obx_pipeline_t *pipeline);
+const char *obx_pipeline_name(const obx_pipeline_t *pipeline);
+const char *obx_pipeline_org_id(const obx_pipeline_t *pipeline);
+const char *obx_pipeline_trigger(const obx_pipeline_t *pipeline);
+int32_t obx_pipeline_version(const obx_pipeline_t *pipeline);
+bool obx_pipeline_enabled(const obx_pipeline_t *pipeline);
+/* The definition as parsed (the document given to obx_pipeline_parse); borrowed. */
+const bson_t *obx_pipeline_doc(const obx_pipeline_t *pipeline);
+
+/* "order.pre", "order.post" or "event.<Type>" (Type: letters, digits, '_', '-', '.'). */
+bool obx_pipeline_trigger_valid(const char *trigger);
+/* The worker's mapping: OrderConfirmed -> "order.post", any other type T -> "event.T".
+ * Writes into out (size outlen); returns out. */
+const char *obx_pipeline_trigger_for_event(const char *event_type, char *out, size_t outlen);
+
+/* ---- run context ------------------------------------------------------------------------ */
+
+/* The template context of an event run: { event: {id, type, version, orgId, aggregateType,
+ * aggregateId, partitionKey, correlationId, causationId, occurredAt}, payload: {...},
+ * order: payload.order when it is a document, else the payload itself }, and the payload's
+ * top-level fields (orderNumber, ...) unless they clash with those names. `ctx` must be
+ * initialised by the caller. */
+void obx_pipeline_context_from_event(const obx_event_t *ev, bson_t *ctx);
+/* The context of an order.pre run: { orderNumber, orgId, order: <order document> }. */
+void obx_pipeline_context_from_order(const bson_t *order, bson_t *ctx);
+
+/* What the caller knows about the run; all pointers borrowed for the call. */
+typedef struct {
+  const bson_t *context;      /* template context (see above); required */
+  const char *org_id;         /* the org the run belongs to; required */
+  const char *trigger;        /* NULL: the pipeline's own trigger */
+  const char *event_id;       /* the triggering event; NULL for order.pre */
+  const char *correlation_id; /* propagated to emitted events; may be NULL */
+  const char *aggregate_type; /* the aggregate the run is about ("Order"); used by set-status */
+  const char *aggregate_id;   /* and emit-event (aggregateId) */
+  const char *partition_key;  /* key of emitted events; NULL: aggregate_id */
+  int32_t attempt;            /* 1-based; 0 is taken as 1 */
+} obx_pipeline_input_t;
+
+/* ---- egress guard ------------------------------------------------------------------------ */
+
+#define OBX_EGRESS_MAX_NETS 16
+
+typedef struct {
+  int family;        /* AF_INET or AF_INET6 */
+  uint8_t addr[16];  /* network address, 4 or 16 bytes */
+  int prefix;        /* prefix length in bits */
+} obx_egress_net_t;
+
+/* Policy of http-request nodes. Caller storage: obx_egress_init / obx_egress_cleanup. */
+typedef struct {
+  char **hosts;               /* allowlist; "*.example.com" matches subdomains; empty: any */
+  int nhosts;
+  obx_egress_net_t nets[OBX_EGRESS_MAX_NETS]; /* networks allowed although not public */
+  int nnets;
+  int64_t connect_timeout_ms;
+  int64_t timeout_ms;         /* whole transfer */
+  int64_t max_response_bytes;
+  char **resolve;             /* optional curl "host:port:address" DNS pins (CURLOPT_RESOLVE) */
+  int nresolve;
+} obx_egress_t;
+
+/* hosts: comma-separated allowlist ("" any public host); nets: comma-separated CIDRs allowed
+ * although private or loopback ("127.0.0.0/8,::1/128"). Bad values fail naming the entry. */
+bool obx_egress_init(obx_egress_t *egress, const char *hosts, const char *nets, int64_t connect_timeout_ms,
+                     int64_t timeout_ms, int64_t max_response_bytes, obx_err_t *err);
+/* From EGRESS_ALLOWLIST, EGRESS_ALLOW_NETWORKS, HTTP_CONNECT_TIMEOUT_MS, HTTP_TIMEOUT_MS,
+ * HTTP_MAX_RESPONSE_BYTES. */
+bool obx_egress_init_conf(obx_egress_t *egress, const obx_conf_t *conf, obx_err_t *err);
+/* Adds a DNS pin "host:port:address" (copied). */
+bool obx_egress_add_resolve(obx_egress_t *egress, const char *pin, obx_err_t *err);
+void obx_egress_cleanup(obx_egress_t *egress);
+/* Scheme (http/https only), userinfo-free authority and host allowlist of a URL. */
+bool obx_egress_check_url(const obx_egress_t *egress, const char *url, obx_err_t *err);
+/* The address a connection is about to be opened to: refused when it is not public
+ * (loopback, RFC 1918, CGNAT, link-local incl. metadata, unique-local, multicast, reserved,
+ * 0.0.0.0/8, and the IPv4-mapped/compatible/NAT64/6to4 forms of these) unless one of the
+ * allowed networks contains it. */
+bool obx_egress_check_addr(const obx_egress_t *egress, const struct sockaddr *addr, obx_err_t *err);
+
+typedef struct {
+  long status;          /* HTTP status */
+  char *body;           /* NUL-terminated, owned; at most max_response_bytes */
+  size_t len;
+  char *content_type;   /* owned, NULL when absent */
+  char *location;       /* owned: the Location of a 3xx (never followed), NULL when absent */
+} obx_http_response_t;
+
+/* One request under the guard: no redirects (a 3xx is returned as is), no proxies, the
+ * timeouts and the size cap of `egress`, the address check on the socket actually opened.
+ * headers: NULL-terminated "Name: value" strings or NULL. Returns true when a response
+ * arrived (any status); false with err on refusal (terminal), oversized response
+ * (terminal), network or timeout errors (transient). Free resp with obx_http_response_cleanup. */
+bool obx_egress_request(const obx_egress_t *egress, const char *method, const char *url, const char *const *headers,
+                        const char *body, size_t body_len, obx_http_response_t *resp, obx_err_t *err);
+void obx_http_response_cleanup(obx_http_response_t *resp);
+
+/* ---- runs ------------------------------------------------------------------------------- */
+
+typedef enum { OBX_PIPELINE_SUCCEEDED, OBX_PIPELINE_FAILED, OBX_PIPELINE_SKIPPED } obx_pipeline_status_t;
+typedef enum { OBX_FAILURE_NONE, OBX_FAILURE_TRANSIENT, OBX_FAILURE_TERMINAL } obx_failure_class_t;
+
+const char *obx_pipeline_status_name(obx_pipeline_status_t status);   /* "SUCCEEDED" ... */
+const char *obx_failure_class_name(obx_failure_class_t fclass);       /* NULL, "transient", "terminal" */
+
+typedef struct obx_pipeline_run obx_pipeline_run_t;
+
+/* Phase 1: runs the graph (HTTP calls included), collects effects and the execution
+ * document. A disabled pipeline gives a SKIPPED run. Never fails: failures are in the run.
+ * Returns an owned run (obx_pipeline_run_destroy). `egress` borrowed for the call. */
+obx_pipeline_run_t *obx_pipeline_execute(const obx_pipeline_t *pipeline, const obx_pipeline_input_t *input,
+                                         const obx_egress_t *egress);
+/* Phase 2: writes the status entries (orders.statusHistory, orders.pipelineStatus), the
+ * emitted events (outbox) and the pipeline_executions document. With a session the writes
+ * join the session's transaction (the caller commits); without one they run in a
+ * transaction of their own. A run may be committed once. */
+bool obx_pipeline_run_commit(obx_pipeline_run_t *run, mongoc_client_t *client, const char *db,
+                             mongoc_client_session_t *session, obx_err_t *err);
+void obx_pipeline_run_destroy(obx_pipeline_run_t *run);
+
+obx_pipeline_status_t obx_pipeline_run_status(const obx_pipeline_run_t *run);
+obx_failure_class_t obx_pipeline_run_failure_class(const obx_pipeline_run_t *run);
+/* The error of the step that failed the run (domain NONE when the run succeeded). */
+const obx_err_t *obx_pipeline_run_error(const obx_pipeline_run_t *run);
+const char *obx_pipeline_run_execution_id(const obx_pipeline_run_t *run);
+/* The pipeline_executions document; borrowed until obx_pipeline_run_destroy. */
+const bson_t *obx_pipeline_run_execution(const obx_pipeline_run_t *run);
+/* Events emitted by emit-event nodes, in order; borrowed until destroy. */
+int obx_pipeline_run_nevents(const obx_pipeline_run_t *run);
+const obx_event_t *obx_pipeline_run_event(const obx_pipeline_run_t *run, int i);
+/* Status entries recorded by set-status nodes: an array document; borrowed. */
+const bson_t *obx_pipeline_run_statuses(const obx_pipeline_run_t *run);
+
+typedef struct {
+  obx_pipeline_status_t status;
+  obx_failure_class_t failure_class;
+  char execution_id[OBX_UUID_LEN + 1];
+  obx_err_t error; /* the failing step's error */
+} obx_pipeline_result_t;
+
+/* Both phases. Returns false only when the commit failed (err set, result describes the run
+ * that was not recorded); a FAILED run that was recorded returns true. */
+bool obx_pipeline_run(const obx_pipeline_t *pipeline, const obx_pipeline_input_t *input, const obx_egress_t *egress,
+                      mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                      obx_pipeline_result_t *result, obx_err_t *err);
+
+/* ---- store (collection `pipelines`) ------------------------------------------------------ */
+
+/* Creates a pipeline of org_id from a definition (orgId in the body is ignored, trigger
+ * required); validated first. _id is a new UUIDv7, version 1. `saved` (initialised by the
+ * caller, may be NULL) receives the stored document. At most one enabled pipeline per
+ * (orgId, trigger): another one is OBX_ERR_CONFLICT. */
+bool obx_pipeline_store_create(mongoc_client_t *client, const char *db, const char *org_id, const bson_t *def,
+                               bson_t *saved, obx_err_t *err);
+/* Replaces pipeline `id` of org_id (OBX_ERR_NOT_FOUND when absent or another org's),
+ * version incremented. */
+bool obx_pipeline_store_update(mongoc_client_t *client, const char *db, const char *org_id, const char *id,
+                               const bson_t *def, bson_t *saved, obx_err_t *err);
+/* Creates or replaces by (orgId, name) — the form used for the files of config/pipelines. With
+ * dry_run nothing is written; *action receives "create", "update" or "unchanged". */
+bool obx_pipeline_store_apply(mongoc_client_t *client, const char *db, const char *org_id, const bson_t *def,
+                              bool dry_run, const char **action, bson_t *saved, obx_err_t *err);
+bool obx_pipeline_store_get(mongoc_client_t *client, const char *db, const char *org_id, const char *id, bson_t *out,
+                            obx_err_t *err);
+/* { "pipelines": [ ... ] } of org_id (org_id NULL: every org), sorted by name. */
+bool obx_pipeline_store_list(mongoc_client_t *client, const char *db, const char *org_id, bson_t *out,
+                             obx_err_t *err);
+/* The enabled pipeline of (org_id, trigger); *out NULL when there is none. session optional. */
+bool obx_pipeline_store_find_enabled(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                                     const char *org_id, const char *trigger, obx_pipeline_t **out, obx_err_t *err);
+/* A page of executions of one pipeline, newest first: { "executions": [...], "next": <id of
+ * the last item, for before=> | null }. before/after: execution ids (exclusive), at most one;
+ * limit 1..200. */
+bool obx_pipeline_store_executions(mongoc_client_t *client, const char *db, const char *org_id,
+                                   const char *pipeline_id, int limit, const char *before, const char *after,
+                                   bson_t *out, obx_err_t *err);
+/* Applies every *.json file of a directory (or one file) with obx_pipeline_store_apply; each
+ * file gives its own orgId. Prints one line per file to `report` (may be NULL). */
+bool obx_pipeline_store_apply_path(mongoc_client_t *client, const char *db, const char *path, bool dry_run,
+                                   FILE *report, obx_err_t *err);
+
+#endif

@@ -1,0 +1,149 @@
+/* node_http_request.c - calls an external HTTP endpoint under the egress guard
+ *
+ * DESIGN: config { url, method (POST with a body, GET without), headers { name: value },
+ * body (any JSON value, sent as JSON) }, all templated. The call goes through
+ * obx_egress_request (egress.c). Outcome "success" on 2xx with output { status, body } (the
+ * body parsed when it is JSON, else text). Failures: 3xx (redirects are not followed) and
+ * 4xx other than 408/429 are terminal; 5xx, 408, 429, network and timeouts transient;
+ * egress refusals and oversized responses terminal. */
+#include "pipeline_int.h"
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const methods[] = {"GET", "POST", "PUT", "PATCH", "DELETE", NULL};
+
+static bool header_name_valid(const char *s) {
+  if (!*s) return false;
+  for (; *s; s++)
+    if (!isalnum((unsigned char)*s) && !strchr("!#$%&'*+-.^_`|~", *s)) return false;
+  return true;
+}
+
+static bool http_validate(const bson_t *config, obx_err_t *err) {
+  if (!obx_node_config_require_str(config, "url", err)) return false;
+  const char *url = obx_node_config_str(config, "url");
+  if (!strstr(url, "{{")) {
+    obx_egress_t any;
+    memset(&any, 0, sizeof any);
+    obx_err_t uerr = OBX_ERR_INIT;
+    if (!obx_egress_check_url(&any, url, &uerr)) {
+      obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "config.url: %s", uerr.msg);
+      return false;
+    }
+  }
+  bson_iter_t it;
+  if (bson_iter_init_find(&it, config, "method")) {
+    const char *method = BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : "";
+    const char *const *m = methods;
+    while (*m && strcmp(*m, method) != 0) m++;
+    if (!*m) {
+      obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "config.method: \"%s\" (want GET, POST, PUT, PATCH or DELETE)",
+                  method);
+      return false;
+    }
+  }
+  if (bson_iter_init_find(&it, config, "headers")) {
+    bson_iter_t h;
+    if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &h)) {
+      obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "config.headers: must be an object of strings");
+      return false;
+    }
+    while (bson_iter_next(&h)) {
+      if (!header_name_valid(bson_iter_key(&h)) || !BSON_ITER_HOLDS_UTF8(&h)) {
+        obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "config.headers.%s: a header name with a string value",
+                    bson_iter_key(&h));
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+/* Appends the response body to output: parsed when it is JSON, else as (UTF-8) text. */
+static void append_body(bson_t *output, const obx_http_response_t *resp) {
+  if (resp->len == 0) return;
+  if (resp->content_type && strstr(resp->content_type, "json")) {
+    bson_string_t *wrapped = bson_string_new("{\"v\":");
+    bson_string_append(wrapped, resp->body);
+    bson_string_append(wrapped, "}");
+    bson_t *doc = bson_new_from_json((const uint8_t *)wrapped->str, wrapped->len, NULL);
+    bson_string_free(wrapped, true);
+    bson_iter_t it;
+    bool appended = doc && bson_iter_init_find(&it, doc, "v") && bson_append_iter(output, "body", -1, &it);
+    bson_destroy(doc);
+    if (appended) return;
+  }
+  if (strlen(resp->body) == resp->len && bson_utf8_validate(resp->body, resp->len, false))
+    bson_append_utf8(output, "body", -1, resp->body, (int)resp->len);
+  else
+    BSON_APPEND_UTF8(output, "body", "<binary response>");
+}
+
+static bool http_run(obx_node_ctx_t *ctx, const bson_t *config, bson_t *output, const char **outcome,
+                     obx_err_t *err) {
+  const char *url = obx_node_config_str(config, "url");
+  const char *method = obx_node_config_str(config, "method");
+  bson_iter_t it, body_it;
+  bool has_body = bson_iter_init_find(&body_it, config, "body");
+  char **headers = NULL;
+  int nheaders = 0;
+  bson_string_t *body = NULL;
+  obx_http_response_t resp = {0};
+  bool ok = false;
+  if (!url) {
+    obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "config.url: must render to a string");
+    goto done;
+  }
+  if (!ctx->egress) {
+    obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "no egress policy configured for http-request");
+    goto done;
+  }
+  if (!method) method = has_body ? "POST" : "GET";
+  if (bson_iter_init_find(&it, config, "headers") && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+    bson_iter_t h;
+    bson_iter_recurse(&it, &h);
+    uint32_t count = 0;
+    while (bson_iter_next(&h)) count++;
+    headers = bson_malloc0((count + 1) * sizeof *headers);
+    bson_iter_recurse(&it, &h);
+    while (bson_iter_next(&h)) {
+      const char *value = BSON_ITER_HOLDS_UTF8(&h) ? bson_iter_utf8(&h, NULL) : NULL;
+      if (!value || strpbrk(value, "\r\n")) {
+        obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "config.headers.%s: must render to one line of text",
+                    bson_iter_key(&h));
+        goto done;
+      }
+      headers[nheaders++] = bson_strdup_printf("%s: %s", bson_iter_key(&h), value);
+    }
+  }
+  if (has_body) {
+    body = bson_string_new(NULL);
+    obx_json_append_value(body, &body_it);
+  }
+  if (!obx_egress_request(ctx->egress, method, url, (const char *const *)headers, body ? body->str : NULL,
+                          body ? body->len : 0, &resp, err))
+    goto done;
+  if (resp.status >= 300 && resp.status < 400) {
+    obx_err_set(err, OBX_ERR_CURL, (int)resp.status, false, "HTTP %ld redirect%s%s refused: redirects are not followed",
+                resp.status, resp.location ? " to " : "", resp.location ? resp.location : "");
+    goto done;
+  }
+  if (resp.status < 200 || resp.status >= 300) {
+    obx_err_from_http_status(err, resp.status, url);
+    goto done;
+  }
+  BSON_APPEND_INT32(output, "status", (int32_t)resp.status);
+  append_body(output, &resp);
+  *outcome = "success";
+  ok = true;
+done:
+  obx_http_response_cleanup(&resp);
+  if (body) bson_string_free(body, true);
+  for (int i = 0; i < nheaders; i++) bson_free(headers[i]);
+  bson_free(headers);
+  return ok;
+}
+
+const obx_node_type_t obx_node_http_request = {"http-request", obx_node_outcomes_success, http_validate, http_run};
