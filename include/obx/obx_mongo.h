@@ -74,7 +74,9 @@ bool obx_mongo_transaction(obx_mongo_t *mongo, obx_mongo_txn_fn_t fn, void *ctx,
 void obx_mongo_txn_counts(const obx_mongo_t *mongo, uint64_t *committed, uint64_t *retried,
                           uint64_t *failed);
 
-/* Sends {ping: 1} to the deployment; false (retriable) with the reason when unreachable. */
+/* Sends {ping: 1} to the deployment through a dedicated single-threaded client that tries
+ * each server once (connectTimeoutMS 2000 unless the URI sets it), so it answers within
+ * seconds; false (retriable) with the reason when unreachable. Serialised by a mutex. */
 bool obx_mongo_ping(obx_mongo_t *mongo, obx_err_t *err);
 
 #endif

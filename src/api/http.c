@@ -449,9 +449,9 @@ bool obx_http_start(obx_http_t *http, obx_err_t *err) {
     return false;
   }
   http->daemon = MHD_start_daemon(flags, (uint16_t)http->port, NULL, NULL, http_on_request, http,
+                                  MHD_OPTION_EXTERNAL_LOGGER, http_on_mhd_log, http,
                                   MHD_OPTION_SOCK_ADDR, sa,
                                   MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, http,
-                                  MHD_OPTION_EXTERNAL_LOGGER, http_on_mhd_log, http,
                                   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned)1024,
                                   MHD_OPTION_END);

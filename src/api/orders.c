@@ -58,6 +58,10 @@ bool obx_money_parse(const char *s, int digits, int64_t *minor, const char **why
   if (*p == '.') {
     for (p++; isdigit((unsigned char)*p) && nfrac <= digits; p++, nfrac++) v = v * 10 + (*p - '0');
   }
+  if (nint >= 16) {
+    *why = "is too large";
+    return false;
+  }
   if (nint == 0 || *p != '\0' || (p[-1] == '.')) {
     *why = "must be a decimal string such as \"149.90\"";
     return false;
@@ -67,7 +71,7 @@ bool obx_money_parse(const char *s, int digits, int64_t *minor, const char **why
     return false;
   }
   for (; nfrac < digits; nfrac++) v *= 10;
-  if (nint >= 16 || v > OBX_ORDER_MAX_MINOR) {
+  if (v > OBX_ORDER_MAX_MINOR) {
     *why = "is too large";
     return false;
   }

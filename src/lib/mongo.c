@@ -14,10 +14,13 @@
 #include "obx/obx_log.h"
 
 #define OBX_MONGO_SELECTION_TIMEOUT_MS 5000
+#define OBX_MONGO_PROBE_CONNECT_TIMEOUT_MS 2000
 #define OBX_MONGO_INDEX_OPTIONS_CONFLICT 85
 
 struct obx_mongo {
   mongoc_client_pool_t *pool;
+  mongoc_client_t *probe;     /* single-threaded client for obx_mongo_ping, under probe_mu */
+  pthread_mutex_t probe_mu;
   char *db;
   atomic_uint_fast64_t committed, retried, failed;
 };
@@ -50,6 +53,13 @@ obx_mongo_t *obx_mongo_new(const obx_conf_t *conf, obx_err_t *err) {
     goto done;
   }
   mongoc_client_pool_set_error_api(mongo->pool, MONGOC_ERROR_API_VERSION_2);
+  /* The probe tries each server once (single-threaded clients do) so /readyz answers within
+   * the connect timeout instead of waiting for server selection. */
+  if (!mongoc_uri_has_option(uri, MONGOC_URI_CONNECTTIMEOUTMS))
+    mongoc_uri_set_option_as_int32(uri, MONGOC_URI_CONNECTTIMEOUTMS, OBX_MONGO_PROBE_CONNECT_TIMEOUT_MS);
+  mongo->probe = mongoc_client_new_from_uri(uri);
+  mongoc_client_set_error_api(mongo->probe, MONGOC_ERROR_API_VERSION_2);
+  pthread_mutex_init(&mongo->probe_mu, NULL);
   mongo->db = strdup(conf->mongo_db);
 done:
   mongoc_uri_destroy(uri);
@@ -58,6 +68,8 @@ done:
 
 void obx_mongo_destroy(obx_mongo_t *mongo) {
   if (!mongo) return;
+  mongoc_client_destroy(mongo->probe);
+  pthread_mutex_destroy(&mongo->probe_mu);
   mongoc_client_pool_destroy(mongo->pool);
   free(mongo->db);
   free(mongo);
@@ -224,11 +236,12 @@ void obx_mongo_txn_counts(const obx_mongo_t *mongo, uint64_t *committed, uint64_
 }
 
 bool obx_mongo_ping(obx_mongo_t *mongo, obx_err_t *err) {
-  mongoc_client_t *client = obx_mongo_pop(mongo);
   bson_t cmd = BSON_INITIALIZER, reply;
   bson_error_t berr;
   BSON_APPEND_INT32(&cmd, "ping", 1);
-  bool ok = mongoc_client_command_simple(client, "admin", &cmd, NULL, &reply, &berr);
+  pthread_mutex_lock(&mongo->probe_mu);
+  bool ok = mongoc_client_command_simple(mongo->probe, "admin", &cmd, NULL, &reply, &berr);
+  pthread_mutex_unlock(&mongo->probe_mu);
   if (!ok) {
     obx_err_from_bson(err, &berr, &reply);
     if (err) err->retriable = true;
@@ -236,6 +249,5 @@ bool obx_mongo_ping(obx_mongo_t *mongo, obx_err_t *err) {
   }
   bson_destroy(&reply);
   bson_destroy(&cmd);
-  obx_mongo_push(mongo, client);
   return ok;
 }
