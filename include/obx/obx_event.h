@@ -20,6 +20,8 @@
 #include "obx_err.h"
 
 #define OBX_UUID_LEN 36
+/* Longest accepted string attribute (partition key, ids, type, ...), in bytes. */
+#define OBX_EVENT_MAX_ATTR_LEN 1024
 
 typedef struct {
   char id[OBX_UUID_LEN + 1];  /* event id = CloudEvents id = inbox dedup key */
@@ -63,11 +65,14 @@ bool obx_uuid_valid(const char *s);
 /* init zeroes and creates an empty payload; cleanup frees all fields (safe after init). */
 void obx_event_init(obx_event_t *ev);
 void obx_event_cleanup(obx_event_t *ev);
-/* Copies src into dst (dst must be cleaned up). */
+/* Copies src into dst, an initialised event whose previous contents are freed (clean dst up). */
 void obx_event_copy(obx_event_t *dst, const obx_event_t *src);
 /* Fills id (if empty), occurred_at (if 0), partition_key (= aggregate_id if NULL), version (1
  * if 0) and checks the required fields. */
 bool obx_event_finalize(obx_event_t *ev, obx_err_t *err);
+
+/* The decoders below (from_outbox, from_kafka, from_ce_json) take an initialised ev, reset it
+ * first, and leave it initialised (possibly partly filled) on failure: always clean it up. */
 
 /* Outbox document: the envelope plus status PENDING, attempts 0, availableAt = occurredAt,
  * lastError null. `out` must be initialised by the caller (bson_init). */
