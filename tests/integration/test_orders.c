@@ -1,0 +1,485 @@
+/* test_orders.c - POST /orders against devmongod through the real outboxd binary
+ *
+ * One devmongod and one `outboxd --roles api` serve every test of the group (each test uses
+ * its own order numbers and idempotency keys); the MongoDB-down test runs its own pair. */
+#include "obx_test.h"
+#include "obx_test_mongo.h"
+#include "obx_test_outboxd.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+static obx_test_mongo_t mongo;
+static obx_test_outboxd_t outboxd;
+static mongoc_client_t *client;
+static char keys_path[300];
+static char key_acme[64], key_globex[64], key_reader[64];
+
+static const char seed_body[] = "{\"customerEmail\": \"customer@company.com\", \"amount\": \"149.90\"}";
+
+/* ---- helpers ----------------------------------------------------------------------------- */
+
+/* Documents of coll matching filter_json (a plain find: no aggregation needed). */
+static int64_t count(const char *coll, const char *filter_json) {
+  bson_error_t berr;
+  bson_t filter;
+  const bson_t *doc;
+  int64_t n = 0;
+  assert_true(bson_init_from_json(&filter, filter_json, -1, &berr));
+  mongoc_collection_t *c = mongoc_client_get_collection(client, "outboxd", coll);
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(c, &filter, NULL, NULL);
+  while (mongoc_cursor_next(cursor, &doc)) n++;
+  if (mongoc_cursor_error(cursor, &berr)) {
+    print_error("count %s %s: %s\n", coll, filter_json, berr.message);
+    fail();
+  }
+  mongoc_cursor_destroy(cursor);
+  mongoc_collection_destroy(c);
+  bson_destroy(&filter);
+  return n;
+}
+
+/* The first document of coll matching {field: value}; false when none. */
+static bool find_one(const char *coll, const char *field, const char *value, bson_t *out) {
+  bson_t filter = BSON_INITIALIZER;
+  BSON_APPEND_UTF8(&filter, field, value);
+  mongoc_collection_t *c = mongoc_client_get_collection(client, "outboxd", coll);
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(c, &filter, NULL, NULL);
+  const bson_t *doc;
+  bool found = mongoc_cursor_next(cursor, &doc);
+  if (found) bson_copy_to(doc, out);
+  mongoc_cursor_destroy(cursor);
+  mongoc_collection_destroy(c);
+  bson_destroy(&filter);
+  return found;
+}
+
+static void failpoint(const char *json) {
+  bson_t cmd, reply;
+  bson_error_t berr;
+  assert_true(bson_init_from_json(&cmd, json, -1, &berr));
+  bool ok = mongoc_client_command_simple(client, "admin", &cmd, NULL, &reply, &berr);
+  if (!ok) print_error("configureFailPoint: %s\n", berr.message);
+  assert_true(ok);
+  bson_destroy(&reply);
+  bson_destroy(&cmd);
+}
+
+static void post_order(const char *key, const char *body, const char *idem_key, obx_test_http_resp_t *resp) {
+  char header[300];
+  const char *headers[] = {header, NULL};
+  snprintf(header, sizeof header, "Idempotency-Key: %s", idem_key ? idem_key : "");
+  assert_true(obx_test_http(outboxd.port, "POST", "/orders", key, body, idem_key ? headers : NULL, resp));
+}
+
+static void expect_status(const obx_test_http_resp_t *resp, long want, const char *what) {
+  if (resp->status != want) {
+    print_error("%s: got HTTP %ld %s, want %ld\n", what, resp->status, resp->body, want);
+    fail();
+  }
+}
+
+static bool readyz_ok(void *ctx) {
+  int port = *(int *)ctx;
+  obx_test_http_resp_t resp;
+  bool ok = obx_test_http(port, "GET", "/readyz", NULL, NULL, NULL, &resp) && resp.status == 200;
+  obx_test_http_resp_cleanup(&resp);
+  return ok;
+}
+
+static void start_outboxd(obx_test_outboxd_t *d, const char *uri) {
+  char mongo_arg[300], keys_arg[340];
+  snprintf(mongo_arg, sizeof mongo_arg, "mongo.uri=%s", uri);
+  snprintf(keys_arg, sizeof keys_arg, "api.keys_file=%s", keys_path);
+  char *args[] = {"--roles", "api", "-X", mongo_arg, "-X", keys_arg, "-X", "http.max_body=4096", NULL};
+  assert_true(obx_test_outboxd_start(d, args));
+}
+
+static int group_setup(void **state) {
+  if (!obx_test_mongo_start(&mongo, NULL)) return -1;
+  client = obx_test_mongo_client(&mongo, NULL, "test_orders");
+  snprintf(keys_path, sizeof keys_path, "%s/api-keys", obx_test_tmpdir());
+  obx_test_apikey_add(keys_path, "acme", "orders:write,orders:read", key_acme);
+  obx_test_apikey_add(keys_path, "globex", "orders:write,orders:read", key_globex);
+  obx_test_apikey_add(keys_path, "acme", "orders:read", key_reader);
+  start_outboxd(&outboxd, mongo.uri);
+  if (!obx_test_wait_for(readyz_ok, &outboxd.port, 60000, 50)) {
+    fprintf(stderr, "outboxd never became ready; log: %s\n", outboxd.proc.log_path);
+    return -1;
+  }
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  int status = obx_test_outboxd_stop(&outboxd);
+  if (client) mongoc_client_destroy(client);
+  obx_test_mongo_stop(&mongo);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+/* ---- tests ------------------------------------------------------------------------------- */
+
+/* Seed 001's payload as is: one order and one fat OrderConfirmed event, in MongoDB. */
+static void test_create_seed_payload(void **state) {
+  obx_test_http_resp_t resp;
+  post_order(key_acme, seed_body, NULL, &resp);
+  expect_status(&resp, 201, "POST seed payload");
+  const char *id = obx_test_http_json_str(&resp, "id");
+  const char *number = obx_test_http_json_str(&resp, "orderNumber");
+  assert_non_null(id);
+  assert_non_null(number);
+  assert_true(strncmp(number, "ORD-", 4) == 0);
+  assert_string_equal(obx_test_http_json_str(&resp, "totalAmount"), "149.90");
+  bson_iter_t it, ids;
+  assert_true(bson_iter_init_find(&it, &resp.json, "eventIds") && bson_iter_recurse(&it, &ids) && bson_iter_next(&ids));
+  char event_id[64];
+  snprintf(event_id, sizeof event_id, "%s", bson_iter_utf8(&ids, NULL));
+
+  bson_t order, event;
+  assert_true(find_one("orders", "_id", id, &order));
+  assert_true(bson_iter_init_find(&it, &order, "totalAmount") && BSON_ITER_HOLDS_DECIMAL128(&it));
+  bson_decimal128_t dec;
+  char s[BSON_DECIMAL128_STRING];
+  bson_iter_decimal128(&it, &dec);
+  bson_decimal128_to_string(&dec, s);
+  assert_string_equal(s, "149.90");
+  assert_true(bson_iter_init_find(&it, &order, "orgId"));
+  assert_string_equal(bson_iter_utf8(&it, NULL), "acme");
+  assert_true(bson_iter_init_find(&it, &order, "currency"));
+  assert_string_equal(bson_iter_utf8(&it, NULL), "BRL");
+
+  assert_true(find_one("outbox", "_id", event_id, &event));
+  static const struct {
+    const char *path, *want;
+  } fields[] = {{"eventType", "OrderConfirmed"}, {"status", "PENDING"},           {"orgId", "acme"},
+                {"aggregateType", "Order"},      {"payload.totalAmount", "149.90"}, {"payload.customerEmail", "customer@company.com"}};
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    bson_iter_t f;
+    const char *got = bson_iter_init(&it, &event) && bson_iter_find_descendant(&it, fields[i].path, &f) &&
+                          BSON_ITER_HOLDS_UTF8(&f) ? bson_iter_utf8(&f, NULL) : "(missing)";
+    if (strcmp(got, fields[i].want) != 0) {
+      print_error("outbox.%s: got %s, want %s\n", fields[i].path, got, fields[i].want);
+      fail();
+    }
+  }
+  assert_true(bson_iter_init_find(&it, &event, "aggregateId"));
+  assert_string_equal(bson_iter_utf8(&it, NULL), id);
+  assert_true(bson_iter_init(&it, &event) && bson_iter_find_descendant(&it, "payload.orderNumber", &ids));
+  assert_string_equal(bson_iter_utf8(&ids, NULL), number);
+  bson_destroy(&event);
+  bson_destroy(&order);
+
+  /* GET by the owner; another org's key sees nothing. */
+  char path[128];
+  obx_test_http_resp_t got;
+  snprintf(path, sizeof path, "/orders/%s", id);
+  assert_true(obx_test_http(outboxd.port, "GET", path, key_reader, NULL, NULL, &got));
+  expect_status(&got, 200, "GET own order");
+  assert_string_equal(obx_test_http_json_str(&got, "totalAmount"), "149.90");
+  assert_string_equal(obx_test_http_json_str(&got, "orderNumber"), number);
+  obx_test_http_resp_cleanup(&got);
+  assert_true(obx_test_http(outboxd.port, "GET", path, key_globex, NULL, NULL, &got));
+  expect_status(&got, 404, "GET other org's order");
+  obx_test_http_resp_cleanup(&got);
+  obx_test_http_resp_cleanup(&resp);
+}
+
+static void test_items_totals(void **state) {
+  const char *body =
+    "{\"customerEmail\": \"a@b.co\", \"currency\": \"USD\", \"orderNumber\": \"ITEMS-1\","
+    " \"externalCodes\": {\"erp\": \"E-1\"},"
+    " \"items\": [{\"sku\": \"A\", \"quantity\": 3, \"unitPrice\": \"0.10\"},"
+    "             {\"sku\": \"B\", \"quantity\": 7, \"unitPrice\": \"19.99\"}]}";
+  obx_test_http_resp_t resp;
+  post_order(key_acme, body, NULL, &resp);
+  expect_status(&resp, 201, "POST items");
+  assert_string_equal(obx_test_http_json_str(&resp, "orderNumber"), "ITEMS-1");
+  assert_string_equal(obx_test_http_json_str(&resp, "totalAmount"), "140.23");
+  assert_int_equal(count("outbox", "{\"payload.orderNumber\": \"ITEMS-1\", \"payload.externalCodes.erp\": \"E-1\"}"), 1);
+  obx_test_http_resp_cleanup(&resp);
+}
+
+typedef struct {
+  const char *name, *body, *fields;
+} bad_case_t;
+
+static void test_validation_table(void **state) {
+  static const bad_case_t cases[] = {
+    {"not json", "{customerEmail", "body"},
+    {"empty object", "{}", "customerEmail items"},
+    {"bad email and float amount", "{\"customerEmail\": \"x\", \"amount\": 1.5}", "customerEmail amount"},
+    {"bad items", "{\"customerEmail\": \"a@b.co\", \"items\": [{\"sku\": \"A\", \"quantity\": -1}]}",
+     "items[0].quantity items[0].unitPrice"},
+    {"unknown field", "{\"customerEmail\": \"a@b.co\", \"amount\": \"1\", \"note\": \"x\"}", "note"},
+  };
+  int64_t orders_before = count("orders", "{}"), events_before = count("outbox", "{}");
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    obx_test_http_resp_t resp;
+    post_order(key_acme, cases[i].body, NULL, &resp);
+    char ctype[128] = "", got[256] = "";
+    obx_test_http_header(&resp, "Content-Type", ctype, sizeof ctype);
+    bson_iter_t it, arr, f;
+    if (bson_iter_init_find(&it, &resp.json, "errors") && bson_iter_recurse(&it, &arr)) {
+      while (bson_iter_next(&arr)) {
+        bson_iter_t e;
+        bson_iter_recurse(&arr, &e);
+        if (bson_iter_find(&e, "field")) {
+          f = e;
+          size_t n = strlen(got);
+          snprintf(got + n, sizeof got - n, "%s%s", n ? " " : "", bson_iter_utf8(&f, NULL));
+        }
+      }
+    }
+    if (resp.status != 400 || strcmp(ctype, "application/problem+json") != 0 || strcmp(got, cases[i].fields) != 0) {
+      print_error("%s: got %ld %s [%s], want 400 application/problem+json [%s]\n", cases[i].name, resp.status, ctype,
+                  got, cases[i].fields);
+      fail();
+    }
+    obx_test_http_resp_cleanup(&resp);
+  }
+  assert_int_equal(count("orders", "{}"), orders_before);
+  assert_int_equal(count("outbox", "{}"), events_before);
+}
+
+static void test_auth(void **state) {
+  static const struct {
+    const char *name, *method, *path, *key;
+    long want;
+  } cases[] = {
+    {"no key", "POST", "/orders", NULL, 401},
+    {"unknown key", "POST", "/orders", "obx_not-a-key", 401},
+    {"key without orders:write", "POST", "/orders", "READER", 403},
+    {"other org's id", "GET", "/orders/0190f000-0000-7000-8000-000000000000", "READER", 404},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    obx_test_http_resp_t resp;
+    const char *key = cases[i].key && strcmp(cases[i].key, "READER") == 0 ? key_reader : cases[i].key;
+    assert_true(obx_test_http(outboxd.port, cases[i].method, cases[i].path, key, seed_body, NULL, &resp));
+    if (resp.status != cases[i].want) {
+      print_error("%s: got %ld %s, want %ld\n", cases[i].name, resp.status, resp.body, cases[i].want);
+      fail();
+    }
+    obx_test_http_resp_cleanup(&resp);
+  }
+}
+
+static void test_idempotency(void **state) {
+  const char *body = "{\"customerEmail\": \"i@b.co\", \"amount\": \"10.00\", \"orderNumber\": \"IDEM-1\"}";
+  const char *other = "{\"customerEmail\": \"i@b.co\", \"amount\": \"11.00\", \"orderNumber\": \"IDEM-2\"}";
+  obx_test_http_resp_t first, again, mismatch;
+  post_order(key_acme, body, "idem-key-1", &first);
+  expect_status(&first, 201, "first POST");
+  post_order(key_acme, body, "idem-key-1", &again);
+  expect_status(&again, 201, "retried POST");
+  assert_string_equal(first.body, again.body);
+  char replayed[16] = "";
+  assert_true(obx_test_http_header(&again, "Idempotent-Replayed", replayed, sizeof replayed));
+  assert_int_equal(count("orders", "{\"orderNumber\": \"IDEM-1\"}"), 1);
+  assert_int_equal(count("outbox", "{\"payload.orderNumber\": \"IDEM-1\"}"), 1);
+  post_order(key_acme, other, "idem-key-1", &mismatch);
+  expect_status(&mismatch, 422, "same key, other body");
+  assert_int_equal(count("orders", "{\"orderNumber\": \"IDEM-2\"}"), 0);
+  /* Keys are per org: globex may use the same key for its own order. */
+  obx_test_http_resp_t globex;
+  post_order(key_globex, other, "idem-key-1", &globex);
+  expect_status(&globex, 201, "same key, other org");
+  obx_test_http_resp_cleanup(&globex);
+  obx_test_http_resp_cleanup(&mismatch);
+  obx_test_http_resp_cleanup(&again);
+  obx_test_http_resp_cleanup(&first);
+}
+
+#define RACERS 4
+
+typedef struct {
+  const char *body;
+  long status;
+  pthread_barrier_t *barrier;
+} racer_t;
+
+static void *race(void *arg) {
+  racer_t *r = arg;
+  obx_test_http_resp_t resp;
+  pthread_barrier_wait(r->barrier);
+  obx_test_http(outboxd.port, "POST", "/orders", key_acme, r->body, NULL, &resp);
+  r->status = resp.status;
+  obx_test_http_resp_cleanup(&resp);
+  return NULL;
+}
+
+static void test_concurrent_order_number(void **state) {
+  const char *body = "{\"customerEmail\": \"r@b.co\", \"amount\": \"5.00\", \"orderNumber\": \"RACE-1\"}";
+  pthread_barrier_t barrier;
+  pthread_t threads[RACERS];
+  racer_t racers[RACERS];
+  pthread_barrier_init(&barrier, NULL, RACERS);
+  for (int i = 0; i < RACERS; i++) {
+    racers[i] = (racer_t){body, 0, &barrier};
+    pthread_create(&threads[i], NULL, race, &racers[i]);
+  }
+  int created = 0, conflicts = 0;
+  for (int i = 0; i < RACERS; i++) {
+    pthread_join(threads[i], NULL);
+    created += racers[i].status == 201;
+    conflicts += racers[i].status == 409;
+  }
+  pthread_barrier_destroy(&barrier);
+  if (created != 1 || conflicts != RACERS - 1) {
+    print_error("got %d x 201 and %d x 409, want 1 and %d\n", created, conflicts, RACERS - 1);
+    fail();
+  }
+  assert_int_equal(count("orders", "{\"orderNumber\": \"RACE-1\"}"), 1);
+  assert_int_equal(count("outbox", "{\"payload.orderNumber\": \"RACE-1\"}"), 1);
+}
+
+/* A commit that fails for good leaves neither the order nor its event. */
+static void test_commit_failure_writes_nothing(void **state) {
+  failpoint("{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1},"
+            " \"data\": {\"failCommands\": [\"commitTransaction\"], \"errorCode\": 8}}");
+  obx_test_http_resp_t resp;
+  post_order(key_acme, "{\"customerEmail\": \"f@b.co\", \"amount\": \"1.00\", \"orderNumber\": \"FAIL-1\"}", NULL, &resp);
+  if (resp.status < 500) {
+    print_error("failed commit: got %ld %s, want 5xx\n", resp.status, resp.body);
+    fail();
+  }
+  assert_int_equal(count("orders", "{\"orderNumber\": \"FAIL-1\"}"), 0);
+  assert_int_equal(count("outbox", "{\"payload.orderNumber\": \"FAIL-1\"}"), 0);
+  obx_test_http_resp_cleanup(&resp);
+}
+
+/* Transient failures are retried by the transaction and commit exactly one of each. */
+static void test_transient_errors_retried(void **state) {
+  static const struct {
+    const char *number, *failpoint;
+  } cases[] = {
+    {"RETRY-COMMIT-TRANSIENT",
+     "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"failCommands\": "
+     "[\"commitTransaction\"], \"errorCode\": 112, \"errorLabels\": [\"TransientTransactionError\"]}}"},
+    {"RETRY-COMMIT-UNKNOWN",
+     "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"failCommands\": "
+     "[\"commitTransaction\"], \"errorCode\": 91, \"errorLabels\": [\"UnknownTransactionCommitResult\"]}}"},
+    {"RETRY-INSERT-TRANSIENT",
+     "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"failCommands\": "
+     "[\"insert\"], \"errorCode\": 112, \"errorLabels\": [\"TransientTransactionError\"]}}"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char body[256], filter[128];
+    snprintf(body, sizeof body, "{\"customerEmail\": \"t@b.co\", \"amount\": \"2.00\", \"orderNumber\": \"%s\"}",
+             cases[i].number);
+    failpoint(cases[i].failpoint);
+    obx_test_http_resp_t resp;
+    post_order(key_acme, body, NULL, &resp);
+    if (resp.status != 201) {
+      print_error("%s: got %ld %s, want 201\n", cases[i].number, resp.status, resp.body);
+      fail();
+    }
+    snprintf(filter, sizeof filter, "{\"orderNumber\": \"%s\"}", cases[i].number);
+    assert_int_equal(count("orders", filter), 1);
+    snprintf(filter, sizeof filter, "{\"payload.orderNumber\": \"%s\"}", cases[i].number);
+    assert_int_equal(count("outbox", filter), 1);
+    obx_test_http_resp_cleanup(&resp);
+  }
+}
+
+static void test_http_errors(void **state) {
+  char big[6000];
+  memset(big, ' ', sizeof big - 1);
+  big[sizeof big - 1] = '\0';
+  big[0] = '{';
+  big[sizeof big - 2] = '}';
+  static const struct {
+    const char *name, *method, *path;
+    bool big;
+    long want;
+    const char *allow;
+  } cases[] = {
+    {"body over http.max_body", "POST", "/orders", true, 413, NULL},
+    {"unknown path", "GET", "/nope", false, 404, NULL},
+    {"wrong method", "DELETE", "/orders", false, 405, "POST"},
+    {"wrong method on a pattern", "POST", "/orders/abc", false, 405, "GET"},
+    {"healthz", "GET", "/healthz", false, 200, NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    obx_test_http_resp_t resp;
+    assert_true(obx_test_http(outboxd.port, cases[i].method, cases[i].path, key_acme, cases[i].big ? big : NULL, NULL,
+                              &resp));
+    char allow[64] = "";
+    obx_test_http_header(&resp, "Allow", allow, sizeof allow);
+    if (resp.status != cases[i].want || (cases[i].allow && strcmp(allow, cases[i].allow) != 0)) {
+      print_error("%s: got %ld (Allow: %s), want %ld (Allow: %s)\n", cases[i].name, resp.status, allow, cases[i].want,
+                  cases[i].allow ? cases[i].allow : "");
+      fail();
+    }
+    obx_test_http_resp_cleanup(&resp);
+  }
+}
+
+typedef struct {
+  int port;
+  const char *needle;
+} probe_t;
+
+/* /readyz answers 503 with a detail containing needle. */
+static bool readyz_503_says(void *ctx) {
+  probe_t *p = ctx;
+  obx_test_http_resp_t resp;
+  bool ok = obx_test_http(p->port, "GET", "/readyz", NULL, NULL, NULL, &resp) && resp.status == 503 &&
+            strstr(resp.body, p->needle);
+  obx_test_http_resp_cleanup(&resp);
+  return ok;
+}
+
+/* outboxd starts and answers /healthz while MongoDB is down; /readyz says why, then turns
+ * 200 once MongoDB is up, and orders go through. */
+static void test_mongo_down_then_up(void **state) {
+  obx_test_mongo_t down;
+  assert_true(obx_test_mongo_start(&down, NULL));
+  int port = down.port;
+  char uri[256];
+  snprintf(uri, sizeof uri, "%s", down.uri);
+  obx_test_mongo_stop(&down);
+
+  obx_test_outboxd_t d;
+  start_outboxd(&d, uri);
+  obx_test_http_resp_t resp;
+  assert_true(obx_test_http(d.port, "GET", "/healthz", NULL, NULL, NULL, &resp));
+  expect_status(&resp, 200, "healthz with MongoDB down");
+  obx_test_http_resp_cleanup(&resp);
+  probe_t probe = {d.port, "MongoDB unreachable"};
+  assert_true(obx_test_wait_for(readyz_503_says, &probe, 20000, 100));
+  assert_true(obx_test_http(d.port, "POST", "/orders", key_acme, seed_body, NULL, &resp));
+  expect_status(&resp, 503, "POST with MongoDB down");
+  obx_test_http_resp_cleanup(&resp);
+
+  obx_test_mongo_t up;
+  char args[32];
+  snprintf(args, sizeof args, "--port %d", port);
+  assert_true(obx_test_mongo_start(&up, args));
+  assert_true(obx_test_wait_for(readyz_ok, &d.port, 60000, 200));
+  assert_true(obx_test_http(d.port, "POST", "/orders", key_acme, seed_body, NULL, &resp));
+  expect_status(&resp, 201, "POST once MongoDB is up");
+  obx_test_http_resp_cleanup(&resp);
+
+  int status = obx_test_outboxd_stop(&d);
+  obx_test_mongo_stop(&up);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_create_seed_payload),
+    cmocka_unit_test(test_items_totals),
+    cmocka_unit_test(test_validation_table),
+    cmocka_unit_test(test_auth),
+    cmocka_unit_test(test_idempotency),
+    cmocka_unit_test(test_concurrent_order_number),
+    cmocka_unit_test(test_commit_failure_writes_nothing),
+    cmocka_unit_test(test_transient_errors_retried),
+    cmocka_unit_test(test_http_errors),
+    cmocka_unit_test(test_mongo_down_then_up),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -1,0 +1,149 @@
+/* outboxd.c - run the real outboxd binary in a test and talk HTTP to it (obx_test_outboxd.h) */
+#include "obx_test_outboxd.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <curl/curl.h>
+
+#include "obx/obx_auth.h"
+
+typedef struct {
+  obx_test_outboxd_t *d;
+} port_ctx_t;
+
+/* Reads the port from the "http listening" log line. */
+static bool port_known(void *ctx) {
+  obx_test_outboxd_t *d = ((port_ctx_t *)ctx)->d;
+  FILE *f = fopen(d->proc.log_path, "r");
+  char line[4096];
+  if (!f) return false;
+  while (fgets(line, sizeof line, f)) {
+    const char *p;
+    if (strstr(line, "\"http listening\"") && (p = strstr(line, "\"port\":\""))) d->port = atoi(p + 8);
+  }
+  fclose(f);
+  return d->port > 0 || !obx_test_proc_alive(&d->proc);
+}
+
+bool obx_test_outboxd_start(obx_test_outboxd_t *d, char *const args[]) {
+  char *argv[64];
+  int argc = 0;
+  memset(d, 0, sizeof *d);
+  argv[argc++] = (char *)obx_test_build_path("outboxd");
+  for (int i = 0; args[i] && argc < 60; i++) argv[argc++] = args[i];
+  argv[argc++] = "-X";
+  argv[argc++] = "http.port=0";
+  argv[argc] = NULL;
+  if (!obx_test_spawn(&d->proc, argv, NULL)) return false;
+  port_ctx_t ctx = {d};
+  obx_test_wait_for(port_known, &ctx, 30000, 20);
+  if (d->port <= 0) {
+    fprintf(stderr, "outboxd did not listen; log: %s\n", d->proc.log_path);
+    obx_test_outboxd_stop(d);
+    return false;
+  }
+  return true;
+}
+
+int obx_test_outboxd_stop(obx_test_outboxd_t *d) { return obx_test_proc_stop(&d->proc, SIGTERM, 20000); }
+
+typedef struct {
+  char *data;
+  size_t len;
+} buf_t;
+
+static size_t buf_write(char *ptr, size_t size, size_t n, void *ud) {
+  buf_t *b = ud;
+  b->data = realloc(b->data, b->len + size * n + 1);
+  memcpy(b->data + b->len, ptr, size * n);
+  b->len += size * n;
+  b->data[b->len] = '\0';
+  return size * n;
+}
+
+bool obx_test_http(int port, const char *method, const char *path, const char *key, const char *body,
+                   const char *const headers[], obx_test_http_resp_t *resp) {
+  static bool inited;
+  if (!inited) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    inited = true;
+  }
+  char url[512], auth[256];
+  buf_t b = {0}, h = {0};
+  struct curl_slist *list = NULL;
+  memset(resp, 0, sizeof *resp);
+  bson_init(&resp->json);
+  CURL *curl = curl_easy_init();
+  snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+  curl_easy_setopt(curl, CURLOPT_URL, url);
+  curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, 60000L);
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, buf_write);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &b);
+  curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, buf_write);
+  curl_easy_setopt(curl, CURLOPT_HEADERDATA, &h);
+  if (body) {
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    list = curl_slist_append(list, "Content-Type: application/json");
+  }
+  list = curl_slist_append(list, "Expect:");
+  if (key) {
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s", key);
+    list = curl_slist_append(list, auth);
+  }
+  for (int i = 0; headers && headers[i]; i++) list = curl_slist_append(list, headers[i]);
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, list);
+  CURLcode rc = curl_easy_perform(curl);
+  if (rc == CURLE_OK) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &resp->status);
+  curl_slist_free_all(list);
+  curl_easy_cleanup(curl);
+  resp->body = b.data ? b.data : strdup("");
+  resp->headers = h.data ? h.data : strdup("");
+  bson_error_t berr;
+  if (resp->body[0] == '{' && !bson_init_from_json(&resp->json, resp->body, -1, &berr)) bson_init(&resp->json);
+  return rc == CURLE_OK;
+}
+
+void obx_test_http_resp_cleanup(obx_test_http_resp_t *resp) {
+  free(resp->body);
+  free(resp->headers);
+  bson_destroy(&resp->json);
+  memset(resp, 0, sizeof *resp);
+}
+
+const char *obx_test_http_json_str(const obx_test_http_resp_t *resp, const char *field) {
+  bson_iter_t it;
+  if (bson_iter_init_find(&it, &resp->json, field) && BSON_ITER_HOLDS_UTF8(&it)) return bson_iter_utf8(&it, NULL);
+  return NULL;
+}
+
+bool obx_test_http_header(const obx_test_http_resp_t *resp, const char *name, char *out, size_t outlen) {
+  size_t n = strlen(name);
+  for (const char *line = resp->headers; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+    if (strncasecmp(line, name, n) == 0 && line[n] == ':') {
+      const char *v = line + n + 1;
+      while (*v == ' ') v++;
+      size_t len = strcspn(v, "\r\n");
+      snprintf(out, outlen, "%.*s", (int)len, v);
+      return true;
+    }
+  }
+  return false;
+}
+
+void obx_test_apikey_add(const char *path, const char *org, const char *perms, char *key_out) {
+  char key[OBX_AUTH_KEY_LEN + 1], hash[OBX_AUTH_HASH_LEN + 1];
+  if (!obx_auth_key_generate(key, NULL)) abort();
+  obx_auth_hash(key, hash);
+  FILE *f = fopen(path, "a");
+  if (!f) abort();
+  fprintf(f, "%s %s %s\n", hash, org, perms);
+  fclose(f);
+  strcpy(key_out, key);
+}
