@@ -1,0 +1,110 @@
+/* obx_inbox.h - the worker's inbox (dedup per consumer and event) and the parked keys
+ *
+ * DESIGN: DESIGN.md §3 and §6. Collection `inbox`, one document per (consumer, event):
+ *   { _id: {consumer, eventId}, eventType, orgId, partitionKey, status, attempts,
+ *     headers: {<CloudEvent header>: <string>}, payload: {...},      // kept for replay
+ *     source: {topic, partition, offset} | {kind: "http"|"amqp"}, seq,
+ *     receivedAt, processedAt, lastError, executionIds: [...] }
+ * status: RECEIVED -> PROCESSING -> DONE | SKIPPED | RETRYING -> ... | DEAD; BLOCKED while the
+ * event waits behind the head of its key. processedAt is set when an entry reaches DONE,
+ * SKIPPED or DEAD, and the TTL index on it (INBOX_RETENTION) removes finished entries. `seq`
+ * orders the entries of one key (the Kafka offset; the receive time for other sources).
+ *
+ * Collection `parked_keys`: { _id: {consumer, key}, headEventId, since, reason } exists while
+ * the head event of the key is RETRYING or DEAD; later events of the key are stored BLOCKED and
+ * released in seq order when the head succeeds or an operator releases the key.
+ *
+ * Every function takes the client and database of the caller and an optional session (NULL:
+ * outside a transaction). Mongo errors are wrapped with obx_err_from_bson (retriable when
+ * transient). */
+#ifndef OBX_INBOX_H
+#define OBX_INBOX_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <bson/bson.h>
+#include <mongoc/mongoc.h>
+#include "obx_err.h"
+#include "obx_event.h"
+#include "obx_mongo.h"
+
+typedef enum {
+  OBX_INBOX_RECEIVED,
+  OBX_INBOX_PROCESSING,
+  OBX_INBOX_DONE,
+  OBX_INBOX_RETRYING,
+  OBX_INBOX_BLOCKED,
+  OBX_INBOX_DEAD,
+  OBX_INBOX_SKIPPED,
+} obx_inbox_status_t;
+
+const char *obx_inbox_status_name(obx_inbox_status_t status);
+bool obx_inbox_status_parse(const char *s, obx_inbox_status_t *out);
+/* DONE, SKIPPED and DEAD are final (processedAt set). */
+bool obx_inbox_status_final(obx_inbox_status_t status);
+
+/* Creates the indexes: TTL on processedAt (retention_ms), {_id.consumer, partitionKey, status,
+ * seq} for parked keys, {status, receivedAt} and {eventType, receivedAt} for listings and
+ * replay. */
+bool obx_inbox_ensure_indexes(obx_mongo_t *mongo, int64_t retention_ms, obx_err_t *err);
+
+/* What the worker knows about a received event. Pointers borrowed for the call. */
+typedef struct {
+  const char *consumer;
+  const obx_event_t *event;
+  const char *const *header_names; /* CloudEvent headers as received, kept for replay */
+  const char *const *header_values;
+  int nheaders;
+  const char *topic;               /* Kafka source; NULL for other sources */
+  int32_t partition;
+  int64_t offset;
+  const char *source_kind;         /* when topic is NULL: "http", "amqp", ... */
+  int64_t seq;                     /* order among the events of the key */
+} obx_inbox_entry_t;
+
+/* Inserts the entry as `status` (RECEIVED or BLOCKED). When the event is already there,
+ * *inserted is false and *existing holds its status. */
+bool obx_inbox_claim(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                     const obx_inbox_entry_t *entry, obx_inbox_status_t status, bool *inserted,
+                     obx_inbox_status_t *existing, obx_err_t *err);
+
+/* Changes the status of an entry. attempts < 0 leaves it; last_error NULL leaves it;
+ * execution_id (may be NULL) is appended to executionIds. Final statuses set processedAt;
+ * others unset it. OBX_ERR_NOT_FOUND when the entry does not exist. */
+bool obx_inbox_set_status(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                          const char *consumer, const char *event_id, obx_inbox_status_t status, int attempts,
+                          const char *last_error, const char *execution_id, obx_err_t *err);
+
+/* Reads one entry into out (initialised by the caller); *found false when absent. */
+bool obx_inbox_get(mongoc_client_t *client, const char *db, mongoc_client_session_t *session, const char *consumer,
+                   const char *event_id, bson_t *out, bool *found, obx_err_t *err);
+
+/* Rebuilds the event an entry holds (its headers, key and payload) as the Kafka decoder
+ * would. ev must be initialised. */
+bool obx_inbox_entry_event(const bson_t *doc, obx_event_t *ev, obx_err_t *err);
+
+/* ---- parked keys ---------------------------------------------------------------------- */
+
+/* *parked and, when parked, head_event_id (may be NULL) of the key. */
+bool obx_inbox_key_parked(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                          const char *consumer, const char *key, bool *parked, char head_event_id[OBX_UUID_LEN + 1],
+                          obx_err_t *err);
+/* Parks the key (or moves its head) with head_event_id and reason. */
+bool obx_inbox_park_key(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                        const char *consumer, const char *key, const char *head_event_id, const char *reason,
+                        obx_err_t *err);
+bool obx_inbox_unpark_key(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                          const char *consumer, const char *key, obx_err_t *err);
+/* The oldest BLOCKED entry of the key (lowest seq) into out (initialised); *found false when
+ * none. */
+bool obx_inbox_next_blocked(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                            const char *consumer, const char *key, bson_t *out, bool *found, obx_err_t *err);
+/* { "keys": [ {key, consumer, headEventId, since, reason, blocked: <count>} ... ] } of a
+ * consumer (NULL: all). out initialised by the caller. */
+bool obx_inbox_list_parked(mongoc_client_t *client, const char *db, const char *consumer, bson_t *out,
+                           obx_err_t *err);
+/* Number of parked keys of a consumer (for the metric). */
+bool obx_inbox_count_parked(mongoc_client_t *client, const char *db, const char *consumer, int64_t *n,
+                            obx_err_t *err);
+
+#endif

@@ -1,0 +1,56 @@
+/* obx_worker.h - the worker role: domain events -> inbox -> pipelines, with the retry ladder
+ *
+ * DESIGN: DESIGN.md §1, §3, §5, §6. Sources: a Kafka consumer group (WORKER_GROUP) on
+ * KAFKA_TOPIC, or (WORKER_SOURCE=http) a CloudEvents HTTP sink on the shared HTTP server; and
+ * always the RabbitMQ work queue that the retry tiers dead-letter into. Each event:
+ *   decode (malformed -> DLQ with the reason) -> inbox claim {consumer, eventId} (a finished
+ *   duplicate is skipped and counted) -> parked key? store BLOCKED -> trigger (OrderConfirmed ->
+ *   order.post, T -> event.T) -> no enabled pipeline: SKIPPED -> run the pipeline -> one
+ *   transaction: execution + emitted events + inbox status (+ parked key).
+ * A transient failure is first published to the next retry tier (confirmed), then recorded
+ * RETRYING; after ORDER_POST_ATTEMPTS attempts, or at once for a terminal failure, it goes to
+ * the DLQ and the inbox says DEAD. The order is never undone. A Kafka offset is committed only
+ * when every earlier offset of its partition has its outcome in the inbox (contiguous commits).
+ *
+ * Threads: one Kafka poll thread (owns the consumer and the offset trackers), one work-queue
+ * thread (owns the AMQP consumer, acks), ORDER_POST_CONCURRENCY lane threads. An event goes to
+ * lane hash(partitionKey) % lanes, so one key is handled by one lane, in arrival order, while
+ * other keys run in parallel. Lanes hand outcomes back through locked lists. When MongoDB or
+ * RabbitMQ is unavailable a lane retries the same event with backoff; nothing is committed or
+ * acked meanwhile, so outages lose nothing. */
+#ifndef OBX_WORKER_H
+#define OBX_WORKER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "obx_conf.h"
+#include "obx_err.h"
+#include "obx_http.h"
+
+typedef struct obx_worker obx_worker_t;
+
+typedef struct {
+  uint64_t consumed;        /* events received from any source */
+  uint64_t duplicates;      /* finished duplicates skipped */
+  uint64_t malformed;       /* undecodable records sent to the DLQ */
+  uint64_t runs_succeeded, runs_failed, runs_skipped;
+  uint64_t blocked;         /* events stored BLOCKED behind their key's head */
+  uint64_t retries[OBX_CONF_MAX_LIST]; /* publishes per retry tier */
+  uint64_t dlq;             /* DLQ publishes */
+  int64_t lag;              /* Kafka consumer lag over the assigned partitions (-1: unknown) */
+  int64_t parked_keys;      /* last count of parked keys (-1: unknown) */
+} obx_worker_stats_t;
+
+/* Creates and starts the worker from conf (borrowed for the life of the worker). With
+ * WORKER_SOURCE=http the sink routes are added to `http` (required then; borrowed). Starts
+ * while Kafka, RabbitMQ or MongoDB are down. Returns owned; stop with obx_worker_destroy. */
+obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err);
+/* Stops intake, lets the lanes finish their current event, commits, frees. NULL is a no-op. */
+void obx_worker_destroy(obx_worker_t *worker);
+void obx_worker_stats(obx_worker_t *worker, obx_worker_stats_t *stats);
+
+/* The role table entry of outboxd. */
+void *obx_worker_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err);
+void obx_worker_stop(void *worker);
+
+#endif

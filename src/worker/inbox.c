@@ -1,0 +1,418 @@
+/* inbox.c - inbox entries and parked keys in MongoDB
+ *
+ * DESIGN: see include/obx/obx_inbox.h for the documents. Stateless functions over the caller's
+ * client and optional session, so the worker can group them with a pipeline commit in one
+ * transaction. Never deletes inbox entries (the TTL index does); parked_keys documents are
+ * removed when their key is released. */
+#include "obx/obx_inbox.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const status_names[] = {"RECEIVED", "PROCESSING", "DONE", "RETRYING", "BLOCKED", "DEAD", "SKIPPED"};
+
+const char *obx_inbox_status_name(obx_inbox_status_t status) {
+  assert((unsigned)status < sizeof status_names / sizeof status_names[0]);
+  return status_names[status];
+}
+
+bool obx_inbox_status_parse(const char *s, obx_inbox_status_t *out) {
+  for (size_t i = 0; s && i < sizeof status_names / sizeof status_names[0]; i++)
+    if (strcmp(s, status_names[i]) == 0) {
+      *out = (obx_inbox_status_t)i;
+      return true;
+    }
+  return false;
+}
+
+bool obx_inbox_status_final(obx_inbox_status_t status) {
+  return status == OBX_INBOX_DONE || status == OBX_INBOX_SKIPPED || status == OBX_INBOX_DEAD;
+}
+
+bool obx_inbox_ensure_indexes(obx_mongo_t *mongo, int64_t retention_ms, obx_err_t *err) {
+  char ttl[64];
+  snprintf(ttl, sizeof ttl, "{\"expireAfterSeconds\": %lld}", (long long)(retention_ms / 1000));
+  const obx_mongo_index_t inbox[] = {
+    {"inbox_processed_ttl", "{\"processedAt\": 1}", ttl},
+    {"inbox_key_status_seq", "{\"_id.consumer\": 1, \"partitionKey\": 1, \"status\": 1, \"seq\": 1}", NULL},
+    {"inbox_status_received", "{\"status\": 1, \"receivedAt\": -1}", NULL},
+    {"inbox_type_received", "{\"eventType\": 1, \"receivedAt\": 1}", NULL},
+  };
+  return obx_mongo_create_indexes(mongo, "inbox", inbox, (int)(sizeof inbox / sizeof inbox[0]), err);
+}
+
+static mongoc_collection_t *coll(mongoc_client_t *client, const char *db, const char *name) {
+  return mongoc_client_get_collection(client, db, name);
+}
+
+/* Opts with the session appended (when there is one). */
+static bool opts_with_session(bson_t *opts, mongoc_client_session_t *session, obx_err_t *err) {
+  bson_init(opts);
+  bson_error_t berr;
+  if (session && !mongoc_client_session_append(session, opts, &berr)) {
+    obx_err_from_bson(err, &berr, NULL);
+    bson_destroy(opts);
+    return false;
+  }
+  return true;
+}
+
+static void append_id(bson_t *doc, const char *field, const char *consumer, const char *second_name,
+                      const char *second) {
+  bson_t id;
+  BSON_APPEND_DOCUMENT_BEGIN(doc, field, &id);
+  BSON_APPEND_UTF8(&id, "consumer", consumer);
+  BSON_APPEND_UTF8(&id, second_name, second);
+  bson_append_document_end(doc, &id);
+}
+
+static bool read_status(const bson_t *doc, obx_inbox_status_t *status) {
+  bson_iter_t it;
+  return bson_iter_init_find(&it, doc, "status") && BSON_ITER_HOLDS_UTF8(&it) &&
+         obx_inbox_status_parse(bson_iter_utf8(&it, NULL), status);
+}
+
+/* Finds one document into out; *found false when none. */
+static bool find_one(mongoc_collection_t *c, const bson_t *filter, const bson_t *sort,
+                     mongoc_client_session_t *session, bson_t *out, bool *found, obx_err_t *err) {
+  bson_t opts;
+  if (!opts_with_session(&opts, session, err)) return false;
+  BSON_APPEND_INT64(&opts, "limit", 1);
+  if (sort) BSON_APPEND_DOCUMENT(&opts, "sort", sort);
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(c, filter, &opts, NULL);
+  const bson_t *doc;
+  *found = false;
+  if (mongoc_cursor_next(cursor, &doc)) {
+    bson_copy_to_excluding_noinit(doc, out, "", NULL);
+    *found = true;
+  }
+  bson_error_t berr;
+  const bson_t *reply = NULL;
+  bool ok = !mongoc_cursor_error_document(cursor, &berr, &reply);
+  if (!ok) obx_err_from_bson(err, &berr, reply);
+  mongoc_cursor_destroy(cursor);
+  bson_destroy(&opts);
+  return ok;
+}
+
+bool obx_inbox_claim(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                     const obx_inbox_entry_t *entry, obx_inbox_status_t status, bool *inserted,
+                     obx_inbox_status_t *existing, obx_err_t *err) {
+  const obx_event_t *ev = entry->event;
+  bool ok = false;
+  *inserted = false;
+  bson_t doc = BSON_INITIALIZER, opts, reply, child;
+  bson_init(&reply);
+  mongoc_collection_t *c = coll(client, db, "inbox");
+  append_id(&doc, "_id", entry->consumer, "eventId", ev->id);
+  BSON_APPEND_UTF8(&doc, "eventType", ev->event_type);
+  BSON_APPEND_UTF8(&doc, "orgId", ev->org_id);
+  BSON_APPEND_UTF8(&doc, "partitionKey", ev->partition_key ? ev->partition_key : "");
+  BSON_APPEND_UTF8(&doc, "status", obx_inbox_status_name(status));
+  BSON_APPEND_INT32(&doc, "attempts", 0);
+  BSON_APPEND_DOCUMENT_BEGIN(&doc, "headers", &child);
+  for (int i = 0; i < entry->nheaders; i++) BSON_APPEND_UTF8(&child, entry->header_names[i], entry->header_values[i]);
+  bson_append_document_end(&doc, &child);
+  BSON_APPEND_DOCUMENT(&doc, "payload", &ev->payload);
+  BSON_APPEND_DOCUMENT_BEGIN(&doc, "source", &child);
+  if (entry->topic) {
+    BSON_APPEND_UTF8(&child, "topic", entry->topic);
+    BSON_APPEND_INT32(&child, "partition", entry->partition);
+    BSON_APPEND_INT64(&child, "offset", entry->offset);
+  } else {
+    BSON_APPEND_UTF8(&child, "kind", entry->source_kind ? entry->source_kind : "unknown");
+  }
+  bson_append_document_end(&doc, &child);
+  BSON_APPEND_INT64(&doc, "seq", entry->seq);
+  BSON_APPEND_DATE_TIME(&doc, "receivedAt", obx_time_now_ms());
+  BSON_APPEND_NULL(&doc, "lastError");
+  BSON_APPEND_ARRAY_BEGIN(&doc, "executionIds", &child);
+  bson_append_array_end(&doc, &child);
+
+  if (!opts_with_session(&opts, session, err)) goto done_noopts;
+  bson_error_t berr;
+  if (mongoc_collection_insert_one(c, &doc, &opts, &reply, &berr)) {
+    *inserted = true;
+    ok = true;
+    goto done;
+  }
+  obx_err_from_bson(err, &berr, &reply);
+  if (!obx_err_is_duplicate_key(err)) goto done;
+  obx_err_clear(err);
+  bson_t filter = BSON_INITIALIZER, found_doc = BSON_INITIALIZER;
+  append_id(&filter, "_id", entry->consumer, "eventId", ev->id);
+  bool found = false;
+  ok = find_one(c, &filter, NULL, session, &found_doc, &found, err);
+  if (ok && (!found || !read_status(&found_doc, existing))) {
+    obx_err_set(err, OBX_ERR_CONFLICT, 0, true, "inbox entry %s vanished or has no status", ev->id);
+    ok = false;
+  }
+  bson_destroy(&found_doc);
+  bson_destroy(&filter);
+done:
+  bson_destroy(&opts);
+done_noopts:
+  mongoc_collection_destroy(c);
+  bson_destroy(&reply);
+  bson_destroy(&doc);
+  return ok;
+}
+
+bool obx_inbox_set_status(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                          const char *consumer, const char *event_id, obx_inbox_status_t status, int attempts,
+                          const char *last_error, const char *execution_id, obx_err_t *err) {
+  bool ok = false;
+  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, set, opts, reply, child;
+  bson_init(&reply);
+  append_id(&filter, "_id", consumer, "eventId", event_id);
+  BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &set);
+  BSON_APPEND_UTF8(&set, "status", obx_inbox_status_name(status));
+  if (attempts >= 0) BSON_APPEND_INT32(&set, "attempts", attempts);
+  if (last_error) BSON_APPEND_UTF8(&set, "lastError", last_error);
+  if (obx_inbox_status_final(status)) BSON_APPEND_DATE_TIME(&set, "processedAt", obx_time_now_ms());
+  bson_append_document_end(&update, &set);
+  if (!obx_inbox_status_final(status)) {
+    BSON_APPEND_DOCUMENT_BEGIN(&update, "$unset", &child);
+    BSON_APPEND_UTF8(&child, "processedAt", "");
+    bson_append_document_end(&update, &child);
+  }
+  if (execution_id) {
+    BSON_APPEND_DOCUMENT_BEGIN(&update, "$push", &child);
+    BSON_APPEND_UTF8(&child, "executionIds", execution_id);
+    bson_append_document_end(&update, &child);
+  }
+  mongoc_collection_t *c = coll(client, db, "inbox");
+  if (!opts_with_session(&opts, session, err)) goto done_noopts;
+  bson_error_t berr;
+  if (!mongoc_collection_update_one(c, &filter, &update, &opts, &reply, &berr)) {
+    obx_err_from_bson(err, &berr, &reply);
+    goto done;
+  }
+  bson_iter_t it;
+  if (bson_iter_init_find(&it, &reply, "matchedCount") && bson_iter_as_int64(&it) == 0) {
+    obx_err_set(err, OBX_ERR_NOT_FOUND, 0, false, "no inbox entry for event %s of %s", event_id, consumer);
+    goto done;
+  }
+  ok = true;
+done:
+  bson_destroy(&opts);
+done_noopts:
+  mongoc_collection_destroy(c);
+  bson_destroy(&reply);
+  bson_destroy(&update);
+  bson_destroy(&filter);
+  return ok;
+}
+
+bool obx_inbox_get(mongoc_client_t *client, const char *db, mongoc_client_session_t *session, const char *consumer,
+                   const char *event_id, bson_t *out, bool *found, obx_err_t *err) {
+  bson_t filter = BSON_INITIALIZER;
+  append_id(&filter, "_id", consumer, "eventId", event_id);
+  mongoc_collection_t *c = coll(client, db, "inbox");
+  bool ok = find_one(c, &filter, NULL, session, out, found, err);
+  mongoc_collection_destroy(c);
+  bson_destroy(&filter);
+  return ok;
+}
+
+bool obx_inbox_entry_event(const bson_t *doc, obx_event_t *ev, obx_err_t *err) {
+  obx_ce_header_t headers[OBX_CE_MAX_HEADERS];
+  int n = 0;
+  bson_iter_t it, child;
+  if (bson_iter_init_find(&it, doc, "headers") && BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &child)) {
+    while (bson_iter_next(&child) && n < OBX_CE_MAX_HEADERS) {
+      if (!BSON_ITER_HOLDS_UTF8(&child)) continue;
+      uint32_t len;
+      headers[n].name = bson_iter_key(&child);
+      headers[n].value = bson_iter_utf8(&child, &len);
+      headers[n].len = len;
+      n++;
+    }
+  }
+  const char *key = NULL;
+  uint32_t key_len = 0;
+  if (bson_iter_init_find(&it, doc, "partitionKey") && BSON_ITER_HOLDS_UTF8(&it)) key = bson_iter_utf8(&it, &key_len);
+  bson_t payload;
+  const uint8_t *data;
+  uint32_t dlen;
+  if (!bson_iter_init_find(&it, doc, "payload") || !BSON_ITER_HOLDS_DOCUMENT(&it)) {
+    obx_err_set(err, OBX_ERR_INPUT, 0, false, "inbox entry has no payload document");
+    return false;
+  }
+  bson_iter_document(&it, &dlen, &data);
+  if (!bson_init_static(&payload, data, dlen)) {
+    obx_err_set(err, OBX_ERR_INPUT, 0, false, "inbox entry has a corrupt payload");
+    return false;
+  }
+  size_t json_len;
+  char *json = bson_as_relaxed_extended_json(&payload, &json_len);
+  bool ok = obx_event_from_kafka(ev, key, key_len, json, json_len, headers, n, err);
+  bson_free(json);
+  return ok;
+}
+
+/* ---- parked keys ------------------------------------------------------------------------ */
+
+bool obx_inbox_key_parked(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                          const char *consumer, const char *key, bool *parked, char head_event_id[OBX_UUID_LEN + 1],
+                          obx_err_t *err) {
+  bson_t filter = BSON_INITIALIZER, doc = BSON_INITIALIZER;
+  append_id(&filter, "_id", consumer, "key", key);
+  mongoc_collection_t *c = coll(client, db, "parked_keys");
+  bool ok = find_one(c, &filter, NULL, session, &doc, parked, err);
+  if (ok && *parked && head_event_id) {
+    bson_iter_t it;
+    head_event_id[0] = '\0';
+    if (bson_iter_init_find(&it, &doc, "headEventId") && BSON_ITER_HOLDS_UTF8(&it))
+      snprintf(head_event_id, OBX_UUID_LEN + 1, "%s", bson_iter_utf8(&it, NULL));
+  }
+  mongoc_collection_destroy(c);
+  bson_destroy(&doc);
+  bson_destroy(&filter);
+  return ok;
+}
+
+bool obx_inbox_park_key(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                        const char *consumer, const char *key, const char *head_event_id, const char *reason,
+                        obx_err_t *err) {
+  bool ok = false;
+  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child, opts, reply;
+  bson_init(&reply);
+  append_id(&filter, "_id", consumer, "key", key);
+  BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &child);
+  BSON_APPEND_UTF8(&child, "headEventId", head_event_id);
+  BSON_APPEND_UTF8(&child, "reason", reason ? reason : "");
+  bson_append_document_end(&update, &child);
+  BSON_APPEND_DOCUMENT_BEGIN(&update, "$setOnInsert", &child);
+  BSON_APPEND_DATE_TIME(&child, "since", obx_time_now_ms());
+  bson_append_document_end(&update, &child);
+  mongoc_collection_t *c = coll(client, db, "parked_keys");
+  if (!opts_with_session(&opts, session, err)) goto done_noopts;
+  BSON_APPEND_BOOL(&opts, "upsert", true);
+  bson_error_t berr;
+  ok = mongoc_collection_update_one(c, &filter, &update, &opts, &reply, &berr);
+  if (!ok) obx_err_from_bson(err, &berr, &reply);
+  bson_destroy(&opts);
+done_noopts:
+  mongoc_collection_destroy(c);
+  bson_destroy(&reply);
+  bson_destroy(&update);
+  bson_destroy(&filter);
+  return ok;
+}
+
+bool obx_inbox_unpark_key(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                          const char *consumer, const char *key, obx_err_t *err) {
+  bool ok = false;
+  bson_t filter = BSON_INITIALIZER, opts, reply;
+  bson_init(&reply);
+  append_id(&filter, "_id", consumer, "key", key);
+  mongoc_collection_t *c = coll(client, db, "parked_keys");
+  if (!opts_with_session(&opts, session, err)) goto done_noopts;
+  bson_error_t berr;
+  ok = mongoc_collection_delete_one(c, &filter, &opts, &reply, &berr);
+  if (!ok) obx_err_from_bson(err, &berr, &reply);
+  bson_destroy(&opts);
+done_noopts:
+  mongoc_collection_destroy(c);
+  bson_destroy(&reply);
+  bson_destroy(&filter);
+  return ok;
+}
+
+bool obx_inbox_next_blocked(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                            const char *consumer, const char *key, bson_t *out, bool *found, obx_err_t *err) {
+  bson_t filter = BSON_INITIALIZER, sort = BSON_INITIALIZER;
+  BSON_APPEND_UTF8(&filter, "_id.consumer", consumer);
+  BSON_APPEND_UTF8(&filter, "partitionKey", key);
+  BSON_APPEND_UTF8(&filter, "status", obx_inbox_status_name(OBX_INBOX_BLOCKED));
+  BSON_APPEND_INT32(&sort, "seq", 1);
+  mongoc_collection_t *c = coll(client, db, "inbox");
+  bool ok = find_one(c, &filter, &sort, session, out, found, err);
+  mongoc_collection_destroy(c);
+  bson_destroy(&sort);
+  bson_destroy(&filter);
+  return ok;
+}
+
+static bool count_blocked(mongoc_client_t *client, const char *db, const char *consumer, const char *key,
+                          int64_t *n, obx_err_t *err) {
+  bson_t filter = BSON_INITIALIZER;
+  BSON_APPEND_UTF8(&filter, "_id.consumer", consumer);
+  BSON_APPEND_UTF8(&filter, "partitionKey", key);
+  BSON_APPEND_UTF8(&filter, "status", obx_inbox_status_name(OBX_INBOX_BLOCKED));
+  mongoc_collection_t *c = coll(client, db, "inbox");
+  bson_error_t berr;
+  *n = mongoc_collection_count_documents(c, &filter, NULL, NULL, NULL, &berr);
+  if (*n < 0) obx_err_from_bson(err, &berr, NULL);
+  mongoc_collection_destroy(c);
+  bson_destroy(&filter);
+  return *n >= 0;
+}
+
+bool obx_inbox_list_parked(mongoc_client_t *client, const char *db, const char *consumer, bson_t *out,
+                           obx_err_t *err) {
+  bson_t filter = BSON_INITIALIZER, opts = BSON_INITIALIZER, sort, arr;
+  if (consumer) BSON_APPEND_UTF8(&filter, "_id.consumer", consumer);
+  BSON_APPEND_DOCUMENT_BEGIN(&opts, "sort", &sort);
+  BSON_APPEND_INT32(&sort, "since", 1);
+  bson_append_document_end(&opts, &sort);
+  mongoc_collection_t *c = coll(client, db, "parked_keys");
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(c, &filter, &opts, NULL);
+  const bson_t *doc;
+  bool ok = true;
+  int i = 0;
+  BSON_APPEND_ARRAY_BEGIN(out, "keys", &arr);
+  while (ok && mongoc_cursor_next(cursor, &doc)) {
+    bson_iter_t it, d;
+    const char *cons = "", *key = "", *head = "", *reason = "";
+    int64_t since = 0;
+    if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, "_id.consumer", &d) && BSON_ITER_HOLDS_UTF8(&d))
+      cons = bson_iter_utf8(&d, NULL);
+    if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, "_id.key", &d) && BSON_ITER_HOLDS_UTF8(&d))
+      key = bson_iter_utf8(&d, NULL);
+    if (bson_iter_init_find(&it, doc, "headEventId") && BSON_ITER_HOLDS_UTF8(&it)) head = bson_iter_utf8(&it, NULL);
+    if (bson_iter_init_find(&it, doc, "reason") && BSON_ITER_HOLDS_UTF8(&it)) reason = bson_iter_utf8(&it, NULL);
+    if (bson_iter_init_find(&it, doc, "since") && BSON_ITER_HOLDS_DATE_TIME(&it)) since = bson_iter_date_time(&it);
+    int64_t blocked = 0;
+    ok = count_blocked(client, db, cons, key, &blocked, err);
+    char idx[16];
+    const char *ks;
+    bson_uint32_to_string((uint32_t)i++, &ks, idx, sizeof idx);
+    bson_t item;
+    BSON_APPEND_DOCUMENT_BEGIN(&arr, ks, &item);
+    BSON_APPEND_UTF8(&item, "key", key);
+    BSON_APPEND_UTF8(&item, "consumer", cons);
+    BSON_APPEND_UTF8(&item, "headEventId", head);
+    BSON_APPEND_DATE_TIME(&item, "since", since);
+    BSON_APPEND_UTF8(&item, "reason", reason);
+    BSON_APPEND_INT64(&item, "blocked", blocked);
+    bson_append_document_end(&arr, &item);
+  }
+  bson_append_array_end(out, &arr);
+  bson_error_t berr;
+  const bson_t *reply = NULL;
+  if (ok && mongoc_cursor_error_document(cursor, &berr, &reply)) {
+    obx_err_from_bson(err, &berr, reply);
+    ok = false;
+  }
+  mongoc_cursor_destroy(cursor);
+  mongoc_collection_destroy(c);
+  bson_destroy(&opts);
+  bson_destroy(&filter);
+  return ok;
+}
+
+bool obx_inbox_count_parked(mongoc_client_t *client, const char *db, const char *consumer, int64_t *n,
+                            obx_err_t *err) {
+  bson_t filter = BSON_INITIALIZER;
+  if (consumer) BSON_APPEND_UTF8(&filter, "_id.consumer", consumer);
+  mongoc_collection_t *c = coll(client, db, "parked_keys");
+  bson_error_t berr;
+  *n = mongoc_collection_count_documents(c, &filter, NULL, NULL, NULL, &berr);
+  if (*n < 0) obx_err_from_bson(err, &berr, NULL);
+  mongoc_collection_destroy(c);
+  bson_destroy(&filter);
+  return *n >= 0;
+}

@@ -1,0 +1,47 @@
+/* worker_int.h - private interface between the worker's files (worker.c, sink.c)
+ *
+ * DESIGN: worker.c owns the threads and handle(); sink.c turns HTTP requests into ladder
+ * messages, queues them on the worker's lanes and waits for their outcome. */
+#ifndef OBX_WORKER_INT_H
+#define OBX_WORKER_INT_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "obx/obx_http.h"
+#include "obx/obx_ladder.h"
+#include "obx/obx_worker.h"
+
+typedef enum { WORKER_SOURCE_KAFKA, WORKER_SOURCE_WORK, WORKER_SOURCE_HTTP } worker_source_t;
+
+typedef enum {
+  WORKER_DONE,      /* pipeline succeeded, recorded */
+  WORKER_SKIPPED,   /* no enabled pipeline (or a disabled one), recorded */
+  WORKER_DUPLICATE, /* already handled: skipped */
+  WORKER_BLOCKED,   /* stored BLOCKED behind its key's head */
+  WORKER_RETRYING,  /* published to a retry tier, recorded */
+  WORKER_DEAD,      /* published to the DLQ, recorded */
+  WORKER_MALFORMED, /* HTTP only: not a CloudEvent (Kafka/AMQP malformed input ends DEAD) */
+  WORKER_INFRA,     /* MongoDB or RabbitMQ unavailable: nothing recorded, try again */
+} worker_outcome_t;
+
+typedef struct {
+  atomic_uint_fast64_t consumed, duplicates, malformed, runs_succeeded, runs_failed, runs_skipped, blocked, dlq;
+  atomic_uint_fast64_t retries[OBX_CONF_MAX_LIST];
+  atomic_int_fast64_t lag, parked_keys;
+} worker_stats_t;
+
+typedef struct worker_http_wait worker_http_wait_t;
+
+/* Runs one event end to end (see obx_worker.h); msg may be updated (attempts, reason).
+ * partition/offset: the Kafka position (-1 otherwise). */
+worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladder_msg_t *msg, int32_t partition,
+                               int64_t offset);
+/* Queues an HTTP event on its lane; takes msg's contents on success (msg is then empty).
+ * The lane calls worker_http_complete(wait, outcome) when done. False when stopping. */
+bool worker_enqueue_http(obx_worker_t *w, obx_ladder_msg_t *msg, worker_http_wait_t *wait);
+void worker_http_complete(worker_http_wait_t *wait, worker_outcome_t outcome);
+/* Adds the CloudEvents sink routes to the HTTP server. */
+void worker_http_register(obx_worker_t *w, obx_http_t *http);
+
+#endif
