@@ -105,6 +105,8 @@ typedef struct {
     "Total time limit of one http-request call (connect, send, receive)")                        \
   X(http_max_response_bytes, INT, "egress.max_response_bytes", "HTTP_MAX_RESPONSE_BYTES", "1048576", 1, 67108864, NULL, 0, \
     "Largest response body an http-request node accepts")                                        \
+  X(egress_ca_file, STR, "egress.ca_file", "EGRESS_CA_FILE", "", 0, 0, NULL, 0,                   \
+    "CA bundle http-request nodes trust instead of the system one; empty: the system bundle")   \
   X(pipelines_dir, STR, "pipelines.dir", "PIPELINES_DIR", "", 0, 0, NULL, 0,                      \
     "Directory of pipeline definitions (*.json) applied at start; empty: none")                  \
   X(log_level, ENUM, "log.level", "LOG_LEVEL", "info", 0, 0, "debug|info|warn|error", 0,           \

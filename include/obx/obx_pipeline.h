@@ -120,19 +120,22 @@ typedef struct {
   int64_t connect_timeout_ms;
   int64_t timeout_ms;         /* whole transfer */
   int64_t max_response_bytes;
-  char **resolve;             /* optional curl "host:port:address" DNS pins (CURLOPT_RESOLVE) */
-  int nresolve;
+  char **connect_to;          /* optional "host:port:address:port" pins (CURLOPT_CONNECT_TO) */
+  int nconnect_to;
+  char *ca_file;              /* CA bundle used instead of the system one; NULL: system */
 } obx_egress_t;
 
 /* hosts: comma-separated allowlist ("" any public host); nets: comma-separated CIDRs allowed
  * although private or loopback ("127.0.0.0/8,::1/128"). Bad values fail naming the entry. */
 bool obx_egress_init(obx_egress_t *egress, const char *hosts, const char *nets, int64_t connect_timeout_ms,
                      int64_t timeout_ms, int64_t max_response_bytes, obx_err_t *err);
-/* From EGRESS_ALLOWLIST, EGRESS_ALLOW_NETWORKS, HTTP_CONNECT_TIMEOUT_MS, HTTP_TIMEOUT_MS,
- * HTTP_MAX_RESPONSE_BYTES. */
+/* From EGRESS_ALLOWLIST, EGRESS_ALLOW_NETWORKS, EGRESS_CA_FILE, HTTP_CONNECT_TIMEOUT_MS,
+ * HTTP_TIMEOUT_MS, HTTP_MAX_RESPONSE_BYTES. */
 bool obx_egress_init_conf(obx_egress_t *egress, const obx_conf_t *conf, obx_err_t *err);
-/* Adds a DNS pin "host:port:address" (copied). */
-bool obx_egress_add_resolve(obx_egress_t *egress, const char *pin, obx_err_t *err);
+/* Sends requests for host:port to address:port instead (copied), like a DNS answer: the
+ * address check still applies to the address connected to. For tests and split-horizon
+ * setups. */
+bool obx_egress_add_connect_to(obx_egress_t *egress, const char *pin, obx_err_t *err);
 void obx_egress_cleanup(obx_egress_t *egress);
 /* Scheme (http/https only), userinfo-free authority and host allowlist of a URL. */
 bool obx_egress_check_url(const obx_egress_t *egress, const char *url, obx_err_t *err);

@@ -102,24 +102,31 @@ bool obx_egress_init(obx_egress_t *egress, const char *hosts, const char *nets, 
 }
 
 bool obx_egress_init_conf(obx_egress_t *egress, const obx_conf_t *conf, obx_err_t *err) {
-  return obx_egress_init(egress, conf->egress_allowlist, conf->egress_allow_networks, conf->http_connect_timeout,
-                         conf->http_timeout, conf->http_max_response_bytes, err);
+  if (!obx_egress_init(egress, conf->egress_allowlist, conf->egress_allow_networks, conf->http_connect_timeout,
+                       conf->http_timeout, conf->http_max_response_bytes, err))
+    return false;
+  if (conf->egress_ca_file && *conf->egress_ca_file) egress->ca_file = bson_strdup(conf->egress_ca_file);
+  return true;
 }
 
-bool obx_egress_add_resolve(obx_egress_t *egress, const char *pin, obx_err_t *err) {
-  if (!pin || strchr(pin, ':') == NULL) {
-    obx_err_set(err, OBX_ERR_CONF, 0, false, "DNS pin \"%s\": want host:port:address", pin ? pin : "");
+bool obx_egress_add_connect_to(obx_egress_t *egress, const char *pin, obx_err_t *err) {
+  int colons = 0;
+  for (const char *p = pin ? pin : ""; *p; p++) colons += *p == ':';
+  if (colons < 3) {
+    obx_err_set(err, OBX_ERR_CONF, 0, false, "connect-to pin \"%s\": want host:port:address:port", pin ? pin : "");
     return false;
   }
-  egress->resolve = bson_realloc(egress->resolve, (size_t)(egress->nresolve + 1) * sizeof *egress->resolve);
-  egress->resolve[egress->nresolve++] = bson_strdup(pin);
+  egress->connect_to =
+    bson_realloc(egress->connect_to, (size_t)(egress->nconnect_to + 1) * sizeof *egress->connect_to);
+  egress->connect_to[egress->nconnect_to++] = bson_strdup(pin);
   return true;
 }
 
 void obx_egress_cleanup(obx_egress_t *egress) {
   if (!egress) return;
   free_list(egress->hosts, egress->nhosts);
-  free_list(egress->resolve, egress->nresolve);
+  free_list(egress->connect_to, egress->nconnect_to);
+  bson_free(egress->ca_file);
   memset(egress, 0, sizeof *egress);
 }
 
@@ -351,7 +358,7 @@ bool obx_egress_request(const obx_egress_t *egress, const char *method, const ch
   }
   if (body && !has_type) hdrs = curl_slist_append(hdrs, "Content-Type: application/json");
   hdrs = curl_slist_append(hdrs, "Expect:");
-  for (int i = 0; i < egress->nresolve; i++) pins = curl_slist_append(pins, egress->resolve[i]);
+  for (int i = 0; i < egress->nconnect_to; i++) pins = curl_slist_append(pins, egress->connect_to[i]);
 
   curl_easy_setopt(curl, CURLOPT_URL, url);
   curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
@@ -369,7 +376,8 @@ bool obx_egress_request(const obx_egress_t *egress, const char *method, const ch
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, errbuf);
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, hdrs);
   curl_easy_setopt(curl, CURLOPT_USERAGENT, "outboxd-pipeline/1");
-  if (pins) curl_easy_setopt(curl, CURLOPT_RESOLVE, pins);
+  if (pins) curl_easy_setopt(curl, CURLOPT_CONNECT_TO, pins);
+  if (egress->ca_file) curl_easy_setopt(curl, CURLOPT_CAINFO, egress->ca_file);
   if (body || strcasecmp(method, "POST") == 0) {
     curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body ? body : "");
     curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(body ? body_len : 0));

@@ -23,7 +23,7 @@ struct obx_pipeline_run {
   bson_t execution;
   bson_t statuses;
   uint32_t nstatuses;
-  obx_event_t *events;
+  obx_event_t **events; /* pointers: a bson_t must not move */
   int nevents;
   char *pipeline_id, *org_id, *aggregate_type, *aggregate_id;
 };
@@ -245,14 +245,19 @@ void obx_pipeline_run_add_status(obx_pipeline_run_t *run, const char *status_tag
 }
 
 void obx_pipeline_run_add_event(obx_pipeline_run_t *run, obx_event_t *ev) {
+  obx_event_t *copy = bson_malloc(sizeof *copy);
+  obx_event_init(copy);
+  obx_event_copy(copy, ev);
   run->events = bson_realloc(run->events, (size_t)(run->nevents + 1) * sizeof *run->events);
-  run->events[run->nevents++] = *ev;
-  obx_event_init(ev);
+  run->events[run->nevents++] = copy;
 }
 
 void obx_pipeline_run_destroy(obx_pipeline_run_t *run) {
   if (!run) return;
-  for (int i = 0; i < run->nevents; i++) obx_event_cleanup(&run->events[i]);
+  for (int i = 0; i < run->nevents; i++) {
+    obx_event_cleanup(run->events[i]);
+    bson_free(run->events[i]);
+  }
   bson_free(run->events);
   bson_destroy(&run->statuses);
   bson_destroy(&run->execution);
@@ -269,7 +274,7 @@ const obx_err_t *obx_pipeline_run_error(const obx_pipeline_run_t *run) { return 
 const char *obx_pipeline_run_execution_id(const obx_pipeline_run_t *run) { return run->id; }
 const bson_t *obx_pipeline_run_execution(const obx_pipeline_run_t *run) { return &run->execution; }
 int obx_pipeline_run_nevents(const obx_pipeline_run_t *run) { return run->nevents; }
-const obx_event_t *obx_pipeline_run_event(const obx_pipeline_run_t *run, int i) { return &run->events[i]; }
+const obx_event_t *obx_pipeline_run_event(const obx_pipeline_run_t *run, int i) { return run->events[i]; }
 const bson_t *obx_pipeline_run_statuses(const obx_pipeline_run_t *run) { return &run->statuses; }
 const char *obx_pipeline_run_org_id(const obx_pipeline_run_t *run) { return run->org_id; }
 const char *obx_pipeline_run_aggregate_id(const obx_pipeline_run_t *run) { return run->aggregate_id; }

@@ -65,19 +65,21 @@ static bool emit_run(obx_node_ctx_t *ctx, const bson_t *config, bson_t *output, 
       bson_copy_to(&view, &ev.payload);
     }
   }
-  if (!in->aggregate_id) {
-    obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "emit-event needs the run's aggregate (no aggregate id)");
+  if (!in->aggregate_id || !in->org_id) {
+    obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "emit-event needs the run's org and aggregate (none given)");
     goto done;
   }
-  ev.event_type = bson_strdup(type);
+  /* obx_event_cleanup frees with free(): the fields come from strdup */
+  ev.event_type = strdup(type);
   ev.event_version = bson_iter_init_find(&it, config, "eventVersion") ? (int32_t)bson_iter_as_int64(&it) : 1;
-  ev.org_id = bson_strdup(in->org_id);
-  ev.aggregate_type = bson_strdup(in->aggregate_type ? in->aggregate_type : "Order");
-  ev.aggregate_id = bson_strdup(in->aggregate_id);
-  ev.partition_key = bson_strdup(in->partition_key ? in->partition_key : in->aggregate_id);
-  if (in->correlation_id || in->event_id) ev.correlation_id = bson_strdup(in->correlation_id ? in->correlation_id : in->event_id);
-  if (in->event_id) ev.causation_id = bson_strdup(in->event_id);
-  ev.source = bson_strdup("/outboxd/pipelines");
+  ev.org_id = strdup(in->org_id);
+  ev.aggregate_type = strdup(in->aggregate_type ? in->aggregate_type : "Order");
+  ev.aggregate_id = strdup(in->aggregate_id);
+  ev.partition_key = strdup(in->partition_key ? in->partition_key : in->aggregate_id);
+  const char *correlation_id = in->correlation_id ? in->correlation_id : in->event_id;
+  if (correlation_id) ev.correlation_id = strdup(correlation_id);
+  if (in->event_id) ev.causation_id = strdup(in->event_id);
+  ev.source = strdup("/outboxd/pipelines");
   if (!obx_event_finalize(&ev, err)) goto done;
   BSON_APPEND_UTF8(output, "eventId", ev.id);
   BSON_APPEND_UTF8(output, "eventType", ev.event_type);

@@ -88,7 +88,7 @@ bool obx_node_config_require_str(const bson_t *config, const char *key, obx_err_
 /* engine.c: effects of a run */
 void obx_pipeline_run_add_status(obx_pipeline_run_t *run, const char *status_tag, const char *name,
                                  const char *phase);
-/* Takes ownership of ev (its fields are moved; ev is left empty). */
+/* Appends a copy of ev (ev stays the caller's). */
 void obx_pipeline_run_add_event(obx_pipeline_run_t *run, obx_event_t *ev);
 /* The run input's org and aggregate ids (borrowed). */
 const char *obx_pipeline_run_org_id(const obx_pipeline_run_t *run);
