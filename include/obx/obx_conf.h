@@ -152,7 +152,9 @@ bool obx_conf_set(obx_conf_t *conf, const char *key, const char *value, obx_err_
 bool obx_conf_load_file(obx_conf_t *conf, const char *path, bool required, obx_err_t *err);
 /* Applies every table key whose env variable is set (envp NULL: the process environment). */
 bool obx_conf_load_env(obx_conf_t *conf, char *const *envp, obx_err_t *err);
-/* The whole order: defaults -> file (if path) -> env -> overrides ("key=value" strings). */
+/* The whole order: defaults -> file (if path) -> env -> overrides ("key=value" strings).
+ * conf must be initialised (obx_conf_init); it is reset to the defaults first. Clean it up
+ * whatever the result. */
 bool obx_conf_load(obx_conf_t *conf, const char *file, char *const *envp,
                    char *const *overrides, int noverrides, obx_err_t *err);
 /* Current value of a key as text (sensitive values redacted unless reveal); caller frees. */

@@ -349,6 +349,7 @@ bool obx_conf_load_env(obx_conf_t *conf, char *const *envp, obx_err_t *err) {
 
 bool obx_conf_load(obx_conf_t *conf, const char *file, char *const *envp, char *const *overrides, int noverrides,
                    obx_err_t *err) {
+  obx_conf_cleanup(conf);
   obx_conf_init(conf);
   if (file && !obx_conf_load_file(conf, file, true, err)) return false;
   if (!obx_conf_load_env(conf, envp, err)) return false;

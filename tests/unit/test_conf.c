@@ -150,6 +150,7 @@ static void test_precedence(void **state) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     obx_conf_t conf;
+    obx_conf_init(&conf);
     obx_err_t err = OBX_ERR_INIT;
     if (!obx_conf_load(&conf, cases[i].use_file ? file : NULL, cases[i].use_env ? env : empty_env, overrides,
                        cases[i].nover, &err))
@@ -166,6 +167,8 @@ static void test_precedence(void **state) {
   }
   /* passthrough pairs are kept once, in order, with the last value */
   obx_conf_t conf;
+  obx_conf_init(&conf);
+  assert_true(obx_conf_set(&conf, "kafka.stale", "x", NULL)); /* load resets to the defaults */
   obx_err_t err = OBX_ERR_INIT;
   assert_true(obx_conf_load(&conf, file, empty_env, overrides, 3, &err));
   assert_int_equal(conf.npassthrough, 2);
@@ -205,6 +208,7 @@ static void test_load_errors(void **state) {
   const char *files[] = {unknown, noeq, badval};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     obx_conf_t conf;
+    obx_conf_init(&conf);
     obx_err_t err = OBX_ERR_INIT;
     const char *file = cases[i].file ? cases[i].file : (i < 3 ? files[i] : NULL);
     bool ok = obx_conf_load(&conf, file, cases[i].env, cases[i].over, cases[i].nover, &err);
