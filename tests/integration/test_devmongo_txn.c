@@ -1,0 +1,294 @@
+/* test_devmongo_txn.c - devmongod sessions, transactions and retryable writes via libmongoc
+ *
+ * DESIGN: one devmongod per group; each test uses its own collection. Transactions are driven
+ * through mongoc_client_session_* exactly as the product drives them; fail points inject the
+ * errors that make the driver retry. */
+#include <stdio.h>
+#include <string.h>
+
+#include "obx_test.h"
+#include "obx_test_mongo.h"
+
+static obx_test_mongo_t g_m;
+static mongoc_client_t *g_client;
+
+static int setup(void **state) {
+  if (!obx_test_mongo_start(&g_m, NULL)) return -1;
+  g_client = obx_test_mongo_client(&g_m, NULL, NULL);
+  return g_client ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  mongoc_client_destroy(g_client);
+  obx_test_mongo_stop(&g_m);
+  return 0;
+}
+
+static void fail_point(const char *json) {
+  bson_error_t error;
+  bson_t *cmd = bson_new_from_json((const uint8_t *)json, -1, &error);
+  assert_non_null(cmd);
+  if (!mongoc_client_command_simple(g_client, "admin", cmd, NULL, NULL, &error))
+    fail_msg("configureFailPoint: %s", error.message);
+  bson_destroy(cmd);
+}
+
+static int64_t count(mongoc_collection_t *c, const bson_t *opts) {
+  bson_error_t error;
+  bson_t filter = BSON_INITIALIZER;
+  int64_t n = 0;
+  mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, &filter, opts, NULL);
+  const bson_t *doc;
+  while (mongoc_cursor_next(cur, &doc)) n++;
+  if (mongoc_cursor_error(cur, &error)) fail_msg("find: %s", error.message);
+  mongoc_cursor_destroy(cur);
+  return n;
+}
+
+static bson_t *session_opts(mongoc_client_session_t *cs) {
+  bson_t *opts = bson_new();
+  bson_error_t error;
+  assert_true(mongoc_client_session_append(cs, opts, &error));
+  return opts;
+}
+
+static void test_isolation_and_commit(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "txn", "iso");
+  bson_error_t error;
+  mongoc_client_session_t *cs = mongoc_client_start_session(g_client, NULL, &error);
+  assert_non_null(cs);
+  bson_t *opts = session_opts(cs);
+  assert_true(mongoc_client_session_start_transaction(cs, NULL, &error));
+  bson_t *a = BCON_NEW("_id", BCON_INT32(1)), *b = BCON_NEW("_id", BCON_INT32(2));
+  assert_true(mongoc_collection_insert_one(c, a, opts, NULL, &error));
+  assert_true(mongoc_collection_insert_one(c, b, opts, NULL, &error));
+  assert_int_equal(count(c, opts), 2);   /* own writes visible inside */
+  assert_int_equal(count(c, NULL), 0);   /* nothing visible outside */
+  assert_true(mongoc_client_session_commit_transaction(cs, NULL, &error));
+  assert_int_equal(count(c, NULL), 2);
+  /* committing again re-sends commitTransaction: the server answers ok */
+  assert_true(mongoc_client_session_commit_transaction(cs, NULL, &error));
+  bson_destroy(a);
+  bson_destroy(b);
+  bson_destroy(opts);
+  mongoc_client_session_destroy(cs);
+  mongoc_collection_destroy(c);
+}
+
+static void test_abort_all_or_nothing(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "txn", "abort");
+  bson_error_t error;
+  bson_t reply;
+  bson_t *seed = BCON_NEW("_id", BCON_INT32(1), "n", BCON_INT32(0));
+  assert_true(mongoc_collection_insert_one(c, seed, NULL, NULL, &error));
+  mongoc_client_session_t *cs = mongoc_client_start_session(g_client, NULL, &error);
+  bson_t *opts = session_opts(cs);
+  /* abort: nothing lands */
+  assert_true(mongoc_client_session_start_transaction(cs, NULL, &error));
+  bson_t *doc = BCON_NEW("_id", BCON_INT32(2));
+  assert_true(mongoc_collection_insert_one(c, doc, opts, NULL, &error));
+  assert_true(mongoc_client_session_abort_transaction(cs, &error));
+  assert_int_equal(count(c, NULL), 1);
+  /* an error inside the transaction aborts it: the update made before it is lost and the
+   * commit answers NoSuchTransaction with TransientTransactionError */
+  assert_true(mongoc_client_session_start_transaction(cs, NULL, &error));
+  bson_t *q = BCON_NEW("_id", BCON_INT32(1)), *u = BCON_NEW("$inc", "{", "n", BCON_INT32(1), "}");
+  assert_true(mongoc_collection_update_one(c, q, u, opts, NULL, &error));
+  assert_false(mongoc_collection_insert_one(c, seed, opts, &reply, &error));
+  assert_int_equal(error.code, 11000);
+  bson_destroy(&reply);
+  assert_false(mongoc_client_session_commit_transaction(cs, &reply, &error));
+  assert_int_equal(error.code, 251);
+  assert_true(mongoc_error_has_label(&reply, "TransientTransactionError"));
+  bson_destroy(&reply);
+  mongoc_client_session_abort_transaction(cs, NULL);
+  mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, q, NULL, NULL);
+  const bson_t *got;
+  assert_true(mongoc_cursor_next(cur, &got));
+  bson_iter_t it;
+  assert_true(bson_iter_init_find(&it, got, "n"));
+  assert_int_equal(bson_iter_int32(&it), 0);
+  mongoc_cursor_destroy(cur);
+  bson_destroy(q);
+  bson_destroy(u);
+  bson_destroy(doc);
+  bson_destroy(seed);
+  bson_destroy(opts);
+  mongoc_client_session_destroy(cs);
+  mongoc_collection_destroy(c);
+}
+
+static void test_write_conflict(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "txn", "conflict");
+  bson_error_t error;
+  bson_t reply;
+  bson_t *seed = BCON_NEW("_id", BCON_INT32(1), "n", BCON_INT32(0));
+  assert_true(mongoc_collection_insert_one(c, seed, NULL, NULL, &error));
+  mongoc_client_session_t *s1 = mongoc_client_start_session(g_client, NULL, &error);
+  mongoc_client_session_t *s2 = mongoc_client_start_session(g_client, NULL, &error);
+  bson_t *o1 = session_opts(s1), *o2 = session_opts(s2);
+  bson_t *q = BCON_NEW("_id", BCON_INT32(1)), *u = BCON_NEW("$inc", "{", "n", BCON_INT32(1), "}");
+  assert_true(mongoc_client_session_start_transaction(s1, NULL, &error));
+  assert_true(mongoc_client_session_start_transaction(s2, NULL, &error));
+  assert_true(mongoc_collection_update_one(c, q, u, o1, NULL, &error));
+  /* second writer of the same document loses */
+  assert_false(mongoc_collection_update_one(c, q, u, o2, &reply, &error));
+  assert_int_equal(error.code, 112);
+  assert_true(mongoc_error_has_label(&reply, "TransientTransactionError"));
+  bson_destroy(&reply);
+  /* a non-transactional writer loses too while the transaction holds the document */
+  assert_false(mongoc_collection_update_one(c, q, u, NULL, &reply, &error));
+  assert_int_equal(error.code, 112);
+  bson_destroy(&reply);
+  assert_false(mongoc_client_session_commit_transaction(s2, &reply, &error));
+  assert_int_equal(error.code, 251);
+  bson_destroy(&reply);
+  assert_true(mongoc_client_session_commit_transaction(s1, NULL, &error));
+  /* a transaction that started before a later commit of the document conflicts as well */
+  assert_true(mongoc_client_session_start_transaction(s2, NULL, &error));
+  bson_t *other = BCON_NEW("_id", BCON_INT32(99));
+  assert_true(mongoc_collection_insert_one(c, other, o2, NULL, &error));
+  assert_true(mongoc_collection_update_one(c, q, u, NULL, NULL, &error));
+  assert_false(mongoc_collection_update_one(c, q, u, o2, &reply, &error));
+  assert_int_equal(error.code, 112);
+  bson_destroy(&reply);
+  mongoc_client_session_abort_transaction(s2, NULL);
+  mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, q, NULL, NULL);
+  const bson_t *got;
+  bson_iter_t it;
+  assert_true(mongoc_cursor_next(cur, &got));
+  assert_true(bson_iter_init_find(&it, got, "n"));
+  assert_int_equal(bson_iter_int32(&it), 2);
+  mongoc_cursor_destroy(cur);
+  bson_destroy(other);
+  bson_destroy(q);
+  bson_destroy(u);
+  bson_destroy(seed);
+  bson_destroy(o1);
+  bson_destroy(o2);
+  mongoc_client_session_destroy(s1);
+  mongoc_client_session_destroy(s2);
+  mongoc_collection_destroy(c);
+}
+
+static void test_retryable_write_once(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "txn", "retry");
+  bson_error_t error;
+  bson_t *seed = BCON_NEW("_id", BCON_INT32(1), "n", BCON_INT32(0));
+  assert_true(mongoc_collection_insert_one(c, seed, NULL, NULL, &error));
+  /* the update executes, then the reply carries a retryable writeConcernError: the driver
+   * retries with the same txnNumber and the server answers from its record */
+  fail_point("{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": "
+             "{\"failCommands\": [\"update\"], \"writeConcernError\": {\"code\": 91, "
+             "\"errmsg\": \"Replication is being shut down\"}}}");
+  bson_t *q = BCON_NEW("_id", BCON_INT32(1)), *u = BCON_NEW("$inc", "{", "n", BCON_INT32(1), "}");
+  bson_t reply;
+  assert_true(mongoc_collection_update_one(c, q, u, NULL, &reply, &error));
+  bson_iter_t it;
+  assert_true(bson_iter_init_find(&it, &reply, "modifiedCount"));
+  assert_int_equal(bson_iter_as_int64(&it), 1);
+  bson_destroy(&reply);
+  mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, q, NULL, NULL);
+  const bson_t *got;
+  assert_true(mongoc_cursor_next(cur, &got));
+  assert_true(bson_iter_init_find(&it, got, "n"));
+  assert_int_equal(bson_iter_int32(&it), 1);
+  mongoc_cursor_destroy(cur);
+  /* a network error before execution (closeConnection) is retried and runs once */
+  fail_point("{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": "
+             "{\"failCommands\": [\"update\"], \"closeConnection\": true}}");
+  assert_true(mongoc_collection_update_one(c, q, u, NULL, NULL, &error));
+  cur = mongoc_collection_find_with_opts(c, q, NULL, NULL);
+  assert_true(mongoc_cursor_next(cur, &got));
+  assert_true(bson_iter_init_find(&it, got, "n"));
+  assert_int_equal(bson_iter_int32(&it), 2);
+  mongoc_cursor_destroy(cur);
+  bson_destroy(q);
+  bson_destroy(u);
+  bson_destroy(seed);
+  mongoc_collection_destroy(c);
+}
+
+typedef struct {
+  mongoc_collection_t *c;
+  int calls;
+} cb_ctx_t;
+
+static bool txn_body(mongoc_client_session_t *cs, void *ctx, bson_t **reply, bson_error_t *error) {
+  cb_ctx_t *cb = ctx;
+  cb->calls++;
+  bson_t *opts = session_opts(cs);
+  bson_t *doc = BCON_NEW("attempt", BCON_INT32(cb->calls)), filter = BSON_INITIALIZER;
+  bool ok = mongoc_collection_insert_one(cb->c, doc, opts, NULL, error);
+  if (ok) {
+    mongoc_cursor_t *cur = mongoc_collection_find_with_opts(cb->c, &filter, opts, NULL);
+    const bson_t *got;
+    while (mongoc_cursor_next(cur, &got)) continue;
+    ok = !mongoc_cursor_error_document(cur, error, (const bson_t **)reply);
+    if (!ok && *reply) *reply = bson_copy(*reply);
+    mongoc_cursor_destroy(cur);
+  }
+  if (ok) ok = mongoc_collection_insert_one(cb->c, doc, opts, NULL, error);
+  bson_destroy(doc);
+  bson_destroy(opts);
+  return ok;
+}
+
+static void test_with_transaction_retries(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "txn", "withtxn");
+  bson_error_t error;
+  mongoc_client_session_t *cs = mongoc_client_start_session(g_client, NULL, &error);
+  /* the first attempt's find fails with WriteConflict after its insert: the server labels it
+   * TransientTransactionError, with_transaction runs the callback again */
+  fail_point("{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": "
+             "{\"failCommands\": [\"find\"], \"errorCode\": 112}}");
+  cb_ctx_t cb = {c, 0};
+  bson_t reply;
+  bool ok = mongoc_client_session_with_transaction(cs, txn_body, NULL, &cb, &reply, &error);
+  if (!ok) print_message("with_transaction: %s\n", error.message);
+  assert_true(ok);
+  bson_destroy(&reply);
+  assert_int_equal(cb.calls, 2);
+  bson_t *first = BCON_NEW("attempt", BCON_INT32(1));
+  assert_int_equal(mongoc_collection_count_documents(c, first, NULL, NULL, NULL, &error), 0);
+  assert_int_equal(count(c, NULL), 2); /* only the second attempt's two documents */
+  /* a commit failing once with a retryable error (RetryableWriteError) is retried */
+  fail_point("{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": "
+             "{\"failCommands\": [\"commitTransaction\"], \"errorCode\": 91}}");
+  ok = mongoc_client_session_with_transaction(cs, txn_body, NULL, &cb, &reply, &error);
+  if (!ok) print_message("with_transaction: %s\n", error.message);
+  assert_true(ok);
+  bson_destroy(&reply);
+  assert_int_equal(cb.calls, 3);
+  assert_int_equal(count(c, NULL), 4);
+  bson_destroy(first);
+  mongoc_client_session_destroy(cs);
+  mongoc_collection_destroy(c);
+}
+
+static void test_no_such_transaction(void **state) {
+  bson_error_t error;
+  bson_t reply;
+  mongoc_client_session_t *cs = mongoc_client_start_session(g_client, NULL, &error);
+  bson_t *cmd = BCON_NEW("find", "x", "txnNumber", BCON_INT64(42), "autocommit", BCON_BOOL(false));
+  bson_t *opts = session_opts(cs);
+  assert_false(mongoc_client_read_command_with_opts(g_client, "txn", cmd, NULL, opts, &reply, &error));
+  assert_int_equal(error.code, 251);
+  assert_true(mongoc_error_has_label(&reply, "TransientTransactionError"));
+  bson_destroy(&reply);
+  bson_destroy(cmd);
+  bson_destroy(opts);
+  mongoc_client_session_destroy(cs);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_isolation_and_commit),
+    cmocka_unit_test(test_abort_all_or_nothing),
+    cmocka_unit_test(test_write_conflict),
+    cmocka_unit_test(test_retryable_write_once),
+    cmocka_unit_test(test_with_transaction_retries),
+    cmocka_unit_test(test_no_such_transaction),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
