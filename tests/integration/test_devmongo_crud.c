@@ -1,0 +1,491 @@
+/* test_devmongo_crud.c - devmongod CRUD, cursors, bulk writes, indexes and TTL via libmongoc
+ *
+ * DESIGN: one devmongod for the whole group (setup/teardown), one collection per test. Every
+ * assertion goes through the public driver API the product uses. */
+#include <stdio.h>
+#include <string.h>
+
+#include "obx_test.h"
+#include "obx_test_mongo.h"
+
+static obx_test_mongo_t g_m;
+static mongoc_client_t *g_client;
+
+static int setup(void **state) {
+  if (!obx_test_mongo_start(&g_m, "--ttl-interval-ms 100")) return -1;
+  g_client = obx_test_mongo_client(&g_m, NULL, NULL);
+  return g_client ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  mongoc_client_destroy(g_client);
+  obx_test_mongo_stop(&g_m);
+  return 0;
+}
+
+static mongoc_collection_t *coll(const char *name) {
+  return mongoc_client_get_collection(g_client, "crud", name);
+}
+
+static bson_t *J(const char *json) {
+  bson_error_t error;
+  bson_t *b = bson_new_from_json((const uint8_t *)json, -1, &error);
+  if (!b) fail_msg("bad json %s: %s", json, error.message);
+  return b;
+}
+
+static void insert(mongoc_collection_t *c, const char *json) {
+  bson_error_t error;
+  bson_t *doc = J(json);
+  if (!mongoc_collection_insert_one(c, doc, NULL, NULL, &error)) fail_msg("insert %s: %s", json, error.message);
+  bson_destroy(doc);
+}
+
+/* Runs find and returns the concatenated relaxed JSON of the results' field `field`. */
+static void find_field(mongoc_collection_t *c, const char *filter, const char *opts,
+                       const char *field, char *out, size_t outlen) {
+  bson_t *f = J(filter), *o = opts ? J(opts) : NULL;
+  mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, f, o, NULL);
+  const bson_t *doc;
+  out[0] = 0;
+  while (mongoc_cursor_next(cur, &doc)) {
+    bson_iter_t it;
+    char part[128] = "-";
+    if (bson_iter_init_find(&it, doc, field)) {
+      if (BSON_ITER_HOLDS_UTF8(&it)) snprintf(part, sizeof part, "%s", bson_iter_utf8(&it, NULL));
+      else snprintf(part, sizeof part, "%lld", (long long)bson_iter_as_int64(&it));
+    }
+    size_t o2 = strlen(out);
+    snprintf(out + o2, outlen - o2, "%s%s", o2 ? "," : "", part);
+  }
+  bson_error_t error;
+  if (mongoc_cursor_error(cur, &error)) fail_msg("find %s: %s", filter, error.message);
+  mongoc_cursor_destroy(cur);
+  bson_destroy(f);
+  bson_destroy(o);
+}
+
+static void expect_find(mongoc_collection_t *c, const char *filter, const char *opts, const char *want) {
+  char got[2048];
+  find_field(c, filter, opts, "k", got, sizeof got);
+  if (strcmp(got, want)) fail_msg("find %s %s: got [%s] want [%s]", filter, opts ? opts : "", got, want);
+}
+
+/* createIndexes with one index {key, name, ...opts}, named the way the driver names it. */
+static bool try_create_index(mongoc_collection_t *c, const char *keys_json, const char *opts_json,
+                             bson_error_t *error) {
+  bson_t *keys = J(keys_json), *opts = opts_json ? J(opts_json) : bson_new();
+  char *name = mongoc_collection_keys_to_index_string(keys);
+  bson_t *spec = bson_new(), *cmd = bson_new(), arr;
+  BSON_APPEND_DOCUMENT(spec, "key", keys);
+  BSON_APPEND_UTF8(spec, "name", name);
+  bson_concat(spec, opts);
+  BSON_APPEND_UTF8(cmd, "createIndexes", mongoc_collection_get_name(c));
+  bson_append_array_begin(cmd, "indexes", -1, &arr);
+  BSON_APPEND_DOCUMENT(&arr, "0", spec);
+  bson_append_array_end(cmd, &arr);
+  bool ok = mongoc_collection_write_command_with_opts(c, cmd, NULL, NULL, error);
+  bson_destroy(cmd);
+  bson_destroy(spec);
+  bson_free(name);
+  bson_destroy(keys);
+  bson_destroy(opts);
+  return ok;
+}
+
+static void create_index(mongoc_collection_t *c, const char *keys_json, const char *opts_json) {
+  bson_error_t error;
+  if (!try_create_index(c, keys_json, opts_json, &error))
+    fail_msg("createIndexes %s: %s", keys_json, error.message);
+}
+
+static void test_find_filters_sort_projection(void **state) {
+  mongoc_collection_t *c = coll("find");
+  insert(c, "{\"_id\": 1, \"k\": 1, \"s\": \"PENDING\", \"n\": 5, \"tags\": [\"a\", \"b\"], \"o\": {\"x\": 1}}");
+  insert(c, "{\"_id\": 2, \"k\": 2, \"s\": \"PUBLISHED\", \"n\": 10, \"tags\": [\"b\"], \"o\": {\"x\": 2}}");
+  insert(c, "{\"_id\": 3, \"k\": 3, \"s\": \"FAILED\", \"n\": 15}");
+  insert(c, "{\"_id\": 4, \"k\": 4, \"s\": \"PENDING\", \"n\": 20, \"o\": {\"x\": 2}}");
+  expect_find(c, "{\"s\": \"PENDING\"}", NULL, "1,4");
+  expect_find(c, "{\"s\": {\"$in\": [\"FAILED\", \"PUBLISHED\"]}}", NULL, "2,3");
+  expect_find(c, "{\"s\": {\"$nin\": [\"PENDING\"]}}", NULL, "2,3");
+  expect_find(c, "{\"s\": {\"$ne\": \"PENDING\"}}", NULL, "2,3");
+  expect_find(c, "{\"n\": {\"$gt\": 5, \"$lte\": 15}}", NULL, "2,3");
+  expect_find(c, "{\"o\": {\"$exists\": false}}", NULL, "3");
+  expect_find(c, "{\"o.x\": 2}", NULL, "2,4");
+  expect_find(c, "{\"tags\": \"b\"}", NULL, "1,2");
+  expect_find(c, "{\"$or\": [{\"k\": 1}, {\"n\": {\"$gte\": 20}}]}", NULL, "1,4");
+  expect_find(c, "{\"$and\": [{\"s\": \"PENDING\"}, {\"n\": {\"$lt\": 10}}]}", NULL, "1");
+  expect_find(c, "{}", "{\"sort\": {\"n\": -1}}", "4,3,2,1");
+  expect_find(c, "{}", "{\"sort\": {\"s\": 1, \"k\": -1}, \"skip\": 1, \"limit\": 2}", "4,1");
+  char got[256];
+  find_field(c, "{\"_id\": 2}", "{\"projection\": {\"k\": 0}}", "k", got, sizeof got);
+  assert_string_equal(got, "-");
+  find_field(c, "{\"_id\": 2}", "{\"projection\": {\"s\": 1}}", "s", got, sizeof got);
+  assert_string_equal(got, "PUBLISHED");
+  mongoc_collection_destroy(c);
+}
+
+static void test_cursor_batches(void **state) {
+  mongoc_collection_t *c = coll("cursor");
+  for (int i = 0; i < 250; i++) {
+    char json[64];
+    snprintf(json, sizeof json, "{\"k\": %d}", i);
+    insert(c, json);
+  }
+  bson_t *f = J("{}"), *o = J("{\"batchSize\": 7, \"sort\": {\"k\": 1}}");
+  mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, f, o, NULL);
+  const bson_t *doc;
+  int n = 0;
+  while (mongoc_cursor_next(cur, &doc)) {
+    bson_iter_t it;
+    assert_true(bson_iter_init_find(&it, doc, "k"));
+    assert_int_equal(bson_iter_int32(&it), n);
+    n++;
+    if (n == 10) assert_int_not_equal(mongoc_cursor_get_id(cur), 0);
+  }
+  assert_int_equal(n, 250);
+  mongoc_cursor_destroy(cur);
+  /* abandoning an open cursor sends killCursors; a getMore on it then fails with 43 */
+  cur = mongoc_collection_find_with_opts(c, f, o, NULL);
+  assert_true(mongoc_cursor_next(cur, &doc));
+  int64_t id = mongoc_cursor_get_id(cur);
+  assert_int_not_equal(id, 0);
+  mongoc_cursor_destroy(cur);
+  bson_t *gm = BCON_NEW("getMore", BCON_INT64(id), "collection", "cursor");
+  bson_t reply;
+  bson_error_t error;
+  assert_false(mongoc_client_command_simple(g_client, "crud", gm, NULL, &reply, &error));
+  assert_int_equal(error.code, 43);
+  bson_destroy(&reply);
+  bson_destroy(gm);
+  bson_destroy(f);
+  bson_destroy(o);
+  mongoc_collection_destroy(c);
+}
+
+static void test_bulk_ordered_unordered(void **state) {
+  mongoc_collection_t *c = coll("bulk");
+  bson_error_t error;
+  bson_t reply;
+  for (int ordered = 1; ordered >= 0; ordered--) {
+    bson_t *opts = BCON_NEW("ordered", BCON_BOOL(ordered));
+    mongoc_bulk_operation_t *bulk = mongoc_collection_create_bulk_operation_with_opts(c, opts);
+    const char *docs[] = {"{\"_id\": 1}", "{\"_id\": 2}", "{\"_id\": 1}", "{\"_id\": 3}"};
+    for (int i = 0; i < 4; i++) {
+      bson_t *d = J(docs[i]);
+      mongoc_bulk_operation_insert(bulk, d);
+      bson_destroy(d);
+    }
+    assert_false(mongoc_bulk_operation_execute(bulk, &reply, &error));
+    bson_iter_t it, we;
+    assert_true(bson_iter_init_find(&it, &reply, "nInserted"));
+    /* ordered (empty collection) stops at the duplicate at index 2; unordered (second round:
+     * 1 and 2 exist) fails indexes 0, 1, 2 and still inserts 3 */
+    assert_int_equal(bson_iter_as_int64(&it), ordered ? 2 : 1);
+    assert_true(bson_iter_init_find(&it, &reply, "writeErrors"));
+    assert_true(bson_iter_recurse(&it, &we) && bson_iter_next(&we));
+    bson_t first;
+    uint32_t len;
+    const uint8_t *data;
+    bson_iter_document(&we, &len, &data);
+    bson_init_static(&first, data, len);
+    bson_iter_t f;
+    assert_true(bson_iter_init_find(&f, &first, "index"));
+    assert_int_equal(bson_iter_int32(&f), ordered ? 2 : 0);
+    assert_true(bson_iter_init_find(&f, &first, "code"));
+    assert_int_equal(bson_iter_int32(&f), 11000);
+    bson_destroy(&reply);
+    mongoc_bulk_operation_destroy(bulk);
+    bson_destroy(opts);
+  }
+  bson_t *all = J("{}");
+  assert_int_equal(mongoc_collection_estimated_document_count(c, NULL, NULL, NULL, &error), 3);
+  bson_destroy(all);
+  mongoc_collection_destroy(c);
+}
+
+static void test_update_upsert_delete(void **state) {
+  mongoc_collection_t *c = coll("update");
+  bson_error_t error;
+  bson_t reply;
+  bson_iter_t it;
+  insert(c, "{\"_id\": 1, \"k\": 1, \"n\": 1, \"list\": []}");
+  insert(c, "{\"_id\": 2, \"k\": 2, \"n\": 1}");
+  bson_t *q = J("{\"_id\": 1}"), *u = J("{\"$set\": {\"s\": \"X\"}, \"$inc\": {\"n\": 2}, "
+                                         "\"$push\": {\"list\": 7}, \"$unset\": {\"k\": \"\"}, "
+                                         "\"$currentDate\": {\"at\": true}}");
+  assert_true(mongoc_collection_update_one(c, q, u, NULL, &reply, &error));
+  assert_true(bson_iter_init_find(&it, &reply, "modifiedCount"));
+  assert_int_equal(bson_iter_as_int64(&it), 1);
+  bson_destroy(&reply);
+  bson_destroy(u);
+  mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, q, NULL, NULL);
+  const bson_t *doc;
+  assert_true(mongoc_cursor_next(cur, &doc));
+  assert_true(bson_iter_init_find(&it, doc, "n"));
+  assert_int_equal(bson_iter_as_int64(&it), 3);
+  assert_false(bson_iter_init_find(&it, doc, "k"));
+  assert_true(bson_iter_init_find(&it, doc, "at") && BSON_ITER_HOLDS_DATE_TIME(&it));
+  mongoc_cursor_destroy(cur);
+  bson_destroy(q);
+  /* upsert: seeded from the filter, $setOnInsert applied, id reported */
+  q = J("{\"k\": 9}");
+  u = J("{\"$set\": {\"s\": \"new\"}, \"$setOnInsert\": {\"created\": true}}");
+  bson_t *opts = J("{\"upsert\": true}");
+  assert_true(mongoc_collection_update_one(c, q, u, opts, &reply, &error));
+  assert_true(bson_iter_init_find(&it, &reply, "upsertedId"));
+  bson_destroy(&reply);
+  expect_find(c, "{\"created\": true, \"s\": \"new\"}", NULL, "9");
+  /* a second upsert with the same filter matches instead */
+  assert_true(mongoc_collection_update_one(c, q, u, opts, &reply, &error));
+  assert_false(bson_iter_init_find(&it, &reply, "upsertedId"));
+  bson_destroy(&reply);
+  bson_destroy(q);
+  bson_destroy(u);
+  bson_destroy(opts);
+  /* replacement keeps _id; update_many; delete */
+  q = J("{\"_id\": 2}");
+  u = J("{\"k\": 22}");
+  assert_true(mongoc_collection_replace_one(c, q, u, NULL, NULL, &error));
+  expect_find(c, "{\"_id\": 2}", NULL, "22");
+  bson_destroy(q);
+  bson_destroy(u);
+  q = J("{}");
+  u = J("{\"$set\": {\"all\": 1}}");
+  assert_true(mongoc_collection_update_many(c, q, u, NULL, &reply, &error));
+  assert_true(bson_iter_init_find(&it, &reply, "matchedCount"));
+  assert_int_equal(bson_iter_as_int64(&it), 3);
+  bson_destroy(&reply);
+  bson_destroy(u);
+  bson_t *dq = J("{\"k\": 22}");
+  assert_true(mongoc_collection_delete_one(c, dq, NULL, &reply, &error));
+  assert_true(bson_iter_init_find(&it, &reply, "deletedCount"));
+  assert_int_equal(bson_iter_as_int64(&it), 1);
+  bson_destroy(&reply);
+  bson_destroy(dq);
+  assert_true(mongoc_collection_delete_many(c, q, NULL, &reply, &error));
+  assert_true(bson_iter_init_find(&it, &reply, "deletedCount"));
+  assert_int_equal(bson_iter_as_int64(&it), 2);
+  bson_destroy(&reply);
+  bson_destroy(q);
+  mongoc_collection_destroy(c);
+}
+
+static void test_find_and_modify(void **state) {
+  mongoc_collection_t *c = coll("fam");
+  bson_error_t error;
+  bson_t reply;
+  bson_iter_t it, v;
+  insert(c, "{\"_id\": 1, \"k\": 1, \"s\": \"PENDING\"}");
+  insert(c, "{\"_id\": 2, \"k\": 2, \"s\": \"PENDING\"}");
+  bson_t *q = J("{\"s\": \"PENDING\"}"), *sort = J("{\"k\": -1}"), *u = J("{\"$set\": {\"s\": \"TAKEN\"}}");
+  mongoc_find_and_modify_opts_t *opts = mongoc_find_and_modify_opts_new();
+  mongoc_find_and_modify_opts_set_sort(opts, sort);
+  mongoc_find_and_modify_opts_set_update(opts, u);
+  mongoc_find_and_modify_opts_set_flags(opts, MONGOC_FIND_AND_MODIFY_RETURN_NEW);
+  assert_true(mongoc_collection_find_and_modify_with_opts(c, q, opts, &reply, &error));
+  assert_true(bson_iter_init_find(&it, &reply, "value") && bson_iter_recurse(&it, &v));
+  assert_true(bson_iter_find(&v, "_id"));
+  assert_int_equal(bson_iter_int32(&v), 2);
+  assert_true(bson_iter_init_find(&it, &reply, "value") && bson_iter_recurse(&it, &v));
+  assert_true(bson_iter_find(&v, "s"));
+  assert_string_equal(bson_iter_utf8(&v, NULL), "TAKEN");
+  bson_destroy(&reply);
+  mongoc_find_and_modify_opts_destroy(opts);
+  /* remove returns the removed document */
+  opts = mongoc_find_and_modify_opts_new();
+  mongoc_find_and_modify_opts_set_flags(opts, MONGOC_FIND_AND_MODIFY_REMOVE);
+  assert_true(mongoc_collection_find_and_modify_with_opts(c, q, opts, &reply, &error));
+  assert_true(bson_iter_init_find(&it, &reply, "value") && bson_iter_recurse(&it, &v));
+  assert_true(bson_iter_find(&v, "_id"));
+  assert_int_equal(bson_iter_int32(&v), 1);
+  bson_destroy(&reply);
+  mongoc_find_and_modify_opts_destroy(opts);
+  expect_find(c, "{}", NULL, "2");
+  bson_destroy(q);
+  bson_destroy(sort);
+  bson_destroy(u);
+  mongoc_collection_destroy(c);
+}
+
+static void test_count_distinct_aggregate(void **state) {
+  mongoc_collection_t *c = coll("agg");
+  bson_error_t error;
+  insert(c, "{\"k\": 1, \"org\": \"a\", \"v\": 10}");
+  insert(c, "{\"k\": 2, \"org\": \"a\", \"v\": 5}");
+  insert(c, "{\"k\": 3, \"org\": \"b\", \"v\": 1}");
+  bson_t *q = J("{\"org\": \"a\"}");
+  assert_int_equal(mongoc_collection_count_documents(c, q, NULL, NULL, NULL, &error), 2);
+  bson_t *none = J("{\"org\": \"zz\"}");
+  assert_int_equal(mongoc_collection_count_documents(c, none, NULL, NULL, NULL, &error), 0);
+  bson_t *cmd = BCON_NEW("distinct", "agg", "key", "org");
+  bson_t reply;
+  assert_true(mongoc_collection_read_command_with_opts(c, cmd, NULL, NULL, &reply, &error));
+  bson_iter_t it, arr;
+  assert_true(bson_iter_init_find(&it, &reply, "values") && bson_iter_recurse(&it, &arr));
+  int n = 0;
+  while (bson_iter_next(&arr)) n++;
+  assert_int_equal(n, 2);
+  bson_destroy(&reply);
+  bson_destroy(cmd);
+  bson_t *pipeline = J("[{\"$match\": {\"v\": {\"$gte\": 5}}}, {\"$group\": {\"_id\": \"$org\", "
+                       "\"total\": {\"$sum\": \"$v\"}}}, {\"$sort\": {\"_id\": 1}}]");
+  mongoc_cursor_t *cur = mongoc_collection_aggregate(c, MONGOC_QUERY_NONE, pipeline, NULL, NULL);
+  const bson_t *doc;
+  assert_true(mongoc_cursor_next(cur, &doc));
+  assert_true(bson_iter_init_find(&it, doc, "total"));
+  assert_int_equal(bson_iter_as_int64(&it), 15);
+  assert_false(mongoc_cursor_next(cur, &doc));
+  assert_false(mongoc_cursor_error(cur, &error));
+  mongoc_cursor_destroy(cur);
+  bson_destroy(pipeline);
+  bson_destroy(q);
+  bson_destroy(none);
+  mongoc_collection_destroy(c);
+}
+
+static void test_collections_and_indexes(void **state) {
+  mongoc_database_t *db = mongoc_client_get_database(g_client, "crud_admin");
+  bson_error_t error;
+  mongoc_collection_t *c = mongoc_database_create_collection(db, "made", NULL, &error);
+  assert_non_null(c);
+  assert_null(mongoc_database_create_collection(db, "made", NULL, &error));
+  assert_int_equal(error.code, 48);
+  create_index(c, "{\"orgId\": 1, \"orderNumber\": 1}", NULL);
+  char **names = mongoc_database_get_collection_names_with_opts(db, NULL, &error);
+  assert_non_null(names);
+  assert_string_equal(names[0], "made");
+  assert_null(names[1]);
+  bson_strfreev(names);
+  mongoc_cursor_t *cur = mongoc_collection_find_indexes_with_opts(c, NULL);
+  const bson_t *doc;
+  int n = 0;
+  bool found = false;
+  while (mongoc_cursor_next(cur, &doc)) {
+    bson_iter_t it;
+    n++;
+    if (bson_iter_init_find(&it, doc, "name") && !strcmp(bson_iter_utf8(&it, NULL), "orgId_1_orderNumber_1"))
+      found = true;
+  }
+  mongoc_cursor_destroy(cur);
+  assert_int_equal(n, 2);
+  assert_true(found);
+  assert_true(mongoc_collection_drop_index(c, "orgId_1_orderNumber_1", &error));
+  assert_true(mongoc_collection_drop(c, &error));
+  assert_false(mongoc_collection_drop(c, &error));
+  assert_int_equal(error.code, 26);
+  mongoc_collection_destroy(c);
+  c = mongoc_database_get_collection(db, "other");
+  insert(c, "{\"a\": 1}");
+  assert_true(mongoc_database_drop(db, &error));
+  names = mongoc_database_get_collection_names_with_opts(db, NULL, &error);
+  assert_null(names[0]);
+  bson_strfreev(names);
+  mongoc_collection_destroy(c);
+  mongoc_database_destroy(db);
+}
+
+static bool try_insert(mongoc_collection_t *c, const char *json, bson_error_t *error) {
+  bson_t *doc = J(json);
+  bool ok = mongoc_collection_insert_one(c, doc, NULL, NULL, error);
+  bson_destroy(doc);
+  return ok;
+}
+
+static void test_unique_compound_partial(void **state) {
+  mongoc_collection_t *c = coll("uniq");
+  bson_error_t error;
+  create_index(c, "{\"orgId\": 1, \"orderNumber\": 1}", "{\"unique\": true}");
+  create_index(c, "{\"orgId\": 1, \"idem\": 1}",
+               "{\"unique\": true, \"partialFilterExpression\": {\"idem\": {\"$exists\": true}}}");
+  assert_true(try_insert(c, "{\"orgId\": \"o1\", \"orderNumber\": 1}", &error));
+  assert_true(try_insert(c, "{\"orgId\": \"o2\", \"orderNumber\": 1}", &error));
+  assert_false(try_insert(c, "{\"orgId\": \"o1\", \"orderNumber\": 1}", &error));
+  assert_int_equal(error.code, 11000);
+  if (!strstr(error.message, "E11000 duplicate key error") ||
+      !strstr(error.message, "dup key: { orgId: \"o1\", orderNumber: 1 }"))
+    fail_msg("got errmsg [%s]", error.message);
+  /* partial: documents without idem never collide; with it they do */
+  assert_true(try_insert(c, "{\"orgId\": \"o1\", \"orderNumber\": 2}", &error));
+  assert_true(try_insert(c, "{\"orgId\": \"o1\", \"orderNumber\": 3, \"idem\": \"x\"}", &error));
+  assert_false(try_insert(c, "{\"orgId\": \"o1\", \"orderNumber\": 4, \"idem\": \"x\"}", &error));
+  assert_int_equal(error.code, 11000);
+  assert_true(try_insert(c, "{\"orgId\": \"o2\", \"orderNumber\": 4, \"idem\": \"x\"}", &error));
+  /* an update into a duplicate is refused too; the numeric key 1.0 equals 1 */
+  bson_t *q = J("{\"orderNumber\": 2}"), *u = J("{\"$set\": {\"orderNumber\": 1.0}}");
+  assert_false(mongoc_collection_update_one(c, q, u, NULL, NULL, &error));
+  assert_int_equal(error.code, 11000);
+  bson_destroy(q);
+  bson_destroy(u);
+  /* creating a unique index over existing duplicates fails */
+  assert_false(try_create_index(c, "{\"orgId\": 1}", "{\"unique\": true}", &error));
+  assert_int_equal(error.code, 11000);
+  mongoc_collection_destroy(c);
+}
+
+static mongoc_collection_t *g_ttl;
+
+static bool ttl_gone(void *ctx) {
+  bson_error_t error;
+  bson_t *f = J("{\"kind\": \"old\"}");
+  int64_t n = mongoc_collection_count_documents(g_ttl, f, NULL, NULL, NULL, &error);
+  bson_destroy(f);
+  return n == 0;
+}
+
+static void test_ttl_with_delete_event(void **state) {
+  g_ttl = coll("ttl");
+  bson_error_t error;
+  create_index(g_ttl, "{\"publishedAt\": 1}",
+               "{\"expireAfterSeconds\": 1, \"partialFilterExpression\": {\"status\": \"PUBLISHED\"}}");
+  mongoc_change_stream_t *cs = mongoc_collection_watch(g_ttl, &(bson_t)BSON_INITIALIZER, NULL);
+  int64_t old = (int64_t)time(NULL) * 1000 - 60000;
+  bson_t *a = BCON_NEW("_id", BCON_INT32(1), "kind", "old", "status", "PUBLISHED", "publishedAt", BCON_DATE_TIME(old));
+  bson_t *b = BCON_NEW("_id", BCON_INT32(2), "kind", "pending", "status", "PENDING", "publishedAt", BCON_DATE_TIME(old));
+  bson_t *d = BCON_NEW("_id", BCON_INT32(3), "kind", "fresh", "status", "PUBLISHED", "publishedAt",
+                       BCON_DATE_TIME((int64_t)time(NULL) * 1000 + 3600000));
+  assert_true(mongoc_collection_insert_one(g_ttl, a, NULL, NULL, &error));
+  assert_true(mongoc_collection_insert_one(g_ttl, b, NULL, NULL, &error));
+  assert_true(mongoc_collection_insert_one(g_ttl, d, NULL, NULL, &error));
+  assert_true(obx_test_wait_for(ttl_gone, NULL, 20000, 50));
+  assert_int_equal(mongoc_collection_estimated_document_count(g_ttl, NULL, NULL, NULL, &error), 2);
+  /* the stream sees three inserts then the TTL delete of _id 1 */
+  const bson_t *ev;
+  int inserts = 0, deletes = 0;
+  int64_t deadline = obx_test_now_ms() + 20000;
+  while (deletes == 0 && obx_test_now_ms() < deadline) {
+    if (!mongoc_change_stream_next(cs, &ev)) continue;
+    bson_iter_t it;
+    assert_true(bson_iter_init_find(&it, ev, "operationType"));
+    if (!strcmp(bson_iter_utf8(&it, NULL), "insert")) inserts++;
+    if (!strcmp(bson_iter_utf8(&it, NULL), "delete")) {
+      deletes++;
+      bson_iter_t k;
+      assert_true(bson_iter_init_find(&it, ev, "documentKey") && bson_iter_recurse(&it, &k) &&
+                  bson_iter_find(&k, "_id"));
+      assert_int_equal(bson_iter_int32(&k), 1);
+    }
+  }
+  assert_int_equal(inserts, 3);
+  assert_int_equal(deletes, 1);
+  mongoc_change_stream_destroy(cs);
+  bson_destroy(a);
+  bson_destroy(b);
+  bson_destroy(d);
+  mongoc_collection_destroy(g_ttl);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_find_filters_sort_projection),
+    cmocka_unit_test(test_cursor_batches),
+    cmocka_unit_test(test_bulk_ordered_unordered),
+    cmocka_unit_test(test_update_upsert_delete),
+    cmocka_unit_test(test_find_and_modify),
+    cmocka_unit_test(test_count_distinct_aggregate),
+    cmocka_unit_test(test_collections_and_indexes),
+    cmocka_unit_test(test_unique_compound_partial),
+    cmocka_unit_test(test_ttl_with_delete_event),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
