@@ -176,7 +176,7 @@ obx_test_httpd_t *obx_test_httpd_start(void) {
   pthread_mutex_init(&httpd->mu, NULL);
   struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = 0};
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  httpd->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
+  httpd->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION,
                                    0, NULL, NULL, handle, httpd, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                                    MHD_OPTION_NOTIFY_COMPLETED, completed, httpd, MHD_OPTION_CONNECTION_TIMEOUT,
                                    (unsigned)30, MHD_OPTION_END);

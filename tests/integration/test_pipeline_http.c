@@ -1,0 +1,208 @@
+/* test_pipeline_http.c - http-request nodes against the scripted local HTTP server
+ *
+ * Each case runs a start -> call pipeline whose call hits one scripted path of the stub on
+ * 127.0.0.1 and checks the run status, the failure class and the step recorded. The stub is
+ * on loopback, so the egress policy allows 127.0.0.0/8 explicitly; one case proves that
+ * without that allowance the same URL is refused before any request reaches the server. */
+#include "obx_test.h"
+#include "obx_test_httpd.h"
+#include "obx/obx_pipeline.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TIMEOUT_MS 1500
+#define MAX_BYTES 4096
+
+static obx_test_httpd_t *httpd;
+
+static int setup(void **state) {
+  httpd = obx_test_httpd_start();
+  return httpd ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  obx_test_httpd_stop(httpd);
+  return 0;
+}
+
+static const char *doc_str(const bson_t *doc, const char *path) {
+  bson_iter_t it, v;
+  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_UTF8(&v)) return NULL;
+  return bson_iter_utf8(&v, NULL);
+}
+
+static int64_t doc_int(const bson_t *doc, const char *path) {
+  bson_iter_t it, v;
+  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_NUMBER(&v)) return -1;
+  return bson_iter_as_int64(&v);
+}
+
+static obx_pipeline_t *call_pipeline(const char *url, const char *on_error) {
+  char json[2048];
+  snprintf(json, sizeof json,
+           "{\"trigger\": \"order.post\", \"nodes\": ["
+           "{\"id\": \"start\", \"type\": \"start\"},"
+           "{\"id\": \"call\", \"type\": \"http-request\", \"onError\": \"%s\", \"config\": {"
+           "  \"method\": \"POST\", \"url\": \"%s\","
+           "  \"headers\": {\"X-Order\": \"{{orderNumber}}\", \"X-Trace\": \"corr-{{event.correlationId}}\"},"
+           "  \"body\": {\"number\": \"{{orderNumber}}\", \"total\": \"{{order.totalAmount}}\", \"items\": \"{{order.items}}\"}}},"
+           "{\"id\": \"ok\", \"type\": \"log\", \"config\": {\"message\": \"sent {{orderNumber}}: {{steps.call.output.body.id}}\"}},"
+           "{\"id\": \"failed\", \"type\": \"log\", \"config\": {\"message\": \"call failed\"}}],"
+           "\"edges\": [{\"from\": \"start\", \"to\": \"call\"},"
+           "{\"from\": \"call\", \"to\": \"ok\", \"branch\": \"success\"},"
+           "{\"from\": \"call\", \"to\": \"failed\", \"branch\": \"failure\"}]}",
+           on_error, url);
+  obx_pipeline_t *pipeline = NULL;
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_pipeline_parse_json(json, &pipeline, &err)) fail_msg("pipeline: %s", err.msg);
+  return pipeline;
+}
+
+static bson_t *order_context(void) {
+  bson_error_t berr;
+  bson_t *ctx = bson_new_from_json(
+    (const uint8_t *)"{\"orderNumber\": \"A-1\", \"event\": {\"id\": \"ev-1\", \"correlationId\": \"c-9\"},"
+                     "\"order\": {\"totalAmount\": {\"$numberDecimal\": \"12.50\"}, \"items\": [{\"sku\": \"X\", \"qty\": 2}]}}",
+    -1, &berr);
+  assert_non_null(ctx);
+  return ctx;
+}
+
+static obx_pipeline_run_t *run_against(const char *path, const char *nets, const char *on_error) {
+  obx_egress_t egress;
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_egress_init(&egress, "", nets, 1000, TIMEOUT_MS, MAX_BYTES, &err)) fail_msg("%s", err.msg);
+  obx_pipeline_t *pipeline = call_pipeline(obx_test_httpd_url(httpd, path), on_error);
+  bson_t *ctx = order_context();
+  obx_pipeline_input_t in = {.context = ctx, .org_id = "org-1", .event_id = "ev-1", .correlation_id = "c-9",
+                             .aggregate_type = "Order", .aggregate_id = "o-1", .attempt = 1};
+  obx_pipeline_run_t *run = obx_pipeline_execute(pipeline, &in, &egress);
+  bson_destroy(ctx);
+  obx_pipeline_destroy(pipeline);
+  obx_egress_cleanup(&egress);
+  return run;
+}
+
+static void test_success(void **state) {
+  obx_test_httpd_route_t route = {.path = "/ok", .status = 201, .body = "{\"id\": \"erp-77\", \"accepted\": true}"};
+  obx_test_httpd_route(httpd, &route);
+  int before = obx_test_httpd_nrequests(httpd);
+  obx_pipeline_run_t *run = run_against("/ok", "127.0.0.0/8", "abort");
+  const bson_t *exec = obx_pipeline_run_execution(run);
+  if (obx_pipeline_run_status(run) != OBX_PIPELINE_SUCCEEDED) fail_msg("got %s: %s", doc_str(exec, "status"), doc_str(exec, "error"));
+  assert_int_equal(doc_int(exec, "steps.1.output.status"), 201);
+  assert_string_equal(doc_str(exec, "steps.1.output.body.id"), "erp-77");
+  assert_string_equal(doc_str(exec, "steps.2.nodeId"), "ok");
+  assert_string_equal(doc_str(exec, "steps.2.output.message"), "sent A-1: erp-77");
+  assert_true(doc_int(exec, "steps.1.durationMs") >= 0);
+
+  /* what the server received: templated headers and a JSON body with the types kept */
+  obx_test_httpd_request_t req;
+  assert_int_equal(obx_test_httpd_nrequests(httpd), before + 1);
+  assert_true(obx_test_httpd_request(httpd, before, &req));
+  assert_string_equal(req.method, "POST");
+  assert_string_equal(req.path, "/ok");
+  assert_string_equal(obx_test_httpd_request_header(&req, "x-order"), "A-1");
+  assert_string_equal(obx_test_httpd_request_header(&req, "x-trace"), "corr-c-9");
+  assert_string_equal(obx_test_httpd_request_header(&req, "content-type"), "application/json");
+  assert_string_equal(req.body, "{\"number\":\"A-1\",\"total\":12.50,\"items\":[{\"sku\":\"X\",\"qty\":2}]}");
+  obx_test_httpd_request_cleanup(&req);
+  obx_pipeline_run_destroy(run);
+}
+
+static void test_failure_table(void **state) {
+  static const struct {
+    const char *name;
+    obx_test_httpd_route_t route;
+    obx_failure_class_t want_class;
+    const char *want_error;
+  } cases[] = {
+    {"500", {.path = "/e500", .status = 500, .body = "{}"}, OBX_FAILURE_TRANSIENT, "HTTP 500 from"},
+    {"503", {.path = "/e503", .status = 503}, OBX_FAILURE_TRANSIENT, "HTTP 503"},
+    {"429", {.path = "/e429", .status = 429}, OBX_FAILURE_TRANSIENT, "HTTP 429"},
+    {"404", {.path = "/e404", .status = 404}, OBX_FAILURE_TERMINAL, "HTTP 404"},
+    {"400", {.path = "/e400", .status = 400}, OBX_FAILURE_TERMINAL, "HTTP 400"},
+    {"timeout", {.path = "/slow-answer", .delay_ms = 10000}, OBX_FAILURE_TRANSIENT, "Timeout was reached"},
+    {"slow body", {.path = "/slow-body", .body = "{\"a\":1}", .body_bytes = 4000, .chunk_delay_ms = 200, .chunk_bytes = 16},
+     OBX_FAILURE_TRANSIENT, "Timeout was reached"},
+    {"redirect", {.path = "/moved", .status = 302, .location = "/ok-elsewhere"}, OBX_FAILURE_TERMINAL,
+     "HTTP 302 redirect to http://127.0.0.1"},
+    {"oversized", {.path = "/big", .body = "0123456789", .body_bytes = 100000}, OBX_FAILURE_TERMINAL,
+     "response larger than 4096 bytes"},
+    {"oversized chunked", {.path = "/big-chunked", .body = "0123456789", .body_bytes = 100000, .chunked = true},
+     OBX_FAILURE_TERMINAL, "response larger than 4096 bytes"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    obx_test_httpd_route(httpd, &cases[i].route);
+    int64_t t0 = obx_test_now_ms();
+    obx_pipeline_run_t *run = run_against(cases[i].route.path, "127.0.0.0/8", "abort");
+    int64_t elapsed = obx_test_now_ms() - t0;
+    const bson_t *exec = obx_pipeline_run_execution(run);
+    const char *error = doc_str(exec, "steps.1.error");
+    if (obx_pipeline_run_status(run) != OBX_PIPELINE_FAILED) fail_msg("%s: got %s, want FAILED", cases[i].name, doc_str(exec, "status"));
+    if (obx_pipeline_run_failure_class(run) != cases[i].want_class)
+      fail_msg("%s: got class %s, want %s (%s)", cases[i].name, obx_failure_class_name(obx_pipeline_run_failure_class(run)),
+               obx_failure_class_name(cases[i].want_class), error);
+    if (!error || !strstr(error, cases[i].want_error)) fail_msg("%s: got error \"%s\", want \"%s\"", cases[i].name, error, cases[i].want_error);
+    assert_string_equal(doc_str(exec, "failureClass"), obx_failure_class_name(cases[i].want_class));
+    assert_string_equal(doc_str(exec, "steps.1.failureClass"), obx_failure_class_name(cases[i].want_class));
+    assert_null(doc_str(exec, "steps.2.nodeId")); /* abort: nothing after the failed step */
+    /* timeouts are bounded by the total timeout, not by the server's delay */
+    if (elapsed > TIMEOUT_MS + 3000) fail_msg("%s: took %lld ms, want about %d", cases[i].name, (long long)elapsed, TIMEOUT_MS);
+    obx_pipeline_run_destroy(run);
+  }
+}
+
+/* A redirect is never followed: the target path receives no request. */
+static void test_redirect_not_followed(void **state) {
+  obx_test_httpd_route_t moved = {.path = "/to-private", .status = 307, .location = "http://169.254.169.254/latest/meta-data/"};
+  obx_test_httpd_route(httpd, &moved);
+  int before = obx_test_httpd_nrequests(httpd);
+  obx_pipeline_run_t *run = run_against("/to-private", "127.0.0.0/8", "abort");
+  assert_int_equal(obx_pipeline_run_failure_class(run), OBX_FAILURE_TERMINAL);
+  assert_non_null(strstr(obx_pipeline_run_error(run)->msg, "redirect to http://169.254.169.254/latest/meta-data/ refused"));
+  assert_int_equal(obx_test_httpd_nrequests(httpd), before + 1);
+  obx_pipeline_run_destroy(run);
+}
+
+/* The same loopback URL without EGRESS_ALLOW_NETWORKS: refused, the server never called. */
+static void test_loopback_refused_without_allowance(void **state) {
+  obx_test_httpd_route_t route = {.path = "/ok", .status = 200, .body = "{}"};
+  obx_test_httpd_route(httpd, &route);
+  int before = obx_test_httpd_nrequests(httpd);
+  obx_pipeline_run_t *run = run_against("/ok", "", "abort");
+  assert_int_equal(obx_pipeline_run_status(run), OBX_PIPELINE_FAILED);
+  assert_int_equal(obx_pipeline_run_failure_class(run), OBX_FAILURE_TERMINAL);
+  const char *error = doc_str(obx_pipeline_run_execution(run), "steps.1.error");
+  if (!error || !strstr(error, "egress refused: 127.0.0.1 is loopback"))
+    fail_msg("got \"%s\", want a loopback refusal", error ? error : "(null)");
+  assert_int_equal(obx_test_httpd_nrequests(httpd), before);
+  obx_pipeline_run_destroy(run);
+}
+
+/* onError continue: the failure branch runs and the run succeeds. */
+static void test_continue_takes_failure_branch(void **state) {
+  obx_test_httpd_route_t route = {.path = "/down", .status = 502};
+  obx_test_httpd_route(httpd, &route);
+  obx_pipeline_run_t *run = run_against("/down", "127.0.0.0/8", "continue");
+  const bson_t *exec = obx_pipeline_run_execution(run);
+  assert_int_equal(obx_pipeline_run_status(run), OBX_PIPELINE_SUCCEEDED);
+  assert_string_equal(doc_str(exec, "steps.1.status"), "FAILED");
+  assert_string_equal(doc_str(exec, "steps.1.failureClass"), "transient");
+  assert_string_equal(doc_str(exec, "steps.2.nodeId"), "failed");
+  assert_null(doc_str(exec, "steps.3.nodeId"));
+  obx_pipeline_run_destroy(run);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_success),
+    cmocka_unit_test(test_failure_table),
+    cmocka_unit_test(test_redirect_not_followed),
+    cmocka_unit_test(test_loopback_refused_without_allowance),
+    cmocka_unit_test(test_continue_takes_failure_branch),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
