@@ -9,8 +9,9 @@
  * Transactions go through obx_mongo_transaction, a wrapper over
  * mongoc_client_session_with_transaction with majority write concern: the driver retries the
  * whole callback on TransientTransactionError and the commit on
- * UnknownTransactionCommitResult (for up to 120 s); the wrapper counts committed, retried
- * (extra callback runs) and failed transactions for /metrics. Thread-safe. */
+ * UnknownTransactionCommitResult (for up to 120 s); the wrapper counts transactions in
+ * /metrics: outboxd_mongo_transactions_total{result="committed"|"failed"} and
+ * outboxd_mongo_transaction_retries_total (extra runs of the body). Thread-safe. */
 #ifndef OBX_MONGO_H
 #define OBX_MONGO_H
 
@@ -69,10 +70,6 @@ typedef bool (*obx_mongo_txn_fn_t)(mongoc_client_session_t *session, void *ctx, 
  * On failure err carries fn's own error when fn failed last (e.g. a duplicate key), otherwise
  * the driver's (commit failure, timeout, network), wrapped with obx_err_from_bson. */
 bool obx_mongo_transaction(obx_mongo_t *mongo, obx_mongo_txn_fn_t fn, void *ctx, obx_err_t *err);
-
-/* Transaction counters since start (any pointer may be NULL). */
-void obx_mongo_txn_counts(const obx_mongo_t *mongo, uint64_t *committed, uint64_t *retried,
-                          uint64_t *failed);
 
 /* Sends {ping: 1} to the deployment through a dedicated single-threaded client that tries
  * each server once (connectTimeoutMS 2000 unless the URI sets it), so it answers within

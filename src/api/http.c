@@ -23,6 +23,7 @@
 
 #include "obx/obx_auth.h"
 #include "obx/obx_log.h"
+#include "obx/obx_metrics.h"
 
 #define HTTP_MAX_SEGMENTS 16
 #define HTTP_MAX_HEADERS 8
@@ -61,6 +62,8 @@ struct obx_http_req {
   char *body;
   size_t len, cap;
   bool too_large;
+  int64_t start_ns;
+  const char *route;                     /* the matched pattern (metrics label) */
   const char *org;
   char *path_copy;                       /* path split at '/', params point into it */
   const char *param_names[HTTP_MAX_SEGMENTS];
@@ -300,6 +303,7 @@ static void http_dispatch(obx_http_t *http, obx_http_req_t *req, obx_http_resp_t
     obx_http_reply_problem(resp, 405, "Method not allowed", "see the Allow header", NULL);
     return;
   case MATCH_OK:
+    req->route = route.pattern;
     break;
   }
   if (route.permission && !http_authorize(http, req, route.permission, resp)) return;
@@ -308,6 +312,37 @@ static void http_dispatch(obx_http_t *http, obx_http_req_t *req, obx_http_resp_t
     obx_error("handler %s %s set no response", route.method, route.pattern);
     obx_http_reply_problem(resp, 500, "Internal error", "the request failed; see the server log", NULL);
   }
+}
+
+/* ---- metrics ------------------------------------------------------------------------------ */
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Requests by route pattern (not the raw path: ids would explode the series), method and
+ * status; latency by route. */
+static void http_observe(const obx_http_req_t *req, int status) {
+  static const double buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+  char code[8];
+  const char *route = req->route ? req->route : "unmatched";
+  snprintf(code, sizeof code, "%d", status);
+  obx_counter_inc(obx_metrics_counter("outboxd_http_requests_total", "HTTP requests by route, method and status",
+                                      "route,method,status"),
+                  route, req->method, code);
+  obx_histogram_observe(obx_metrics_histogram("outboxd_http_request_duration_seconds",
+                                              "HTTP request latency from first byte to response, by route", "route",
+                                              buckets, (int)(sizeof buckets / sizeof buckets[0])),
+                        (double)(now_ns() - req->start_ns) / 1e9, route);
+}
+
+static void http_metrics(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
+  size_t len;
+  char *text = obx_metrics_render(&len);
+  obx_http_reply(resp, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
+  free(text);
 }
 
 /* ---- MHD callbacks ------------------------------------------------------------------------ */
@@ -331,6 +366,7 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, c
     req->conn = conn;
     req->method = method;
     req->path = url;
+    req->start_ns = now_ns();
     *con_cls = req;
     const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (!cl || strtoull(cl, NULL, 10) <= http->max_body) return MHD_YES;
@@ -357,6 +393,7 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, c
   obx_http_resp_t resp = {0};
   http_dispatch(http, req, &resp);
   obx_debug("%s %s -> %d", method, url, resp.status);
+  http_observe(req, resp.status);
   enum MHD_Result ret = http_queue(conn, &resp);
   resp_cleanup(&resp);
   return ret;
@@ -427,6 +464,7 @@ obx_http_t *obx_http_new(const obx_conf_t *conf, obx_err_t *err) {
   pthread_rwlock_init(&http->lock, NULL);
   obx_http_route(http, "GET", "/healthz", NULL, http_healthz, http);
   obx_http_route(http, "GET", "/readyz", NULL, http_readyz, http);
+  obx_http_route(http, "GET", "/metrics", NULL, http_metrics, http);
   return http;
 }
 

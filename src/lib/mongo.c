@@ -2,16 +2,16 @@
  *
  * DESIGN: a thin layer over mongoc_client_pool_t (see obx_mongo.h). mongoc_init runs once per
  * process (pthread_once); driver logs go through obx_log_route_mongoc. The pool connects
- * lazily, so obx_mongo_new succeeds while MongoDB is down. Transaction counters are atomics
- * read by /metrics. Reads mongo.uri and mongo.db. */
+ * lazily, so obx_mongo_new succeeds while MongoDB is down. Transactions are counted in the
+ * process-wide metrics registry. Reads mongo.uri and mongo.db. */
 #include "obx/obx_mongo.h"
 
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "obx/obx_log.h"
+#include "obx/obx_metrics.h"
 
 #define OBX_MONGO_SELECTION_TIMEOUT_MS 5000
 #define OBX_MONGO_PROBE_CONNECT_TIMEOUT_MS 2000
@@ -22,7 +22,6 @@ struct obx_mongo {
   mongoc_client_t *probe;     /* single-threaded client for obx_mongo_ping, under probe_mu */
   pthread_mutex_t probe_mu;
   char *db;
-  atomic_uint_fast64_t committed, retried, failed;
 };
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
@@ -219,20 +218,19 @@ bool obx_mongo_transaction(obx_mongo_t *mongo, obx_mongo_txn_fn_t fn, void *ctx,
     obx_err_prefix(err, "transaction");
   }
 done:
-  if (txn.runs > 1) atomic_fetch_add(&mongo->retried, (uint64_t)(txn.runs - 1));
-  atomic_fetch_add(ok ? &mongo->committed : &mongo->failed, 1);
+  obx_counter_inc(obx_metrics_counter("outboxd_mongo_transactions_total",
+                                      "MongoDB transactions by outcome (committed, failed)", "result"),
+                  ok ? "committed" : "failed");
+  if (txn.runs > 1)
+    obx_counter_add(obx_metrics_counter("outboxd_mongo_transaction_retries_total",
+                                        "Transaction bodies run again after a transient error", NULL),
+                    txn.runs - 1);
   bson_destroy(&reply);
   mongoc_client_session_destroy(session);
   mongoc_transaction_opts_destroy(topts);
   mongoc_write_concern_destroy(wc);
   obx_mongo_push(mongo, client);
   return ok;
-}
-
-void obx_mongo_txn_counts(const obx_mongo_t *mongo, uint64_t *committed, uint64_t *retried, uint64_t *failed) {
-  if (committed) *committed = atomic_load(&mongo->committed);
-  if (retried) *retried = atomic_load(&mongo->retried);
-  if (failed) *failed = atomic_load(&mongo->failed);
 }
 
 bool obx_mongo_ping(obx_mongo_t *mongo, obx_err_t *err) {

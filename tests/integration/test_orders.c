@@ -57,15 +57,37 @@ static bool find_one(const char *coll, const char *field, const char *value, bso
   return found;
 }
 
-static void failpoint(const char *json) {
+/* Runs configureFailPoint; returns the reply's count: how often the previous configuration
+ * of the fail point fired. */
+static int64_t failpoint(const char *json) {
   bson_t cmd, reply;
   bson_error_t berr;
+  bson_iter_t it;
   assert_true(bson_init_from_json(&cmd, json, -1, &berr));
   bool ok = mongoc_client_command_simple(client, "admin", &cmd, NULL, &reply, &berr);
   if (!ok) print_error("configureFailPoint: %s\n", berr.message);
   assert_true(ok);
+  int64_t fired = bson_iter_init_find(&it, &reply, "count") ? bson_iter_as_int64(&it) : -1;
   bson_destroy(&reply);
   bson_destroy(&cmd);
+  return fired;
+}
+
+static int64_t failpoint_off(void) {
+  return failpoint("{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}");
+}
+
+/* The value of an unlabelled metric in outboxd's /metrics (0 when absent). */
+static double metric(const char *name) {
+  obx_test_http_resp_t resp;
+  char needle[128];
+  double v = 0;
+  assert_true(obx_test_http(outboxd.port, "GET", "/metrics", NULL, NULL, NULL, &resp));
+  snprintf(needle, sizeof needle, "\n%s ", name);
+  const char *p = strstr(resp.body, needle);
+  if (p) v = strtod(p + strlen(needle), NULL);
+  obx_test_http_resp_cleanup(&resp);
+  return v;
 }
 
 static void post_order(const char *key, const char *body, const char *idem_key, obx_test_http_resp_t *resp) {
@@ -345,6 +367,7 @@ static void test_commit_failure_writes_nothing(void **state) {
     print_error("failed commit: got %ld %s, want 5xx\n", resp.status, resp.body);
     fail();
   }
+  assert_int_equal(failpoint_off(), 1);
   assert_int_equal(count("orders", "{\"orderNumber\": \"FAIL-1\"}"), 0);
   assert_int_equal(count("outbox", "{\"payload.orderNumber\": \"FAIL-1\"}"), 0);
   obx_test_http_resp_cleanup(&resp);
@@ -354,26 +377,31 @@ static void test_commit_failure_writes_nothing(void **state) {
 static void test_transient_errors_retried(void **state) {
   static const struct {
     const char *number, *failpoint;
+    int body_reruns; /* TransientTransactionError reruns the body; a commit retry does not */
   } cases[] = {
     {"RETRY-COMMIT-TRANSIENT",
      "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"failCommands\": "
-     "[\"commitTransaction\"], \"errorCode\": 112, \"errorLabels\": [\"TransientTransactionError\"]}}"},
+     "[\"commitTransaction\"], \"errorCode\": 112, \"errorLabels\": [\"TransientTransactionError\"]}}", 1},
     {"RETRY-COMMIT-UNKNOWN",
      "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"failCommands\": "
-     "[\"commitTransaction\"], \"errorCode\": 91, \"errorLabels\": [\"UnknownTransactionCommitResult\"]}}"},
+     "[\"commitTransaction\"], \"errorCode\": 91, \"errorLabels\": [\"UnknownTransactionCommitResult\"]}}", 0},
     {"RETRY-INSERT-TRANSIENT",
      "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"failCommands\": "
-     "[\"insert\"], \"errorCode\": 112, \"errorLabels\": [\"TransientTransactionError\"]}}"},
+     "[\"insert\"], \"errorCode\": 112, \"errorLabels\": [\"TransientTransactionError\"]}}", 1},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char body[256], filter[128];
     snprintf(body, sizeof body, "{\"customerEmail\": \"t@b.co\", \"amount\": \"2.00\", \"orderNumber\": \"%s\"}",
              cases[i].number);
+    double reruns = metric("outboxd_mongo_transaction_retries_total");
     failpoint(cases[i].failpoint);
     obx_test_http_resp_t resp;
     post_order(key_acme, body, NULL, &resp);
-    if (resp.status != 201) {
-      print_error("%s: got %ld %s, want 201\n", cases[i].number, resp.status, resp.body);
+    int64_t fired = failpoint_off();
+    double got_reruns = metric("outboxd_mongo_transaction_retries_total") - reruns;
+    if (resp.status != 201 || fired != 1 || got_reruns != cases[i].body_reruns) {
+      print_error("%s: got %ld %s, fail point fired %lld, body reruns %g; want 201, 1, %d\n", cases[i].number,
+                  resp.status, resp.body, (long long)fired, got_reruns, cases[i].body_reruns);
       fail();
     }
     snprintf(filter, sizeof filter, "{\"orderNumber\": \"%s\"}", cases[i].number);
