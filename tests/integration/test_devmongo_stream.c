@@ -1,0 +1,464 @@
+/* test_devmongo_stream.c - devmongod change streams via libmongoc
+ *
+ * DESIGN: one devmongod per group (a second, with a tiny oplog, for the history-lost case).
+ * Streams are opened with mongoc_collection_watch / mongoc_database_watch exactly as the
+ * relay does; waiting is bounded by maxAwaitTimeMS and obx_test deadlines, never by sleeps. */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "obx_test.h"
+#include "obx_test_mongo.h"
+
+static obx_test_mongo_t g_m;
+static mongoc_client_t *g_client;
+
+static int setup(void **state) {
+  if (!obx_test_mongo_start(&g_m, NULL)) return -1;
+  g_client = obx_test_mongo_client(&g_m, NULL, NULL);
+  return g_client ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  mongoc_client_destroy(g_client);
+  obx_test_mongo_stop(&g_m);
+  return 0;
+}
+
+static bson_t *J(const char *json) {
+  bson_error_t error;
+  bson_t *b = bson_new_from_json((const uint8_t *)json, -1, &error);
+  if (!b) fail_msg("bad json %s: %s", json, error.message);
+  return b;
+}
+
+static void run_ok(mongoc_collection_t *c, const char *what, bool ok, const bson_error_t *error) {
+  if (!ok) fail_msg("%s on %s: %s", what, mongoc_collection_get_name(c), error->message);
+}
+
+static void insert(mongoc_collection_t *c, const char *json) {
+  bson_error_t error;
+  bson_t *doc = J(json);
+  run_ok(c, "insert", mongoc_collection_insert_one(c, doc, NULL, NULL, &error), &error);
+  bson_destroy(doc);
+}
+
+static mongoc_change_stream_t *watch(mongoc_collection_t *c, const char *pipeline, const char *opts) {
+  bson_t *p = J(pipeline ? pipeline : "{\"pipeline\": []}"), *o = opts ? J(opts) : NULL;
+  mongoc_change_stream_t *cs = mongoc_collection_watch(c, p, o);
+  bson_destroy(p);
+  bson_destroy(o);
+  const bson_t *err_doc;
+  bson_error_t error;
+  if (mongoc_change_stream_error_document(cs, &error, &err_doc)) fail_msg("watch: %s", error.message);
+  return cs;
+}
+
+/* Next event within timeout_ms (copied, caller destroys), or NULL. */
+static bson_t *next_event(mongoc_change_stream_t *cs, int timeout_ms) {
+  int64_t deadline = obx_test_now_ms() + timeout_ms;
+  const bson_t *ev;
+  bson_error_t error;
+  const bson_t *err_doc;
+  do {
+    if (mongoc_change_stream_next(cs, &ev)) return bson_copy(ev);
+    if (mongoc_change_stream_error_document(cs, &error, &err_doc)) {
+      print_message("stream error: %s (code %u)\n", error.message, error.code);
+      return NULL;
+    }
+  } while (obx_test_now_ms() < deadline);
+  return NULL;
+}
+
+static const char *str_at(const bson_t *doc, const char *path) {
+  bson_iter_t it, f;
+  if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, path, &f) && BSON_ITER_HOLDS_UTF8(&f))
+    return bson_iter_utf8(&f, NULL);
+  return "";
+}
+
+static int64_t int_at(const bson_t *doc, const char *path) {
+  bson_iter_t it, f;
+  if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, path, &f) && BSON_ITER_HOLDS_NUMBER(&f))
+    return bson_iter_as_int64(&f);
+  return -999;
+}
+
+static bool has(const bson_t *doc, const char *path) {
+  bson_iter_t it, f;
+  return bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, path, &f);
+}
+
+static void expect_op(const bson_t *ev, const char *op, int id) {
+  assert_non_null(ev);
+  if (strcmp(str_at(ev, "operationType"), op) || int_at(ev, "documentKey._id") != id) {
+    char *json = bson_as_relaxed_extended_json(ev, NULL);
+    fail_msg("got event %s, want %s of _id %d", json, op, id);
+  }
+}
+
+static void test_event_shapes(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "cs", "shapes");
+  bson_error_t error;
+  mongoc_change_stream_t *cs = watch(c, NULL, "{\"maxAwaitTimeMS\": 200}");
+  insert(c, "{\"_id\": 1, \"a\": 1, \"b\": 2, \"arr\": [1, 2, 3]}");
+  bson_t *q = J("{\"_id\": 1}"), *u = J("{\"$set\": {\"a\": 5}, \"$unset\": {\"b\": \"\"}}");
+  run_ok(c, "update", mongoc_collection_update_one(c, q, u, NULL, NULL, &error), &error);
+  bson_t *r = J("{\"z\": 1}");
+  run_ok(c, "replace", mongoc_collection_replace_one(c, q, r, NULL, NULL, &error), &error);
+  run_ok(c, "delete", mongoc_collection_delete_one(c, q, NULL, NULL, &error), &error);
+  bson_t *ev = next_event(cs, 10000);
+  expect_op(ev, "insert", 1);
+  assert_true(strlen(str_at(ev, "_id._data")) > 0);
+  bson_iter_t it;
+  assert_true(bson_iter_init_find(&it, ev, "clusterTime") && BSON_ITER_HOLDS_TIMESTAMP(&it));
+  assert_true(bson_iter_init_find(&it, ev, "wallTime") && BSON_ITER_HOLDS_DATE_TIME(&it));
+  assert_string_equal(str_at(ev, "ns.db"), "cs");
+  assert_string_equal(str_at(ev, "ns.coll"), "shapes");
+  assert_int_equal(int_at(ev, "fullDocument.b"), 2);
+  assert_false(has(ev, "lsid"));
+  bson_destroy(ev);
+  ev = next_event(cs, 10000);
+  expect_op(ev, "update", 1);
+  assert_int_equal(int_at(ev, "updateDescription.updatedFields.a"), 5);
+  assert_string_equal(str_at(ev, "updateDescription.removedFields.0"), "b");
+  assert_true(has(ev, "updateDescription.truncatedArrays"));
+  assert_false(has(ev, "fullDocument"));
+  bson_destroy(ev);
+  ev = next_event(cs, 10000);
+  expect_op(ev, "replace", 1);
+  assert_int_equal(int_at(ev, "fullDocument.z"), 1);
+  bson_destroy(ev);
+  ev = next_event(cs, 10000);
+  expect_op(ev, "delete", 1);
+  bson_destroy(ev);
+  mongoc_change_stream_destroy(cs);
+  bson_destroy(q);
+  bson_destroy(u);
+  bson_destroy(r);
+  mongoc_collection_destroy(c);
+}
+
+static void test_update_lookup_and_match(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "cs", "lookup");
+  bson_error_t error;
+  mongoc_change_stream_t *look = watch(c, NULL, "{\"fullDocument\": \"updateLookup\", \"maxAwaitTimeMS\": 200}");
+  mongoc_change_stream_t *only = watch(
+    c, "{\"pipeline\": [{\"$match\": {\"operationType\": \"update\", \"fullDocument.s\": {\"$ne\": 1}}}, "
+       "{\"$project\": {\"documentKey\": 1, \"operationType\": 1}}]}",
+    "{\"fullDocument\": \"updateLookup\", \"maxAwaitTimeMS\": 200}");
+  insert(c, "{\"_id\": 1, \"s\": 0}");
+  bson_t *q = J("{\"_id\": 1}"), *u = J("{\"$inc\": {\"s\": 2}}");
+  run_ok(c, "update", mongoc_collection_update_one(c, q, u, NULL, NULL, &error), &error);
+  bson_t *ev = next_event(look, 10000);
+  expect_op(ev, "insert", 1);
+  bson_destroy(ev);
+  ev = next_event(look, 10000);
+  expect_op(ev, "update", 1);
+  assert_int_equal(int_at(ev, "fullDocument.s"), 2);
+  bson_destroy(ev);
+  ev = next_event(only, 10000);
+  expect_op(ev, "update", 1);
+  assert_false(has(ev, "ns"));           /* projected away */
+  assert_true(has(ev, "_id._data"));     /* the token survives */
+  bson_destroy(ev);
+  mongoc_change_stream_destroy(look);
+  mongoc_change_stream_destroy(only);
+  bson_destroy(q);
+  bson_destroy(u);
+  mongoc_collection_destroy(c);
+}
+
+static void test_transaction_events(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "cs", "txn");
+  bson_error_t error;
+  mongoc_change_stream_t *cs = watch(c, NULL, "{\"maxAwaitTimeMS\": 200}");
+  mongoc_client_session_t *sess = mongoc_client_start_session(g_client, NULL, &error);
+  bson_t *opts = bson_new();
+  assert_true(mongoc_client_session_append(sess, opts, &error));
+  assert_true(mongoc_client_session_start_transaction(sess, NULL, &error));
+  bson_t *a = J("{\"_id\": 1}"), *b = J("{\"_id\": 2}");
+  run_ok(c, "insert", mongoc_collection_insert_one(c, a, opts, NULL, &error), &error);
+  insert(c, "{\"_id\": 10}"); /* outside the transaction, committed first */
+  run_ok(c, "insert", mongoc_collection_insert_one(c, b, opts, NULL, &error), &error);
+  assert_true(mongoc_client_session_commit_transaction(sess, NULL, &error));
+  insert(c, "{\"_id\": 11}");
+  int want[] = {10, 1, 2, 11};
+  for (int i = 0; i < 4; i++) {
+    bson_t *ev = next_event(cs, 10000);
+    expect_op(ev, "insert", want[i]);
+    bool txn = want[i] < 10;
+    assert_int_equal(has(ev, "lsid.id"), txn);
+    if (txn) assert_int_equal(int_at(ev, "txnNumber"), 1);
+    bson_destroy(ev);
+  }
+  mongoc_change_stream_destroy(cs);
+  bson_destroy(a);
+  bson_destroy(b);
+  bson_destroy(opts);
+  mongoc_client_session_destroy(sess);
+  mongoc_collection_destroy(c);
+}
+
+static void test_resume_options(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "cs", "resume");
+  mongoc_change_stream_t *cs = watch(c, NULL, "{\"maxAwaitTimeMS\": 200}");
+  for (int i = 1; i <= 4; i++) {
+    char json[32];
+    snprintf(json, sizeof json, "{\"_id\": %d}", i);
+    insert(c, json);
+  }
+  bson_t *ev1 = next_event(cs, 10000), *ev2 = next_event(cs, 10000);
+  expect_op(ev1, "insert", 1);
+  expect_op(ev2, "insert", 2);
+  mongoc_change_stream_destroy(cs);
+  bson_iter_t it;
+  bson_t token;
+  uint32_t len;
+  const uint8_t *data;
+  assert_true(bson_iter_init_find(&it, ev1, "_id"));
+  bson_iter_document(&it, &len, &data);
+  bson_init_static(&token, data, len);
+  const char *keys[] = {"resumeAfter", "startAfter"};
+  for (int k = 0; k < 2; k++) {
+    bson_t *opts = bson_new();
+    BSON_APPEND_DOCUMENT(opts, keys[k], &token);
+    BSON_APPEND_INT32(opts, "maxAwaitTimeMS", 200);
+    bson_t pipeline = BSON_INITIALIZER;
+    mongoc_change_stream_t *rs = mongoc_collection_watch(c, &pipeline, opts);
+    for (int want = 2; want <= 4; want++) {
+      bson_t *ev = next_event(rs, 10000);
+      expect_op(ev, "insert", want);
+      bson_destroy(ev);
+    }
+    mongoc_change_stream_destroy(rs);
+    bson_destroy(opts);
+  }
+  /* startAtOperationTime: events at or after the given cluster time */
+  uint32_t t, i;
+  assert_true(bson_iter_init_find(&it, ev2, "clusterTime"));
+  bson_iter_timestamp(&it, &t, &i);
+  bson_t *opts = BCON_NEW("startAtOperationTime", BCON_TIMESTAMP(t, i), "maxAwaitTimeMS", BCON_INT32(200));
+  bson_t pipeline = BSON_INITIALIZER;
+  mongoc_change_stream_t *rs = mongoc_collection_watch(c, &pipeline, opts);
+  bson_t *ev = next_event(rs, 10000);
+  expect_op(ev, "insert", 2);
+  bson_destroy(ev);
+  mongoc_change_stream_destroy(rs);
+  bson_destroy(opts);
+  bson_destroy(ev1);
+  bson_destroy(ev2);
+  mongoc_collection_destroy(c);
+}
+
+typedef struct {
+  mongoc_client_pool_t *pool;
+  int delay_ms;
+} delayed_insert_t;
+
+static void *insert_later(void *p) {
+  delayed_insert_t *d = p;
+  struct timespec ts = {d->delay_ms / 1000, (long)(d->delay_ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL); /* the point of the test: the write happens while getMore waits */
+  mongoc_client_t *client = mongoc_client_pool_pop(d->pool);
+  mongoc_collection_t *c = mongoc_client_get_collection(client, "cs", "await");
+  bson_t *doc = BCON_NEW("_id", BCON_INT32(7));
+  mongoc_collection_insert_one(c, doc, NULL, NULL, NULL);
+  bson_destroy(doc);
+  mongoc_collection_destroy(c);
+  mongoc_client_pool_push(d->pool, client);
+  return NULL;
+}
+
+static void test_await_data_timing(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "cs", "await");
+  mongoc_change_stream_t *cs = watch(c, NULL, "{\"maxAwaitTimeMS\": 700}");
+  const bson_t *ev;
+  /* an idle getMore waits about maxAwaitTimeMS, then returns an empty batch */
+  int64_t t0 = obx_test_now_ms();
+  assert_false(mongoc_change_stream_next(cs, &ev));
+  int64_t waited = obx_test_now_ms() - t0;
+  if (waited < 600 || waited > 5000) fail_msg("idle getMore took %lld ms, want ~700", (long long)waited);
+  mongoc_change_stream_destroy(cs);
+  /* a write during the wait is delivered at once, not at the end of the wait */
+  cs = watch(c, NULL, "{\"maxAwaitTimeMS\": 8000}");
+  mongoc_uri_t *uri = mongoc_uri_new(g_m.uri);
+  delayed_insert_t d = {mongoc_client_pool_new(uri), 300};
+  pthread_t th;
+  t0 = obx_test_now_ms();
+  pthread_create(&th, NULL, insert_later, &d);
+  bool got = mongoc_change_stream_next(cs, &ev);
+  waited = obx_test_now_ms() - t0;
+  pthread_join(th, NULL);
+  assert_true(got);
+  expect_op(ev, "insert", 7);
+  if (waited > 6000) fail_msg("event arrived after %lld ms, want soon after the insert", (long long)waited);
+  mongoc_change_stream_destroy(cs);
+  mongoc_client_pool_destroy(d.pool);
+  mongoc_uri_destroy(uri);
+  mongoc_collection_destroy(c);
+}
+
+static void test_post_batch_token_advances(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "cs", "pbrt");
+  mongoc_collection_t *other = mongoc_client_get_collection(g_client, "cs", "pbrt_other");
+  mongoc_change_stream_t *cs = watch(c, NULL, "{\"maxAwaitTimeMS\": 100}");
+  const bson_t *ev;
+  char prev[128] = "";
+  for (int round = 0; round < 3; round++) {
+    assert_false(mongoc_change_stream_next(cs, &ev));
+    const bson_t *tok = mongoc_change_stream_get_resume_token(cs);
+    assert_non_null(tok);
+    char now[128];
+    snprintf(now, sizeof now, "%s", str_at(tok, "_data"));
+    assert_true(strlen(now) > 0);
+    if (strcmp(now, prev) <= 0) fail_msg("token did not advance while idle: %s then %s", prev, now);
+    snprintf(prev, sizeof prev, "%s", now);
+    insert(other, "{}"); /* writes elsewhere move the position too */
+  }
+  mongoc_change_stream_destroy(cs);
+  mongoc_collection_destroy(c);
+  mongoc_collection_destroy(other);
+}
+
+static void test_history_lost(void **state) {
+  obx_test_mongo_t m;
+  assert_true(obx_test_mongo_start(&m, "--oplog-size 5"));
+  mongoc_client_t *client = obx_test_mongo_client(&m, NULL, NULL);
+  mongoc_collection_t *c = mongoc_client_get_collection(client, "cs", "lost");
+  mongoc_change_stream_t *cs = watch(c, NULL, "{\"maxAwaitTimeMS\": 100}");
+  insert(c, "{\"_id\": 1}");
+  bson_t *ev = next_event(cs, 10000);
+  expect_op(ev, "insert", 1);
+  mongoc_change_stream_destroy(cs);
+  for (int i = 2; i < 12; i++) {
+    char json[32];
+    snprintf(json, sizeof json, "{\"_id\": %d}", i);
+    insert(c, json);
+  }
+  bson_iter_t it;
+  bson_t token;
+  uint32_t len;
+  const uint8_t *data;
+  assert_true(bson_iter_init_find(&it, ev, "_id"));
+  bson_iter_document(&it, &len, &data);
+  bson_init_static(&token, data, len);
+  bson_t *opts = bson_new();
+  BSON_APPEND_DOCUMENT(opts, "resumeAfter", &token);
+  bson_t pipeline = BSON_INITIALIZER;
+  cs = mongoc_collection_watch(c, &pipeline, opts);
+  const bson_t *doc, *err_doc;
+  bson_error_t error;
+  assert_false(mongoc_change_stream_next(cs, &doc));
+  assert_true(mongoc_change_stream_error_document(cs, &error, &err_doc));
+  assert_int_equal(error.code, 286);
+  mongoc_change_stream_destroy(cs);
+  bson_destroy(opts);
+  bson_destroy(ev);
+  mongoc_collection_destroy(c);
+  mongoc_client_destroy(client);
+  obx_test_mongo_stop(&m);
+}
+
+/* Configures a fail point; returns how often the previous configuration fired. */
+static int64_t fail_point(const char *json) {
+  bson_error_t error;
+  bson_t *cmd = J(json), reply;
+  if (!mongoc_client_command_simple(g_client, "admin", cmd, NULL, &reply, &error))
+    fail_msg("configureFailPoint: %s", error.message);
+  int64_t n = int_at(&reply, "count");
+  bson_destroy(&reply);
+  bson_destroy(cmd);
+  return n;
+}
+
+/* Reads ids first..last in order from cs. */
+static void expect_ids(mongoc_change_stream_t *cs, int first, int last) {
+  for (int id = first; id <= last; id++) {
+    bson_t *ev = next_event(cs, 15000);
+    expect_op(ev, "insert", id);
+    bson_destroy(ev);
+  }
+}
+
+static void test_resume_after_faults(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "cs", "faults");
+  mongoc_change_stream_t *cs = watch(c, NULL, "{\"maxAwaitTimeMS\": 200, \"batchSize\": 2}");
+  for (int i = 1; i <= 9; i++) {
+    char json[32];
+    snprintf(json, sizeof json, "{\"_id\": %d}", i);
+    insert(c, json);
+  }
+  expect_ids(cs, 1, 3);
+  /* dropped connection on getMore: the driver re-runs aggregate with resumeAfter */
+  fail_point("{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": "
+             "{\"failCommands\": [\"getMore\"], \"closeConnection\": true}}");
+  expect_ids(cs, 4, 6);
+  assert_int_equal(fail_point("{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}"), 1);
+  /* a resumable error after cursor checkout carries ResumableChangeStreamError: resumed too */
+  fail_point("{\"configureFailPoint\": \"failGetMoreAfterCursorCheckout\", \"mode\": {\"times\": 1}, "
+             "\"data\": {\"errorCode\": 6}}");
+  expect_ids(cs, 7, 9);
+  assert_int_equal(
+    fail_point("{\"configureFailPoint\": \"failGetMoreAfterCursorCheckout\", \"mode\": \"off\"}"), 1);
+  const bson_t *ev;
+  assert_false(mongoc_change_stream_next(cs, &ev)); /* nothing repeated */
+  mongoc_change_stream_destroy(cs);
+  mongoc_collection_destroy(c);
+}
+
+static void test_database_watch_and_drop(void **state) {
+  mongoc_database_t *db = mongoc_client_get_database(g_client, "csdb");
+  mongoc_collection_t *a = mongoc_database_get_collection(db, "a");
+  mongoc_collection_t *b = mongoc_database_get_collection(db, "b");
+  bson_t pipeline = BSON_INITIALIZER;
+  bson_t *opts = BCON_NEW("maxAwaitTimeMS", BCON_INT32(200));
+  mongoc_change_stream_t *dbs = mongoc_database_watch(db, &pipeline, opts);
+  mongoc_change_stream_t *cs = watch(a, NULL, "{\"maxAwaitTimeMS\": 200}");
+  insert(a, "{\"_id\": 1}");
+  insert(b, "{\"_id\": 2}");
+  bson_t *ev = next_event(dbs, 10000);
+  expect_op(ev, "insert", 1);
+  assert_string_equal(str_at(ev, "ns.coll"), "a");
+  bson_destroy(ev);
+  ev = next_event(dbs, 10000);
+  expect_op(ev, "insert", 2);
+  assert_string_equal(str_at(ev, "ns.coll"), "b");
+  bson_destroy(ev);
+  /* dropping the watched collection: drop, then invalidate */
+  bson_error_t error;
+  assert_true(mongoc_collection_drop(a, &error));
+  ev = next_event(cs, 10000);
+  expect_op(ev, "insert", 1);
+  bson_destroy(ev);
+  ev = next_event(cs, 10000);
+  assert_non_null(ev);
+  assert_string_equal(str_at(ev, "operationType"), "drop");
+  bson_destroy(ev);
+  ev = next_event(cs, 10000);
+  assert_non_null(ev);
+  assert_string_equal(str_at(ev, "operationType"), "invalidate");
+  bson_destroy(ev);
+  mongoc_change_stream_destroy(cs);
+  mongoc_change_stream_destroy(dbs);
+  bson_destroy(opts);
+  mongoc_collection_destroy(a);
+  mongoc_collection_destroy(b);
+  mongoc_database_destroy(db);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_event_shapes),
+    cmocka_unit_test(test_update_lookup_and_match),
+    cmocka_unit_test(test_transaction_events),
+    cmocka_unit_test(test_resume_options),
+    cmocka_unit_test(test_await_data_timing),
+    cmocka_unit_test(test_post_batch_token_advances),
+    cmocka_unit_test(test_history_lost),
+    cmocka_unit_test(test_resume_after_faults),
+    cmocka_unit_test(test_database_watch_and_drop),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
