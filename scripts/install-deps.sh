@@ -44,4 +44,17 @@ if [ ! -e /usr/sbin/policy-rc.d ]; then
   policy_added=1
 fi
 trap '[ "$policy_added" = 1 ] && $SUDO rm -f /usr/sbin/policy-rc.d' EXIT
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+apt_install() { $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"; }
+# Lists that know every package may still be stale (a version gone from the mirror).
+if ! apt_install; then
+  $SUDO apt-get update -q
+  apt_install
+fi
+
+# If the package's service got started anyway (a policy-rc.d that allows it), stop the system
+# node: tests use a private one (scripts/rabbitmq.sh) and need no broker on 5672.
+if [[ " ${missing[*]} " == *" rabbitmq-server "* ]] && command -v systemctl >/dev/null &&
+   systemctl is-active --quiet rabbitmq-server 2>/dev/null; then
+  echo "install-deps: stopping the system rabbitmq-server started by the package"
+  $SUDO systemctl stop rabbitmq-server
+fi

@@ -18,12 +18,27 @@ BUILD=${OBX_BUILD_DIR:-$ROOT/build}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOBX_WERROR=ON >/dev/null
 cmake --build "$BUILD" -j "$JOBS"
 
-# RabbitMQ: a private node for this run (own name, ports, data directory).
-export OBX_RMQ_DIR=${OBX_RMQ_DIR:-$(mktemp -d /tmp/obx-rmq.XXXXXX)}
+# RabbitMQ: a private node for this run (own name, ports, data directory). It is stopped on
+# every exit path; a directory made here is removed after a green run (kept for its logs
+# otherwise).
+RMQ_TMP=""
+if [ -z "${OBX_RMQ_DIR:-}" ]; then
+  RMQ_TMP=$(mktemp -d /tmp/obx-rmq.XXXXXX)
+  export OBX_RMQ_DIR=$RMQ_TMP
+fi
 cleanup() {
+  local rc=$?
   scripts/rabbitmq.sh stop || true
+  if [ -n "$RMQ_TMP" ]; then
+    if [ "$rc" = 0 ]; then
+      rm -rf "$RMQ_TMP"
+    else
+      echo "test.sh: RabbitMQ logs kept in $RMQ_TMP/log"
+    fi
+  fi
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 scripts/rabbitmq.sh start
 # shellcheck disable=SC1091
 source "$OBX_RMQ_DIR/env"   # exports AMQP_URL for the tests
@@ -31,6 +46,7 @@ source "$OBX_RMQ_DIR/env"   # exports AMQP_URL for the tests
 status=0
 ctest --test-dir "$BUILD" -L unit --output-on-failure -j "$JOBS" || status=1
 ctest --test-dir "$BUILD" -L integration --output-on-failure || status=1
+scripts/rabbitmq.sh stop   # the sanitizer pass runs unit tests only
 
 if [ "$QUICK" = 0 ]; then
   ASAN_BUILD=${BUILD}-asan
