@@ -235,9 +235,10 @@ bool obx_pipeline_store_list(mongoc_client_t *client, const char *db, const char
 /* The enabled pipeline of (org_id, trigger); *out NULL when there is none. session optional. */
 bool obx_pipeline_store_find_enabled(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                                      const char *org_id, const char *trigger, obx_pipeline_t **out, obx_err_t *err);
-/* A page of executions of one pipeline, newest first: { "executions": [...], "next": <id of
- * the last item, for before=> | null }. before/after: execution ids (exclusive), at most one;
- * limit 1..200. */
+/* A page of executions of one pipeline of org_id, newest first: { "executions": [...],
+ * "next": <oldest id shown, for before=; null on the last page>, "prev": <newest id shown, for
+ * after=> }. before: older than that id; after: newer (exclusive; at most one); limit 1..200
+ * (else OBX_ERR_INPUT). */
 bool obx_pipeline_store_executions(mongoc_client_t *client, const char *db, const char *org_id,
                                    const char *pipeline_id, int limit, const char *before, const char *after,
                                    bson_t *out, obx_err_t *err);
