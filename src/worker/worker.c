@@ -458,7 +458,8 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
     /* From Kafka or HTTP, an event the ladder, the DLQ or its key already owns is a duplicate
      * too; from the work queue those are exactly the events to run again. */
     bool owned = existing == OBX_INBOX_RETRYING || existing == OBX_INBOX_DEAD || existing == OBX_INBOX_BLOCKED;
-    if (finished || (source != WORKER_SOURCE_WORK && owned)) {
+    bool replay = source == WORKER_SOURCE_WORK && msg->replay;
+    if ((finished && !replay) || (source != WORKER_SOURCE_WORK && owned)) {
       obx_log_event(OBX_LOG_DEBUG, ev.id, ev.correlation_id, "duplicate (%s): skipped",
                     obx_inbox_status_name(existing));
       outcome = WORKER_DUPLICATE;
