@@ -468,13 +468,23 @@ static void allowed_text(const obx_conf_key_t *k, char *out, size_t outlen) {
   }
 }
 
-/* The default as documented: sensitive defaults are masked like values. Caller frees. */
-static char *default_text(const obx_conf_key_t *k) { return shown_value(k->flags, k->def, false); }
+/* The default as documented: durations in their shortest unit, sensitive defaults masked
+ * like values. Caller frees. */
+static char *default_text(const obx_conf_key_t *k) {
+  int64_t ms;
+  if (k->type == OBX_CONF_DURATION && obx_conf_parse_duration(k->def, &ms)) {
+    char buf[32];
+    format_duration(ms, buf, sizeof buf);
+    return strdup(buf);
+  }
+  return shown_value(k->flags, k->def, false);
+}
 
-/* Writes s with '|' escaped for a markdown table cell. */
-static void md_cell(FILE *out, const char *s) {
+/* Writes s for a markdown table cell: characters markdown would interpret are escaped; inside
+ * a code span (code) only the '|' that would end the cell. */
+static void md_cell(FILE *out, const char *s, bool code) {
   for (; *s; s++) {
-    if (*s == '|') fputc('\\', out);
+    if (strchr(code ? "|" : "|<>*", *s)) fputc('\\', out);
     fputc(*s, out);
   }
 }
@@ -490,13 +500,13 @@ static void print_doc_markdown(FILE *out) {
     fprintf(out, "| `%s` | `%s` | %s | ", k->name, k->env, type_name(k->type));
     if (def[0]) {
       fputc('`', out);
-      md_cell(out, def);
+      md_cell(out, def, true);
       fputc('`', out);
     }
     fprintf(out, " | ");
-    md_cell(out, allowed);
+    md_cell(out, allowed, false);
     fprintf(out, " | ");
-    md_cell(out, k->description);
+    md_cell(out, k->description, false);
     if (k->flags & OBX_CONF_SENSITIVE) fprintf(out, " (sensitive: never printed in clear)");
     fprintf(out, " |\n");
     free(def);
