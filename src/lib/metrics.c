@@ -246,7 +246,18 @@ double obx_metrics_value(const struct obx_metric *metric, ...) {
 
 /* ---- exposition ------------------------------------------------------------------------- */
 
+/* The shortest %g text that reads back as exactly v (0.1, not 0.10000000000000001). */
+static const char *shortest(double v, char *buf, size_t len) {
+  for (int digits = 6; digits < 17; digits++) {
+    snprintf(buf, len, "%.*g", digits, v);
+    if (strtod(buf, NULL) == v) return buf;
+  }
+  snprintf(buf, len, "%.17g", v);
+  return buf;
+}
+
 static void write_number(FILE *out, double v) {
+  char buf[40];
   if (isnan(v))
     fputs("NaN", out);
   else if (isinf(v))
@@ -254,7 +265,7 @@ static void write_number(FILE *out, double v) {
   else if (v == floor(v) && fabs(v) < 9007199254740992.0)
     fprintf(out, "%.0f", v);
   else
-    fprintf(out, "%.17g", v);
+    fputs(shortest(v, buf, sizeof buf), out);
 }
 
 /* Label values escape \, " and newline; HELP text escapes \ and newline. */
@@ -299,7 +310,7 @@ static void write_metric(FILE *out, struct obx_metric *m) {
     for (int b = 0; b <= m->nbounds; b++) {
       char le[40];
       if (b < m->nbounds)
-        snprintf(le, sizeof le, "%g", m->bounds[b]);
+        shortest(m->bounds[b], le, sizeof le);
       else
         snprintf(le, sizeof le, "+Inf");
       cumulative += s->buckets[b];

@@ -67,11 +67,11 @@ static void test_histogram_render(void **state) {
                         "t_step_seconds_bucket{node=\"http\",le=\"0.5\"} 2\n"
                         "t_step_seconds_bucket{node=\"http\",le=\"2\"} 3\n"
                         "t_step_seconds_bucket{node=\"http\",le=\"+Inf\"} 4\n"
-                        "t_step_seconds_sum{node=\"http\"} 31.149999999999999\n"
+                        "t_step_seconds_sum{node=\"http\"} 31.15\n"
                         "t_step_seconds_count{node=\"http\"} 4\n");
   assert_contains(text, "t_default_seconds_bucket{le=\"0.005\"} 1\n");
   assert_contains(text, "t_default_seconds_bucket{le=\"10\"} 1\nt_default_seconds_bucket{le=\"+Inf\"} 1\n"
-                        "t_default_seconds_sum 0.0030000000000000001\nt_default_seconds_count 1\n");
+                        "t_default_seconds_sum 0.003\nt_default_seconds_count 1\n");
   free(text);
 }
 
