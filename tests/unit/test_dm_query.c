@@ -324,6 +324,7 @@ static void test_match_errors(void **state) {
     {"{\"a\": {\"$size\": \"x\"}}", 2, "$size"},
     {"{\"a\": {\"$regex\": \"(\"}}", 51091, "Regular expression is invalid"},
     {"{\"a\": {\"$elemMatch\": {\"b\": {\"$bad\": 1}}}}", 2, "unknown operator: $bad"},
+    {"{\"x\": {\"$elemMatch\": {\"$gt\": 1, \"$worse\": 1}}}", 2, "unknown operator: $worse"},
     {"{\"a\": {\"$not\": 5}}", 2, "$not"},
     {"{\"x\": 1, \"a\": {\"$gt\": 1, \"$zz\": 1}}", 2, "unknown operator: $zz"},
     {"{\"a\": {\"$in\": [{\"$gt\": 1}]}}", 2, "cannot nest $ under $in"},
