@@ -47,6 +47,7 @@
 #include "obx_conf.h"
 #include "obx_err.h"
 #include "obx_event.h"
+#include "obx_http.h"
 
 /* ---- definitions ------------------------------------------------------------------------ */
 
@@ -246,5 +247,14 @@ bool obx_pipeline_store_executions(mongoc_client_t *client, const char *db, cons
  * file gives its own orgId. Prints one line per file to `report` (may be NULL). */
 bool obx_pipeline_store_apply_path(mongoc_client_t *client, const char *db, const char *path, bool dry_run,
                                    FILE *report, obx_err_t *err);
+
+/* ---- with the api role (src/api/pipelines_routes.c) ------------------------------------- */
+
+/* Registers the /api/pipelines routes on http, installs the order.pre hook of POST /orders
+ * and, when PIPELINES_DIR is set, applies its files in the background (retrying while
+ * MongoDB is unreachable). Start it before the api role; returns owned state (NULL with err
+ * on a bad configuration). Stop after the HTTP server stopped serving. */
+void *obx_pipeline_api_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err);
+void obx_pipeline_api_stop(void *state);
 
 #endif
