@@ -967,6 +967,159 @@ static void test_aggregate_errors(void **state) {
   bson_destroy(doc);
 }
 
+/* ---- properties over every combination of small documents and clauses ---- */
+
+static const char *prop_docs[] = {
+  "{\"_id\": 1}",
+  "{\"_id\": 2, \"a\": 1, \"b\": \"x\"}",
+  "{\"_id\": 3, \"a\": null, \"b\": [1, 2, 3]}",
+  "{\"_id\": 4, \"a\": [1, [2, 3], {\"c\": 4}], \"b\": {\"c\": 5}}",
+  "{\"_id\": 5, \"a\": {\"c\": [{\"d\": 1}, {\"d\": 2}]}, \"b\": 2.5}",
+  "{\"_id\": 6, \"a\": \"str\", \"b\": {\"$numberLong\": \"7\"}, \"t\": {\"$date\": {\"$numberLong\": \"9\"}}}",
+  "{\"_id\": 7, \"a\": [], \"b\": [[]], \"c\": {}}",
+  "{\"_id\": 8, \"a\": [{\"c\": 1}, {\"c\": null}, 3], \"b\": true}",
+  "{\"_id\": {\"k\": 1}, \"a\": {\"$numberDecimal\": \"1.0\"}, \"b\": {\"$oid\": \"5f0c0c0c0c0c0c0c0c0c0c0c\"}}",
+  "{\"_id\": 10, \"a\": {\"$numberDouble\": \"NaN\"}, \"b\": {\"$minKey\": 1}, \"c\": {\"$maxKey\": 1}}",
+};
+
+static const char *prop_filters[] = {
+  "{\"a\": 1}", "{\"a\": null}", "{\"a.c\": 1}", "{\"a.c.d\": {\"$gte\": 2}}", "{\"a\": {\"$exists\": true}}",
+  "{\"b\": {\"$in\": [1, \"x\", null]}}", "{\"b\": {\"$nin\": [2.5]}}", "{\"a\": {\"$ne\": 1}}",
+  "{\"a\": {\"$size\": 0}}", "{\"a\": {\"%type\": \"array\"}}", "{\"a\": {\"$elemMatch\": {\"c\": {\"$lte\": 1}}}}",
+  "{\"a\": {\"$all\": [1]}}", "{\"a\": {\"$regex\": \"^s\"}}", "{\"a\": {\"$not\": {\"$gt\": 0}}}",
+  "{\"$or\": [{\"a\": 1}, {\"b\": 2.5}]}", "{\"b.c\": {\"$lt\": 6}}", "{\"a.1\": [2, 3]}", "{\"a.0.c\": 1}",
+  "{\"_id\": {\"$gt\": 3}}", "{\"c\": {\"$exists\": false}}", "{\"a\": {\"$gte\": null}}", "{\"b\": {\"$mod\": [2, 1]}}",
+};
+
+static const char *prop_updates[] = {
+  "{\"$set\": {\"a\": 2}}", "{\"$set\": {\"a.c\": 2}}", "{\"$set\": {\"a.1\": 9}}", "{\"$unset\": {\"a\": 1}}",
+  "{\"$unset\": {\"a.0\": 1}}", "{\"$inc\": {\"b\": 1}}", "{\"$mul\": {\"z\": 2}}", "{\"$push\": {\"a\": 1}}",
+  "{\"$addToSet\": {\"b\": {\"$each\": [1, 9]}}}", "{\"$pull\": {\"a\": {\"$gt\": 0}}}", "{\"$pop\": {\"b\": 1}}",
+  "{\"$rename\": {\"a\": \"r\"}}", "{\"$min\": {\"b\": 0}}", "{\"$max\": {\"a\": \"zz\"}}", "{\"$currentDate\": {\"a.d\": true}}",
+  "{\"$set\": {\"_id\": 1}}", "{\"x\": 1}",
+};
+
+static void test_properties(void **state) {
+  size_t nd = sizeof prop_docs / sizeof prop_docs[0], nf = sizeof prop_filters / sizeof prop_filters[0];
+  size_t nu = sizeof prop_updates / sizeof prop_updates[0];
+  bson_t *docs[16], *filters[32];
+  for (size_t i = 0; i < nd; i++) docs[i] = json(prop_docs[i]);
+  for (size_t i = 0; i < nf; i++) filters[i] = json(prop_filters[i]);
+  bson_t *asc = json("{\"a\": 1, \"b\": -1}");
+
+  for (size_t d = 0; d < nd; d++) {
+    /* matching: $nor negates, $and conjoins, $or disjoins */
+    for (size_t f = 0; f < nf; f++) {
+      int m = dm_match(docs[d], filters[f], NULL);
+      assert_true(m == 0 || m == 1);
+      bson_t nor = BSON_INITIALIZER, arr;
+      bson_append_array_begin(&nor, "$nor", -1, &arr);
+      bson_append_document(&arr, "0", -1, filters[f]);
+      bson_append_array_end(&nor, &arr);
+      if (dm_match(docs[d], &nor, NULL) != !m)
+        fail_msg("$nor of %s on %s does not negate %d", prop_filters[f], prop_docs[d], m);
+      bson_destroy(&nor);
+      for (size_t g = 0; g < nf; g++) {
+        int n = dm_match(docs[d], filters[g], NULL);
+        const char *ops[2] = {"$and", "$or"};
+        for (int o = 0; o < 2; o++) {
+          bson_t both = BSON_INITIALIZER, list;
+          bson_append_array_begin(&both, ops[o], -1, &list);
+          bson_append_document(&list, "0", -1, filters[f]);
+          bson_append_document(&list, "1", -1, filters[g]);
+          bson_append_array_end(&both, &list);
+          int want = o == 0 ? (m && n) : (m || n);
+          if (dm_match(docs[d], &both, NULL) != want)
+            fail_msg("%s of %s, %s on %s: want %d", ops[o], prop_filters[f], prop_filters[g], prop_docs[d], want);
+          bson_destroy(&both);
+        }
+      }
+    }
+    /* updates keep _id and either succeed or fail with a code; the description of a
+     * successful update is consistent with the result */
+    for (size_t u = 0; u < nu; u++) {
+      bson_t *update = json(prop_updates[u]), out = BSON_INITIALIZER, desc = BSON_INITIALIZER;
+      bson_error_t error = {0};
+      if (dm_update_apply(docs[d], update, false, &out, &desc, NOW_MS, &error)) {
+        bson_value_t id_before, id_after;
+        assert_true(dm_get_path(docs[d], "_id", &id_before));
+        assert_true(dm_get_path(&out, "_id", &id_after));
+        assert_int_equal(dm_value_compare(&id_before, &id_after), 0);
+        bson_iter_t it, field;
+        assert_true(bson_iter_init_find(&it, &desc, "updatedFields") && bson_iter_recurse(&it, &field));
+        while (bson_iter_next(&field)) {
+          bson_value_t now;
+          if (!dm_get_path(&out, bson_iter_key(&field), &now) ||
+              dm_value_compare(&now, bson_iter_value(&field)) != 0)
+            fail_msg("%s on %s: updatedFields.%s disagrees with the result", prop_updates[u], prop_docs[d],
+                     bson_iter_key(&field));
+        }
+        assert_true(bson_iter_init_find(&it, &desc, "removedFields") && bson_iter_recurse(&it, &field));
+        while (bson_iter_next(&field)) {
+          bson_value_t gone;
+          if (dm_get_path(&out, bson_iter_utf8(&field, NULL), &gone))
+            fail_msg("%s on %s: removed %s still present", prop_updates[u], prop_docs[d], bson_iter_utf8(&field, NULL));
+        }
+      } else {
+        assert_true(error.code != 0);
+        assert_true(bson_empty(&out));
+      }
+      bson_destroy(&out);
+      bson_destroy(&desc);
+      bson_destroy(update);
+    }
+    /* sort order is antisymmetric and reflexive */
+    assert_int_equal(dm_sort_compare(docs[d], docs[d], asc), 0);
+    for (size_t e = 0; e < nd; e++) {
+      int x = dm_sort_compare(docs[d], docs[e], asc), y = dm_sort_compare(docs[e], docs[d], asc);
+      if ((x > 0) - (x < 0) != -((y > 0) - (y < 0)))
+        fail_msg("sort of %s vs %s not antisymmetric: %d %d", prop_docs[d], prop_docs[e], x, y);
+    }
+    /* excluding a field makes it missing; including it keeps it equal */
+    bson_t *excl = json("{\"a\": 0}"), *incl = json("{\"a\": 1}"), ex = BSON_INITIALIZER, in = BSON_INITIALIZER;
+    assert_true(dm_project(docs[d], excl, &ex, NULL));
+    assert_true(dm_project(docs[d], incl, &in, NULL));
+    bson_value_t v, w;
+    assert_false(dm_get_path(&ex, "a", &v));
+    if (dm_get_path(docs[d], "a", &v)) {
+      assert_true(dm_get_path(&in, "a", &w));
+      assert_int_equal(dm_value_compare(&v, &w), 0);
+    }
+    assert_int_equal(bson_count_keys(&in) + bson_count_keys(&ex), bson_count_keys(docs[d]) + 1);
+    bson_destroy(&ex);
+    bson_destroy(&in);
+    bson_destroy(excl);
+    bson_destroy(incl);
+  }
+  /* a $group total equals the per-document sum; $count equals the matching documents */
+  for (size_t f = 0; f < nf; f++) {
+    size_t want = 0;
+    for (size_t d = 0; d < nd; d++) want += dm_match(docs[d], filters[f], NULL) == 1;
+    bson_t pipeline = BSON_INITIALIZER, stage, **out = NULL;
+    size_t nout = 0;
+    BSON_APPEND_DOCUMENT_BEGIN(&pipeline, "0", &stage);
+    BSON_APPEND_DOCUMENT(&stage, "$match", filters[f]);
+    bson_append_document_end(&pipeline, &stage);
+    BSON_APPEND_DOCUMENT_BEGIN(&pipeline, "1", &stage);
+    BSON_APPEND_UTF8(&stage, "$count", "n");
+    bson_append_document_end(&pipeline, &stage);
+    assert_true(dm_aggregate(docs, nd, &pipeline, &out, &nout, NULL));
+    if (want == 0) {
+      assert_int_equal(nout, 0);
+    } else {
+      bson_value_t n;
+      assert_int_equal(nout, 1);
+      assert_true(dm_get_path(out[0], "n", &n));
+      if ((size_t)n.value.v_int32 != want) fail_msg("$count of %s: got %d, want %zu", prop_filters[f], n.value.v_int32, want);
+    }
+    dm_docs_free(out, nout);
+    bson_destroy(&pipeline);
+  }
+  bson_destroy(asc);
+  for (size_t i = 0; i < nd; i++) bson_destroy(docs[i]);
+  for (size_t i = 0; i < nf; i++) bson_destroy(filters[i]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_value_compare), cmocka_unit_test(test_get_path),
@@ -976,6 +1129,7 @@ int main(void) {
     cmocka_unit_test(test_sort),          cmocka_unit_test(test_project),
     cmocka_unit_test(test_project_errors), cmocka_unit_test(test_aggregate),
     cmocka_unit_test(test_expressions),   cmocka_unit_test(test_aggregate_errors),
+    cmocka_unit_test(test_properties),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
