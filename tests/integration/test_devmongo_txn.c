@@ -281,6 +281,46 @@ static void test_no_such_transaction(void **state) {
   mongoc_client_session_destroy(cs);
 }
 
+static mongoc_collection_t *g_expiry_coll;
+
+static bool outside_update_works(void *ctx) {
+  bson_t *q = BCON_NEW("_id", BCON_INT32(1)), *u = BCON_NEW("$set", "{", "by", "outside", "}");
+  bool ok = mongoc_collection_update_one(g_expiry_coll, q, u, NULL, NULL, NULL);
+  bson_destroy(q);
+  bson_destroy(u);
+  return ok;
+}
+
+static void test_abandoned_transaction_expires(void **state) {
+  obx_test_mongo_t m;
+  assert_true(obx_test_mongo_start(&m, "--txn-lifetime-ms 300 --ttl-interval-ms 50"));
+  mongoc_client_t *client = obx_test_mongo_client(&m, NULL, NULL);
+  g_expiry_coll = mongoc_client_get_collection(client, "txn", "expiry");
+  bson_error_t error;
+  bson_t reply;
+  bson_t *seed = BCON_NEW("_id", BCON_INT32(1));
+  assert_true(mongoc_collection_insert_one(g_expiry_coll, seed, NULL, NULL, &error));
+  mongoc_client_session_t *cs = mongoc_client_start_session(client, NULL, &error);
+  bson_t *opts = session_opts(cs);
+  assert_true(mongoc_client_session_start_transaction(cs, NULL, &error));
+  bson_t *q = BCON_NEW("_id", BCON_INT32(1)), *u = BCON_NEW("$set", "{", "by", "txn", "}");
+  assert_true(mongoc_collection_update_one(g_expiry_coll, q, u, opts, NULL, &error));
+  /* the transaction is abandoned: its lock goes when the lifetime limit aborts it */
+  assert_false(outside_update_works(NULL));
+  assert_true(obx_test_wait_for(outside_update_works, NULL, 20000, 50));
+  assert_false(mongoc_client_session_commit_transaction(cs, &reply, &error));
+  assert_int_equal(error.code, 251);
+  bson_destroy(&reply);
+  bson_destroy(q);
+  bson_destroy(u);
+  bson_destroy(opts);
+  bson_destroy(seed);
+  mongoc_client_session_destroy(cs);
+  mongoc_collection_destroy(g_expiry_coll);
+  mongoc_client_destroy(client);
+  obx_test_mongo_stop(&m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_isolation_and_commit),
@@ -289,6 +329,7 @@ int main(void) {
     cmocka_unit_test(test_retryable_write_once),
     cmocka_unit_test(test_with_transaction_retries),
     cmocka_unit_test(test_no_such_transaction),
+    cmocka_unit_test(test_abandoned_transaction_expires),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
