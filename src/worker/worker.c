@@ -414,6 +414,7 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
     obx_event_cleanup(&ev);
     return source == WORKER_SOURCE_HTTP ? WORKER_MALFORMED : handle_malformed(w, msg, &err);
   }
+  if (!msg->message_id) msg->message_id = strdup(ev.id); /* the ladder and the DLQ find it by id */
   mongoc_client_t *client = obx_mongo_pop(w->mongo);
   const char *names[OBX_LADDER_MAX_HEADERS], *values[OBX_LADDER_MAX_HEADERS];
   for (int i = 0; i < msg->nheaders; i++) {

@@ -1,0 +1,272 @@
+/* test_worker.c - the worker end to end: kafka-mockd -> worker -> devmongod, RabbitMQ ladder
+ *
+ * DESIGN: each test starts a devmongod, a kafka-mockd with topic domain-events (3 partitions),
+ * a scripted HTTP server standing in for the ERP, and an in-process worker with a short ladder
+ * (200ms,500ms) under a RabbitMQ prefix of its own. The order.post pipeline posts to
+ * /erp/<orderNumber>, so each event's fate is scripted by its own path. Events are produced
+ * in CloudEvents binary mode exactly as the relay does (obx_event_to_kafka). Skipped when
+ * AMQP_URL is not set (scripts/test.sh sets it). */
+#include <librdkafka/rdkafka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "obx/obx_conf.h"
+#include "obx/obx_inbox.h"
+#include "obx/obx_ladder.h"
+#include "obx/obx_mongo.h"
+#include "obx/obx_pipeline.h"
+#include "obx/obx_worker.h"
+#include "obx_test.h"
+#include "obx_test_httpd.h"
+#include "obx_test_kafka.h"
+#include "obx_test_mongo.h"
+#include "worker_test.h"
+
+static int setup(void **state) {
+  if (!getenv("AMQP_URL")) return 0;
+  wt_fx_t *fx = wt_setup(3, NULL);
+  *state = fx;
+  return fx ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  wt_teardown(*state);
+  return 0;
+}
+
+static void test_success_and_no_pipeline(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  wt_start_worker(fx);
+  obx_event_t ev, other;
+  wt_event(&ev, "OrderConfirmed", "K-1", "N-1");
+  wt_event(&other, "InvoiceIssued", "K-2", "N-2");
+  wt_route(fx, "N-1", 200);
+  wt_produce(fx, &ev);
+  wt_produce(fx, &other);
+  wt_wait_status(fx, ev.id, "DONE");
+  wt_wait_status(fx, other.id, "SKIPPED");
+  assert_int_equal(wt_executions(fx, ev.id), 1);
+  assert_int_equal(wt_executions(fx, other.id), 0);
+  assert_int_equal(wt_erp_calls(fx, "N-1"), 1);
+  assert_int_equal(wt_inbox_int(fx, ev.id, "attempts"), 1);
+  obx_event_cleanup(&ev);
+  obx_event_cleanup(&other);
+}
+
+static void test_duplicates_are_skipped(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  wt_start_worker(fx);
+  obx_event_t ev, after;
+  wt_event(&ev, "OrderConfirmed", "K-1", "D-1");
+  wt_event(&after, "OrderConfirmed", "K-1", "D-2");
+  wt_route(fx, "D-1", 200);
+  wt_route(fx, "D-2", 200);
+  for (int i = 0; i < 3; i++) wt_produce(fx, &ev);
+  wt_produce(fx, &after);
+  wt_wait_status(fx, after.id, "DONE");
+  wt_wait_status(fx, ev.id, "DONE");
+  obx_worker_stats_t s;
+  int64_t deadline = obx_test_now_ms() + 20000;
+  do obx_worker_stats(fx->worker, &s);
+  while (s.duplicates < 2 && obx_test_now_ms() < deadline);
+  if (s.duplicates != 2) fail_msg("duplicates: got %llu, want 2", (unsigned long long)s.duplicates);
+  assert_int_equal(wt_erp_calls(fx, "D-1"), 1);
+  assert_int_equal(wt_executions(fx, ev.id), 1);
+  obx_event_cleanup(&ev);
+  obx_event_cleanup(&after);
+}
+
+static void test_transient_failure_succeeds_on_tier_two(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  fx->attempts = 4;
+  wt_start_worker(fx);
+  obx_event_t ev;
+  wt_event(&ev, "OrderConfirmed", "K-1", "T-1");
+  wt_route(fx, "T-1", 503);
+  wt_produce(fx, &ev);
+  /* First attempt and the tier-1 retry fail; the tier-2 retry succeeds. */
+  wt_wait_calls(fx, "T-1", 2);
+  wt_route(fx, "T-1", 200);
+  wt_wait_status(fx, ev.id, "DONE");
+  assert_int_equal(wt_erp_calls(fx, "T-1"), 3);
+  assert_int_equal(wt_inbox_int(fx, ev.id, "attempts"), 3);
+  assert_int_equal(wt_executions(fx, ev.id), 3); /* every attempt is tracked */
+  obx_worker_stats_t s;
+  obx_worker_stats(fx->worker, &s);
+  assert_int_equal(s.retries[0], 1);
+  assert_int_equal(s.retries[1], 1);
+  assert_int_equal(s.dlq, 0);
+  assert_false(wt_key_parked(fx, "K-1"));
+  obx_event_cleanup(&ev);
+}
+
+static void test_exhaustion_to_dlq_then_redrive(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  wt_start_worker(fx);
+  obx_event_t ev;
+  wt_event(&ev, "OrderConfirmed", "K-1", "X-1");
+  wt_route(fx, "X-1", 503);
+  wt_produce(fx, &ev);
+  wt_wait_status(fx, ev.id, "DEAD");
+  assert_int_equal(wt_erp_calls(fx, "X-1"), 3);
+  assert_int_equal(wt_inbox_int(fx, ev.id, "attempts"), 3);
+  assert_true(wt_key_parked(fx, "K-1"));
+  wt_wait_depth(fx, obx_ladder_dlq_queue(fx->ladder), 1);
+
+  /* The DLQ copy says why and carries the history. */
+  wt_dlq_seen_t seen = {0};
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_ladder_dlq_browse(fx->ladder, 0, NULL, wt_dlq_collect, &seen, &err)) fail_msg("browse: %s", err.msg);
+  assert_int_equal(seen.n, 1);
+  assert_string_equal(seen.id[0], ev.id);
+  assert_string_equal(seen.reason[0], "attempts exhausted");
+  assert_int_equal(seen.attempt[0], 3);
+
+  wt_route(fx, "X-1", 200);
+  obx_worker_ops_t ops = {fx->mongo, fx->ladder, fx->group, "tester"};
+  obx_worker_dlq_filter_t filter = {.id = ev.id};
+  int moved = 0;
+  if (!obx_worker_dlq_redrive(&ops, &filter, false, NULL, NULL, &moved, &err)) fail_msg("redrive: %s", err.msg);
+  assert_int_equal(moved, 1);
+  wt_wait_status(fx, ev.id, "DONE");
+  wt_wait_depth(fx, obx_ladder_dlq_queue(fx->ladder), 0);
+  assert_int_equal(wt_erp_calls(fx, "X-1"), 4);
+  assert_false(wt_key_parked(fx, "K-1"));
+  assert_int_equal(wt_audit_count(fx, "dlq.redrive", ev.id), 1);
+  obx_event_cleanup(&ev);
+}
+
+static void test_terminal_failure_goes_straight_to_dlq(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  wt_start_worker(fx);
+  obx_event_t ev;
+  wt_event(&ev, "OrderConfirmed", "K-9", "B-1");
+  wt_route(fx, "B-1", 400);
+  wt_produce(fx, &ev);
+  wt_wait_status(fx, ev.id, "DEAD");
+  assert_int_equal(wt_erp_calls(fx, "B-1"), 1);
+  assert_int_equal(wt_inbox_int(fx, ev.id, "attempts"), 1);
+  wt_wait_depth(fx, obx_ladder_dlq_queue(fx->ladder), 1);
+  obx_worker_stats_t s;
+  obx_worker_stats(fx->worker, &s);
+  assert_int_equal(s.retries[0], 0);
+  assert_int_equal(s.dlq, 1);
+  obx_event_cleanup(&ev);
+}
+
+static void test_malformed_record_goes_to_dlq_and_partition_moves_on(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  wt_start_worker(fx);
+  /* Same key, so the same partition: the good event behind the bad one must still run. */
+  wt_produce_raw(fx, "K-5", "{not json", "0190f0e0-0000-7000-8000-00000000bad1");
+  obx_event_t ev;
+  wt_event(&ev, "OrderConfirmed", "K-5", "M-1");
+  wt_route(fx, "M-1", 200);
+  wt_produce(fx, &ev);
+  wt_wait_status(fx, ev.id, "DONE");
+  wt_wait_depth(fx, obx_ladder_dlq_queue(fx->ladder), 1);
+  wt_dlq_seen_t seen = {0};
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_ladder_dlq_browse(fx->ladder, 0, NULL, wt_dlq_collect, &seen, &err)) fail_msg("browse: %s", err.msg);
+  assert_int_equal(seen.n, 1);
+  assert_string_equal(seen.id[0], "0190f0e0-0000-7000-8000-00000000bad1");
+  if (strncmp(seen.reason[0], "malformed CloudEvent", 20) != 0) fail_msg("reason: got %s", seen.reason[0]);
+  obx_event_cleanup(&ev);
+}
+
+static void test_per_key_order_with_failing_head(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  fx->attempts = 4;
+  wt_start_worker(fx);
+  obx_event_t head, later[3], other;
+  wt_event(&head, "OrderConfirmed", "K-7", "H-0");
+  const char *nums[] = {"H-1", "H-2", "H-3"};
+  for (int i = 0; i < 3; i++) {
+    wt_event(&later[i], "OrderConfirmed", "K-7", nums[i]);
+    wt_route(fx, nums[i], 200);
+  }
+  wt_event(&other, "OrderConfirmed", "K-8", "O-1");
+  wt_route(fx, "O-1", 200);
+  wt_route(fx, "H-0", 503);
+  wt_produce(fx, &head);
+  for (int i = 0; i < 3; i++) wt_produce(fx, &later[i]);
+  wt_produce(fx, &other);
+
+  /* While the head retries, its key's later events wait BLOCKED; other keys run. */
+  wt_wait_status(fx, other.id, "DONE");
+  for (int i = 0; i < 3; i++) wt_wait_status(fx, later[i].id, "BLOCKED");
+  assert_true(wt_key_parked(fx, "K-7"));
+  assert_int_equal(wt_erp_calls(fx, "H-1"), 0);
+
+  wt_wait_calls(fx, "H-0", 2);
+  wt_route(fx, "H-0", 200);
+  wt_wait_status(fx, head.id, "DONE");
+  for (int i = 0; i < 3; i++) wt_wait_status(fx, later[i].id, "DONE");
+  assert_false(wt_key_parked(fx, "K-7"));
+  /* The ERP saw the key's events in order: the head's success, then H-1, H-2, H-3. */
+  int last_head = wt_last_call_index(fx, "H-0");
+  int prev = last_head;
+  for (int i = 0; i < 3; i++) {
+    int at = wt_last_call_index(fx, nums[i]);
+    if (at <= prev) fail_msg("%s reached the ERP at request %d, want after %d", nums[i], at, prev);
+    prev = at;
+  }
+  obx_event_cleanup(&head);
+  for (int i = 0; i < 3; i++) obx_event_cleanup(&later[i]);
+  obx_event_cleanup(&other);
+}
+
+static void test_different_keys_run_in_parallel(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  wt_start_worker(fx);
+  /* Eight keys whose ERP call takes 1.5 s each. A lane claims its next event only after the
+   * previous one finished, so events claimed within 1 s of the first ran side by side. */
+  enum { N = 8 };
+  obx_event_t ev[N];
+  char num[N][16];
+  for (int i = 0; i < N; i++) {
+    snprintf(num[i], sizeof num[i], "P-%d", i);
+    wt_event(&ev[i], "OrderConfirmed", num[i], num[i]);
+    wt_route_delay(fx, num[i], 200, 1500);
+  }
+  for (int i = 0; i < N; i++) wt_produce(fx, &ev[i]);
+  int64_t received[N], first = INT64_MAX;
+  for (int i = 0; i < N; i++) {
+    wt_wait_status(fx, ev[i].id, "DONE");
+    bson_t doc;
+    bson_iter_t it;
+    assert_true(wt_inbox(fx, ev[i].id, &doc));
+    assert_true(bson_iter_init_find(&it, &doc, "receivedAt") && BSON_ITER_HOLDS_DATE_TIME(&it));
+    received[i] = bson_iter_date_time(&it);
+    if (received[i] < first) first = received[i];
+    bson_destroy(&doc);
+  }
+  int together = 0;
+  for (int i = 0; i < N; i++) together += received[i] - first < 1000;
+  if (together < 2) fail_msg("events started within 1 s of the first: got %d, want >= 2 with 4 lanes", together);
+  for (int i = 0; i < N; i++) obx_event_cleanup(&ev[i]);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test_setup_teardown(test_success_and_no_pipeline, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_duplicates_are_skipped, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_transient_failure_succeeds_on_tier_two, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_exhaustion_to_dlq_then_redrive, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_terminal_failure_goes_straight_to_dlq, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_malformed_record_goes_to_dlq_and_partition_moves_on, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_per_key_order_with_failing_head, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_different_keys_run_in_parallel, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

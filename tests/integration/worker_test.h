@@ -1,0 +1,361 @@
+/* worker_test.h - fixture shared by the worker integration tests (test_worker*.c, test_ladder.c)
+ *
+ * DESIGN: one wt_fx_t per test: its own devmongod, kafka-mockd (topic domain-events), scripted
+ * ERP (HTTP server in the test process), RabbitMQ names under a unique prefix (deleted at
+ * teardown), a producer that writes CloudEvents exactly as the relay does, and the worker under
+ * test (in process, or as an outboxd child for crash tests). Every wait polls with a deadline
+ * and fails with got/want. Helpers are static inline so each test file takes what it uses. */
+#ifndef WORKER_TEST_H
+#define WORKER_TEST_H
+
+#include <amqp.h>
+#include <amqp_tcp_socket.h>
+#include <librdkafka/rdkafka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "obx/obx_conf.h"
+#include "obx/obx_inbox.h"
+#include "obx/obx_ladder.h"
+#include "obx/obx_mongo.h"
+#include "obx/obx_pipeline.h"
+#include "obx/obx_worker.h"
+#include "obx_test.h"
+#include "obx_test_httpd.h"
+#include "obx_test_kafka.h"
+#include "obx_test_mongo.h"
+
+#define WT_WAIT_MS 45000
+#define WT_ORG "org-wt"
+
+#define WT_NEED_BROKER()                                              \
+  do {                                                                \
+    if (!getenv("AMQP_URL")) {                                        \
+      print_message("AMQP_URL not set: RabbitMQ test skipped\n");     \
+      skip();                                                         \
+    }                                                                 \
+  } while (0)
+
+typedef struct {
+  obx_test_mongo_t m;
+  obx_test_kafka_t k;
+  obx_test_httpd_t *httpd;
+  obx_conf_t conf;
+  obx_mongo_t *mongo;
+  mongoc_client_t *client;
+  obx_ladder_t *ladder;
+  obx_worker_t *worker;
+  rd_kafka_t *producer;
+  char prefix[64], group[64];
+  int attempts;
+} wt_fx_t;
+
+static inline void wt_conf_set(wt_fx_t *fx, const char *key, const char *value) {
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_conf_set(&fx->conf, key, value, &err)) fail_msg("conf %s=%s: %s", key, value, err.msg);
+}
+
+/* Deletes queues (and an exchange, when not NULL) over a plain connection of its own. */
+static inline void wt_delete_amqp(const char *const *queues, int nqueues, const char *exchange) {
+  struct amqp_connection_info info;
+  char *url = strdup(getenv("AMQP_URL"));
+  assert_int_equal(amqp_parse_url(url, &info), AMQP_STATUS_OK);
+  amqp_connection_state_t conn = amqp_new_connection();
+  amqp_socket_t *sock = amqp_tcp_socket_new(conn);
+  assert_int_equal(amqp_socket_open(sock, info.host, info.port), AMQP_STATUS_OK);
+  amqp_rpc_reply_t r = amqp_login(conn, info.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, info.user, info.password);
+  assert_int_equal(r.reply_type, AMQP_RESPONSE_NORMAL);
+  amqp_channel_open(conn, 1);
+  for (int i = 0; i < nqueues; i++) {
+    amqp_queue_delete(conn, 1, amqp_cstring_bytes(queues[i]), 0, 0);
+    assert_int_equal(amqp_get_rpc_reply(conn).reply_type, AMQP_RESPONSE_NORMAL);
+  }
+  if (exchange) {
+    amqp_exchange_delete(conn, 1, amqp_cstring_bytes(exchange), 0);
+    assert_int_equal(amqp_get_rpc_reply(conn).reply_type, AMQP_RESPONSE_NORMAL);
+  }
+  amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
+  amqp_destroy_connection(conn);
+  free(url);
+}
+
+/* Every queue and the exchange of a ladder. */
+static inline void wt_delete_topology(obx_ladder_t *ladder, const char *prefix) {
+  const char *queues[2 + OBX_CONF_MAX_LIST];
+  int n = 0;
+  queues[n++] = obx_ladder_work_queue(ladder);
+  queues[n++] = obx_ladder_dlq_queue(ladder);
+  for (int i = 0; i < obx_ladder_ntiers(ladder); i++) queues[n++] = obx_ladder_tier_queue(ladder, i);
+  char ex[96];
+  snprintf(ex, sizeof ex, "%s.retry", prefix);
+  wt_delete_amqp(queues, n, ex);
+}
+
+/* The order.post pipeline: POST /erp/{{orderNumber}} on the scripted ERP. */
+static inline void wt_create_pipeline(wt_fx_t *fx) {
+  char json[1024];
+  snprintf(json, sizeof json,
+           "{\"name\": \"post\", \"trigger\": \"order.post\", \"enabled\": true, \"nodes\": ["
+           "{\"id\": \"start\", \"type\": \"start\"},"
+           "{\"id\": \"notify\", \"type\": \"http-request\", \"onError\": \"abort\", \"config\": {"
+           "  \"method\": \"POST\", \"url\": \"%s/{{orderNumber}}\", \"body\": {\"n\": \"{{orderNumber}}\"}}}],"
+           "\"edges\": [{\"from\": \"start\", \"to\": \"notify\"}]}",
+           obx_test_httpd_url(fx->httpd, "/erp"));
+  bson_error_t berr;
+  bson_t *def = bson_new_from_json((const uint8_t *)json, -1, &berr);
+  if (!def) fail_msg("pipeline json: %s", berr.message);
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_pipeline_store_create(fx->client, obx_mongo_db_name(fx->mongo), WT_ORG, def, NULL, &err))
+    fail_msg("pipeline: %s", err.msg);
+  bson_destroy(def);
+}
+
+/* Services, configuration, pipeline and producer; the worker is started by wt_start_worker. */
+static inline wt_fx_t *wt_setup(int partitions, const char *mongo_args) {
+  static int seq;
+  wt_fx_t *fx = calloc(1, sizeof *fx);
+  fx->attempts = 3;
+  char topics[64];
+  snprintf(topics, sizeof topics, "domain-events:%d", partitions);
+  if (!obx_test_mongo_start(&fx->m, mongo_args)) fail_msg("devmongod did not start");
+  if (!obx_test_kafka_start(&fx->k, 1, topics)) fail_msg("kafka-mockd did not start");
+  fx->httpd = obx_test_httpd_start();
+  assert_non_null(fx->httpd);
+  snprintf(fx->prefix, sizeof fx->prefix, "wt.%d.%d", (int)getpid(), seq);
+  snprintf(fx->group, sizeof fx->group, "wt-%d-%d", (int)getpid(), seq++);
+  obx_conf_init(&fx->conf);
+  wt_conf_set(fx, "mongo.uri", fx->m.uri);
+  wt_conf_set(fx, "kafka.brokers", fx->k.bootstrap);
+  wt_conf_set(fx, "amqp.url", getenv("AMQP_URL"));
+  wt_conf_set(fx, "worker.queue_prefix", fx->prefix);
+  wt_conf_set(fx, "worker.group", fx->group);
+  wt_conf_set(fx, "worker.retry_ladder", "200ms,500ms");
+  wt_conf_set(fx, "egress.allow_networks", "127.0.0.0/8");
+  obx_err_t err = OBX_ERR_INIT;
+  fx->mongo = obx_mongo_new(&fx->conf, &err);
+  assert_non_null(fx->mongo);
+  fx->client = obx_mongo_pop(fx->mongo);
+  wt_create_pipeline(fx);
+  obx_ladder_opts_t lo = {.url = getenv("AMQP_URL"), .prefix = fx->prefix, .tiers_ms = fx->conf.retry_ladder.ms,
+                          .ntiers = fx->conf.retry_ladder.n};
+  fx->ladder = obx_ladder_new(&lo, &err);
+  if (!fx->ladder || !obx_ladder_connect(fx->ladder, &err)) fail_msg("ladder: %s", err.msg);
+  char errstr[256];
+  rd_kafka_conf_t *pc = rd_kafka_conf_new();
+  rd_kafka_conf_set(pc, "bootstrap.servers", fx->k.bootstrap, errstr, sizeof errstr);
+  rd_kafka_conf_set(pc, "partitioner", "murmur2_random", errstr, sizeof errstr);
+  fx->producer = rd_kafka_new(RD_KAFKA_PRODUCER, pc, errstr, sizeof errstr);
+  if (!fx->producer) fail_msg("producer: %s", errstr);
+  return fx;
+}
+
+static inline void wt_start_worker(wt_fx_t *fx) {
+  char n[16];
+  snprintf(n, sizeof n, "%d", fx->attempts);
+  wt_conf_set(fx, "worker.attempts", n);
+  obx_err_t err = OBX_ERR_INIT;
+  fx->worker = obx_worker_new(&fx->conf, NULL, &err);
+  if (!fx->worker) fail_msg("worker: %s", err.msg);
+}
+
+static inline void wt_teardown(wt_fx_t *fx) {
+  if (!fx) return;
+  obx_worker_destroy(fx->worker);
+  if (fx->producer) rd_kafka_destroy(fx->producer);
+  if (fx->ladder) wt_delete_topology(fx->ladder, fx->prefix);
+  obx_ladder_destroy(fx->ladder);
+  if (fx->client) obx_mongo_push(fx->mongo, fx->client);
+  obx_mongo_destroy(fx->mongo);
+  obx_conf_cleanup(&fx->conf);
+  obx_test_httpd_stop(fx->httpd);
+  obx_test_kafka_stop(&fx->k);
+  obx_test_mongo_stop(&fx->m);
+  free(fx);
+}
+
+static inline void wt_event(obx_event_t *ev, const char *type, const char *key, const char *order_number) {
+  obx_event_init(ev);
+  ev->event_type = strdup(type);
+  ev->org_id = strdup(WT_ORG);
+  ev->aggregate_type = strdup("Order");
+  ev->aggregate_id = strdup(key);
+  ev->source = strdup("/test/orders");
+  BSON_APPEND_UTF8(&ev->payload, "orderNumber", order_number);
+  BSON_APPEND_INT32(&ev->payload, "totalAmount", 1250);
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_event_finalize(ev, &err)) fail_msg("event: %s", err.msg);
+}
+
+static inline void wt_produce_record(wt_fx_t *fx, const char *key, size_t key_len, const char *value, size_t len,
+                                     const obx_ce_header_t *h, int nh) {
+  rd_kafka_headers_t *hdrs = rd_kafka_headers_new((size_t)nh);
+  for (int i = 0; i < nh; i++) rd_kafka_header_add(hdrs, h[i].name, -1, h[i].value, (ssize_t)h[i].len);
+  rd_kafka_resp_err_t rerr =
+    rd_kafka_producev(fx->producer, RD_KAFKA_V_TOPIC("domain-events"), RD_KAFKA_V_KEY(key, key_len),
+                      RD_KAFKA_V_VALUE((void *)value, len), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                      RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_END);
+  if (rerr) {
+    rd_kafka_headers_destroy(hdrs);
+    fail_msg("produce: %s", rd_kafka_err2str(rerr));
+  }
+  if (rd_kafka_flush(fx->producer, 20000) != RD_KAFKA_RESP_ERR_NO_ERROR) fail_msg("produce: flush timed out");
+}
+
+static inline void wt_produce(wt_fx_t *fx, const obx_event_t *ev) {
+  obx_kafka_record_t rec;
+  memset(&rec, 0, sizeof rec);
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_event_to_kafka(ev, NULL, &rec, &err)) fail_msg("to_kafka: %s", err.msg);
+  wt_produce_record(fx, rec.key, rec.key_len, rec.value, rec.value_len, rec.headers, rec.nheaders);
+  obx_kafka_record_cleanup(&rec);
+}
+
+/* A record whose value is not JSON, with otherwise plausible headers. */
+static inline void wt_produce_raw(wt_fx_t *fx, const char *key, const char *value, const char *id) {
+  obx_ce_header_t h[] = {{"ce_specversion", "1.0", 3}, {"ce_id", id, strlen(id)}, {"ce_type", "OrderConfirmed", 14},
+                         {"ce_source", "/test", 5}, {"ce_orgid", WT_ORG, strlen(WT_ORG)}};
+  wt_produce_record(fx, key, strlen(key), value, strlen(value), h, 5);
+}
+
+static inline void wt_route_delay(wt_fx_t *fx, const char *num, int status, int delay_ms) {
+  char path[64];
+  snprintf(path, sizeof path, "/erp/%s", num);
+  obx_test_httpd_route_t r = {.path = path, .status = status, .body = "{\"ok\": true}", .delay_ms = delay_ms};
+  obx_test_httpd_route(fx->httpd, &r);
+}
+
+static inline void wt_route(wt_fx_t *fx, const char *num, int status) { wt_route_delay(fx, num, status, 0); }
+
+/* Index of the last captured request to /erp/<num>, -1 when none; *count receives how many. */
+static inline int wt_calls(wt_fx_t *fx, const char *num, int *count) {
+  char path[64];
+  snprintf(path, sizeof path, "/erp/%s", num);
+  int last = -1, n = 0, total = obx_test_httpd_nrequests(fx->httpd);
+  for (int i = 0; i < total; i++) {
+    obx_test_httpd_request_t req;
+    if (!obx_test_httpd_request(fx->httpd, i, &req)) continue;
+    if (strcmp(req.path, path) == 0) {
+      last = i;
+      n++;
+    }
+    obx_test_httpd_request_cleanup(&req);
+  }
+  if (count) *count = n;
+  return last;
+}
+
+static inline int wt_erp_calls(wt_fx_t *fx, const char *num) {
+  int n;
+  wt_calls(fx, num, &n);
+  return n;
+}
+
+static inline int wt_last_call_index(wt_fx_t *fx, const char *num) { return wt_calls(fx, num, NULL); }
+
+static inline void wt_wait_calls(wt_fx_t *fx, const char *num, int want) {
+  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
+  while (wt_erp_calls(fx, num) < want && obx_test_now_ms() < deadline) usleep(10000);
+  int got = wt_erp_calls(fx, num);
+  if (got < want) fail_msg("ERP calls to %s: got %d, want %d", num, got, want);
+}
+
+/* The inbox entry of an event (consumer = the group); empty when absent. */
+static inline bool wt_inbox(wt_fx_t *fx, const char *id, bson_t *doc) {
+  bool found = false;
+  obx_err_t err = OBX_ERR_INIT;
+  bson_init(doc);
+  if (!obx_inbox_get(fx->client, obx_mongo_db_name(fx->mongo), NULL, fx->group, id, doc, &found, &err))
+    print_message("inbox read: %s\n", err.msg);
+  return found;
+}
+
+static inline void wt_wait_status(wt_fx_t *fx, const char *id, const char *want) {
+  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
+  char got[32] = "(none)";
+  for (;;) {
+    bson_t doc;
+    bson_iter_t it;
+    if (wt_inbox(fx, id, &doc) && bson_iter_init_find(&it, &doc, "status") && BSON_ITER_HOLDS_UTF8(&it))
+      snprintf(got, sizeof got, "%s", bson_iter_utf8(&it, NULL));
+    bson_destroy(&doc);
+    if (strcmp(got, want) == 0) return;
+    if (obx_test_now_ms() > deadline) fail_msg("inbox status of %s: got %s, want %s", id, got, want);
+    usleep(20000);
+  }
+}
+
+static inline int64_t wt_inbox_int(wt_fx_t *fx, const char *id, const char *field) {
+  bson_t doc;
+  bson_iter_t it;
+  int64_t v = -1;
+  if (wt_inbox(fx, id, &doc) && bson_iter_init_find(&it, &doc, field) && BSON_ITER_HOLDS_NUMBER(&it))
+    v = bson_iter_as_int64(&it);
+  bson_destroy(&doc);
+  return v;
+}
+
+static inline int64_t wt_count(wt_fx_t *fx, const char *collection, const bson_t *filter) {
+  mongoc_collection_t *c = mongoc_client_get_collection(fx->client, obx_mongo_db_name(fx->mongo), collection);
+  bson_error_t berr;
+  int64_t n = mongoc_collection_count_documents(c, filter, NULL, NULL, NULL, &berr);
+  if (n < 0) fail_msg("count %s: %s", collection, berr.message);
+  mongoc_collection_destroy(c);
+  return n;
+}
+
+static inline int64_t wt_executions(wt_fx_t *fx, const char *id) {
+  bson_t filter = BSON_INITIALIZER;
+  BSON_APPEND_UTF8(&filter, "eventId", id);
+  int64_t n = wt_count(fx, "pipeline_executions", &filter);
+  bson_destroy(&filter);
+  return n;
+}
+
+static inline int64_t wt_audit_count(wt_fx_t *fx, const char *action, const char *target) {
+  bson_t filter = BSON_INITIALIZER;
+  BSON_APPEND_UTF8(&filter, "action", action);
+  BSON_APPEND_UTF8(&filter, "target", target);
+  int64_t n = wt_count(fx, "audit_log", &filter);
+  bson_destroy(&filter);
+  return n;
+}
+
+static inline bool wt_key_parked(wt_fx_t *fx, const char *key) {
+  bool parked = false;
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_inbox_key_parked(fx->client, obx_mongo_db_name(fx->mongo), NULL, fx->group, key, &parked, NULL, &err))
+    fail_msg("parked: %s", err.msg);
+  return parked;
+}
+
+static inline void wt_wait_depth(wt_fx_t *fx, const char *queue, uint32_t want) {
+  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
+  uint32_t got = UINT32_MAX;
+  for (;;) {
+    obx_err_t err = OBX_ERR_INIT;
+    if (!obx_ladder_queue_depth(fx->ladder, queue, &got, &err)) print_message("depth: %s\n", err.msg);
+    if (got == want) return;
+    if (obx_test_now_ms() > deadline) fail_msg("depth of %s: got %u, want %u", queue, got, want);
+    usleep(50000);
+  }
+}
+
+typedef struct {
+  int n;
+  char id[8][64];
+  char reason[8][128];
+  int attempt[8];
+} wt_dlq_seen_t;
+
+static inline bool wt_dlq_collect(void *ctx, const obx_ladder_msg_t *msg) {
+  wt_dlq_seen_t *s = ctx;
+  if (s->n >= 8) return false;
+  snprintf(s->id[s->n], sizeof s->id[0], "%s", msg->message_id ? msg->message_id : "");
+  snprintf(s->reason[s->n], sizeof s->reason[0], "%s", msg->reason ? msg->reason : "");
+  s->attempt[s->n++] = msg->attempt;
+  return true;
+}
+
+#endif
