@@ -58,7 +58,8 @@ void obx_log_write(obx_log_level_t level, const obx_log_field_t *fields, int nfi
  * `password=...`-style assignments are masked too. */
 char *obx_log_redact_uri(const char *uri);
 /* True when a field or key name looks secret (password, secret, token, authorization, apikey,
- * credential, cookie, private_key; case-insensitive substring). Such values are never shown. */
+ * credential, cookie, private_key, key.pem, oauthbearer.config; case-insensitive substring).
+ * Such values are never shown. */
 bool obx_log_key_is_secret(const char *key);
 
 /* Routes the client libraries' logs into ours: mongoc_log_set_handler; and, for an

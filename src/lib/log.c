@@ -154,7 +154,7 @@ static void sb_json_escape(sbuf_t *sb, const char *s, size_t len) {
 /* Words that make a field name, or a `word=value` in free text, secret. */
 static const char *const secret_words[] = {"password", "passwd", "secret", "token", "authorization",
                                            "apikey", "api_key", "api-key", "credential", "cookie",
-                                           "private_key"};
+                                           "private_key", "key.pem", "oauthbearer.config"};
 
 static bool has_secret_word(const char *key, size_t len) {
   for (size_t w = 0; w < sizeof secret_words / sizeof secret_words[0]; w++) {

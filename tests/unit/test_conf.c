@@ -234,6 +234,8 @@ static void test_redaction(void **state) {
   assert_true(obx_conf_set(&conf, "amqp.url", "amqp://ops:s3cret@rabbit:5672/%2F", &err));
   assert_true(obx_conf_set(&conf, "kafka.sasl.password", "kpass", &err));
   assert_true(obx_conf_set(&conf, "kafka.sasl.username", "kuser", &err));
+  assert_true(obx_conf_set(&conf, "kafka.ssl.key.pem", "-----BEGIN PRIVATE KEY-----", &err));
+  assert_true(obx_conf_set(&conf, "amqp.heartbeat", "30", &err));
   static const struct {
     const char *key, *hidden, *revealed;
   } cases[] = {
@@ -241,6 +243,8 @@ static void test_redaction(void **state) {
     {"AMQP_URL", "amqp://ops:***@rabbit:5672/%2F", "amqp://ops:s3cret@rabbit:5672/%2F"},
     {"kafka.sasl.password", "***", "kpass"},
     {"kafka.sasl.username", "kuser", "kuser"},
+    {"kafka.ssl.key.pem", "***", "-----BEGIN PRIVATE KEY-----"},
+    {"amqp.heartbeat", "30", "30"},
     {"mongo.db", "outboxd", "outboxd"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
