@@ -21,6 +21,7 @@
 typedef struct obx_auth obx_auth_t;
 
 typedef struct {
+  int index;                /* 0 .. obx_auth_count() - 1, in file order */
   char hash[OBX_AUTH_HASH_LEN + 1];
   char *org_id;
   char **perms;
@@ -31,6 +32,7 @@ typedef struct {
  * 401). A malformed line fails with its line number (OBX_ERR_CONF). Returns owned. */
 obx_auth_t *obx_auth_load(const char *path, obx_err_t *err);
 void obx_auth_destroy(obx_auth_t *auth);
+int obx_auth_count(const obx_auth_t *auth);
 /* The entry for a clear key, or NULL; borrowed for the life of auth. */
 const obx_auth_key_t *obx_auth_find(const obx_auth_t *auth, const char *key);
 bool obx_auth_key_allows(const obx_auth_key_t *key, const char *permission);

@@ -9,7 +9,8 @@
  * Before a handler runs the server has: read the whole body (more than HTTP_MAX_BODY bytes:
  * 413), matched the route (unknown path: 404; known path, other method: 405 with Allow) and,
  * for routes with a permission, checked the bearer API key (none or unknown: 401; key without
- * the permission: 403). Handlers read the caller's org with obx_http_req_org and must scope
+ * the permission: 403) and its rate limit (API_RATE_LIMIT requests/s, bursts of twice that:
+ * 429 with Retry-After). Handlers read the caller's org with obx_http_req_org and must scope
  * every query to it. Errors are RFC 7807 application/problem+json:
  *   {"type": "about:blank" | "https://outboxd.dev/problems/<slug>", "title", "status", "detail",
  *    "errors": [{"field", "message"}]}
@@ -33,7 +34,7 @@ typedef void (*obx_http_handler_t)(obx_http_req_t *req, obx_http_resp_t *resp, v
 /* A readiness check: false with err set (its msg is shown by /readyz) when not ready. */
 typedef bool (*obx_http_ready_fn_t)(void *ctx, obx_err_t *err);
 
-/* Creates the server from http.bind, http.port, http.max_body and api.keys_file (the API keys
+/* Creates the server from http.bind, http.port, http.max_body, api.rate_limit and api.keys_file (the API keys
  * are loaded here; a bad keys file fails). Does not listen yet. Returns owned. */
 obx_http_t *obx_http_new(const obx_conf_t *conf, obx_err_t *err);
 /* Starts listening (port 0 picks a free one, see obx_http_port). */

@@ -125,6 +125,7 @@ obx_auth_t *obx_auth_load(const char *path, obx_err_t *err) {
       cap = cap ? 2 * cap : 8;
       auth->keys = realloc(auth->keys, (size_t)cap * sizeof *auth->keys);
     }
+    auth->keys[auth->nkeys].index = auth->nkeys;
     auth_key_init(&auth->keys[auth->nkeys++], hash, org, perms);
   }
   ok = true;
@@ -143,6 +144,8 @@ void obx_auth_destroy(obx_auth_t *auth) {
   free(auth->keys);
   free(auth);
 }
+
+int obx_auth_count(const obx_auth_t *auth) { return auth->nkeys; }
 
 const obx_auth_key_t *obx_auth_find(const obx_auth_t *auth, const char *key) {
   char hash[OBX_AUTH_HASH_LEN + 1];

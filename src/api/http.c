@@ -4,7 +4,8 @@
  * blocking on MongoDB only holds its own connection. Per request: the first callback checks
  * Content-Length against http.max_body (413 at once), later callbacks accumulate the body
  * (still capped), the last one dispatches: route match (404/405), bearer key check (401/403),
- * handler, reply. The route table grows under a write lock and is read under a read lock, so
+ * the key's token bucket (429), handler, reply. Stopping quiesces the listener and waits up to
+ * 10 s for requests in flight before closing connections. The route table grows under a write lock and is read under a read lock, so
  * roles may register routes while the server runs. Reads http.*, api.keys_file. */
 #include "obx/obx_http.h"
 
@@ -12,12 +13,14 @@
 #include <assert.h>
 #include <ctype.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <microhttpd.h>
 
@@ -28,6 +31,7 @@
 #define HTTP_MAX_SEGMENTS 16
 #define HTTP_MAX_HEADERS 8
 #define HTTP_PROBLEM_BASE "https://outboxd.dev/problems/"
+#define HTTP_DRAIN_MS 10000
 
 typedef struct {
   char *method, *pattern, *permission;
@@ -43,6 +47,12 @@ typedef struct {
   void *ctx;
 } http_check_t;
 
+/* Token bucket of one API key: refills at `rate` per second up to 2 * rate. */
+typedef struct {
+  double tokens;
+  int64_t last_ns;
+} http_bucket_t;
+
 struct obx_http {
   struct MHD_Daemon *daemon;
   obx_auth_t *auth;
@@ -54,6 +64,10 @@ struct obx_http {
   int nroutes, caproutes;
   http_check_t *checks;
   int nchecks;
+  atomic_int busy;              /* requests between their first byte and their completion */
+  int64_t rate;                 /* api.rate_limit: requests/s per key, 0: unlimited */
+  pthread_mutex_t rate_mu;      /* buckets */
+  http_bucket_t *buckets;       /* one per API key, by obx_auth_key_t.index */
 };
 
 struct obx_http_req {
@@ -79,6 +93,12 @@ struct obx_http_resp {
   char *headers[HTTP_MAX_HEADERS][2];
   int nheaders;
 };
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 /* ---- responses ---------------------------------------------------------------------------- */
 
@@ -200,8 +220,10 @@ void obx_http_route(obx_http_t *http, const char *method, const char *pattern, c
   http_route_t route = {.method = strdup(method), .pattern = strdup(pattern),
                         .permission = permission ? strdup(permission) : NULL, .handler = handler, .ctx = ctx};
   char *copy = strdup(pattern), *segs[HTTP_MAX_SEGMENTS];
-  bool split = split_path(copy, segs, &route.nsegs);
-  assert(split);
+  if (!split_path(copy, segs, &route.nsegs)) {
+    fprintf(stderr, "%s:%d: route %s has more than %d segments\n", __FILE__, __LINE__, pattern, HTTP_MAX_SEGMENTS);
+    abort();
+  }
   for (int i = 0; i < route.nsegs; i++) route.segs[i] = strdup(segs[i]);
   free(copy);
   pthread_rwlock_wrlock(&http->lock);
@@ -264,7 +286,30 @@ static http_match_t http_match(obx_http_t *http, obx_http_req_t *req, http_route
   return match;
 }
 
-/* 401/403 per DESIGN.md §7; sets req->org on success. */
+/* Takes one token from the key's bucket; 429 with Retry-After when it is empty. */
+static bool http_rate_take(obx_http_t *http, const obx_auth_key_t *key, obx_http_resp_t *resp) {
+  if (http->rate <= 0) return true;
+  int64_t now = now_ns();
+  double cap = 2.0 * (double)http->rate;
+  pthread_mutex_lock(&http->rate_mu);
+  http_bucket_t *b = &http->buckets[key->index];
+  b->tokens = b->last_ns ? b->tokens + (double)(now - b->last_ns) / 1e9 * (double)http->rate : cap;
+  if (b->tokens > cap) b->tokens = cap;
+  b->last_ns = now;
+  bool ok = b->tokens >= 1.0;
+  if (ok) b->tokens -= 1.0;
+  double wait_s = ok ? 0 : (1.0 - b->tokens) / (double)http->rate;
+  pthread_mutex_unlock(&http->rate_mu);
+  if (ok) return true;
+  char retry[16], detail[96];
+  snprintf(retry, sizeof retry, "%d", (int)wait_s + 1);
+  snprintf(detail, sizeof detail, "more than %lld requests per second with this API key", (long long)http->rate);
+  obx_http_resp_header(resp, "Retry-After", retry);
+  obx_http_reply_problem(resp, 429, "Too many requests", detail, NULL);
+  return false;
+}
+
+/* 401/403 per DESIGN.md §7, then the key's rate limit; sets req->org on success. */
 static bool http_authorize(obx_http_t *http, obx_http_req_t *req, const char *permission, obx_http_resp_t *resp) {
   const char *authz = obx_http_req_header(req, MHD_HTTP_HEADER_AUTHORIZATION);
   const obx_auth_key_t *key = NULL;
@@ -281,6 +326,7 @@ static bool http_authorize(obx_http_t *http, obx_http_req_t *req, const char *pe
     obx_http_reply_problem(resp, 403, "Forbidden", detail, NULL);
     return false;
   }
+  if (!http_rate_take(http, key, resp)) return false;
   req->org = key->org_id;
   return true;
 }
@@ -315,12 +361,6 @@ static void http_dispatch(obx_http_t *http, obx_http_req_t *req, obx_http_resp_t
 }
 
 /* ---- metrics ------------------------------------------------------------------------------ */
-
-static int64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 /* Requests by route pattern (not the raw path: ids would explode the series), method and
  * status; latency by route. */
@@ -368,6 +408,7 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, c
     req->path = url;
     req->start_ns = now_ns();
     *con_cls = req;
+    atomic_fetch_add(&http->busy, 1);
     const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (!cl || strtoull(cl, NULL, 10) <= http->max_body) return MHD_YES;
     req->too_large = true; /* answer now, before reading the body */
@@ -401,8 +442,10 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, c
 
 static void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                               enum MHD_RequestTerminationCode toe) {
+  obx_http_t *http = cls;
   obx_http_req_t *req = *con_cls;
   if (!req) return;
+  atomic_fetch_sub(&http->busy, 1);
   free(req->path_copy);
   free(req->body);
   free(req);
@@ -461,6 +504,9 @@ obx_http_t *obx_http_new(const obx_conf_t *conf, obx_err_t *err) {
   http->bind = strdup(conf->http_bind);
   http->port = (int)conf->http_port;
   http->max_body = (size_t)conf->http_max_body;
+  http->rate = conf->api_rate_limit;
+  http->buckets = calloc((size_t)obx_auth_count(auth) + 1, sizeof *http->buckets);
+  pthread_mutex_init(&http->rate_mu, NULL);
   pthread_rwlock_init(&http->lock, NULL);
   obx_http_route(http, "GET", "/healthz", NULL, http_healthz, http);
   obx_http_route(http, "GET", "/readyz", NULL, http_readyz, http);
@@ -472,7 +518,7 @@ bool obx_http_start(obx_http_t *http, obx_err_t *err) {
   struct sockaddr_in6 sa6 = {0};
   struct sockaddr_in sa4 = {0};
   struct sockaddr *sa;
-  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC | MHD_USE_ERROR_LOG;
   if (inet_pton(AF_INET, http->bind, &sa4.sin_addr) == 1) {
     sa4.sin_family = AF_INET;
     sa4.sin_port = htons((uint16_t)http->port);
@@ -510,7 +556,11 @@ int obx_http_port(const obx_http_t *http) { return http->port; }
 
 void obx_http_stop(obx_http_t *http) {
   if (!http || !http->daemon) return;
+  MHD_socket listener = MHD_quiesce_daemon(http->daemon);
+  for (int waited = 0; atomic_load(&http->busy) > 0 && waited < HTTP_DRAIN_MS; waited += 10) usleep(10000);
+  if (atomic_load(&http->busy) > 0) obx_warn("http: %d requests still running after %d ms; closing", atomic_load(&http->busy), HTTP_DRAIN_MS);
   MHD_stop_daemon(http->daemon);
+  if (listener != MHD_INVALID_SOCKET) close(listener);
   http->daemon = NULL;
 }
 
@@ -528,6 +578,8 @@ void obx_http_destroy(obx_http_t *http) {
   free(http->checks);
   free(http->routes);
   pthread_rwlock_destroy(&http->lock);
+  pthread_mutex_destroy(&http->rate_mu);
+  free(http->buckets);
   free(http->bind);
   obx_auth_destroy(http->auth);
   free(http);

@@ -112,11 +112,13 @@ static bool readyz_ok(void *ctx) {
   return ok;
 }
 
-static void start_outboxd(obx_test_outboxd_t *d, const char *uri) {
+/* extra: one more "key=value" setting, or NULL. */
+static void start_outboxd(obx_test_outboxd_t *d, const char *uri, const char *extra) {
   char mongo_arg[300], keys_arg[340];
   snprintf(mongo_arg, sizeof mongo_arg, "mongo.uri=%s", uri);
   snprintf(keys_arg, sizeof keys_arg, "api.keys_file=%s", keys_path);
-  char *args[] = {"--roles", "api", "-X", mongo_arg, "-X", keys_arg, "-X", "http.max_body=4096", NULL};
+  char *args[] = {"--roles", "api", "-X", mongo_arg, "-X", keys_arg, "-X", "http.max_body=4096",
+                  extra ? "-X" : NULL, (char *)extra, NULL};
   assert_true(obx_test_outboxd_start(d, args));
 }
 
@@ -127,7 +129,7 @@ static int group_setup(void **state) {
   obx_test_apikey_add(keys_path, "acme", "orders:write,orders:read", key_acme);
   obx_test_apikey_add(keys_path, "globex", "orders:write,orders:read", key_globex);
   obx_test_apikey_add(keys_path, "acme", "orders:read", key_reader);
-  start_outboxd(&outboxd, mongo.uri);
+  start_outboxd(&outboxd, mongo.uri, NULL);
   if (!obx_test_wait_for(readyz_ok, &outboxd.port, 60000, 50)) {
     fprintf(stderr, "outboxd never became ready; log: %s\n", outboxd.proc.log_path);
     return -1;
@@ -471,7 +473,7 @@ static void test_mongo_down_then_up(void **state) {
   obx_test_mongo_stop(&down);
 
   obx_test_outboxd_t d;
-  start_outboxd(&d, uri);
+  start_outboxd(&d, uri, NULL);
   obx_test_http_resp_t resp;
   assert_true(obx_test_http(d.port, "GET", "/healthz", NULL, NULL, NULL, &resp));
   expect_status(&resp, 200, "healthz with MongoDB down");
@@ -496,6 +498,37 @@ static void test_mongo_down_then_up(void **state) {
   assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* API_RATE_LIMIT=1: a burst of 2 passes, then 429 with Retry-After; other keys are not
+ * affected. */
+static void test_rate_limit(void **state) {
+  obx_test_outboxd_t d;
+  start_outboxd(&d, mongo.uri, "api.rate_limit=1");
+  long got[10];
+  char retry_after[16] = "";
+  int limited = 0;
+  for (int i = 0; i < 10; i++) {
+    obx_test_http_resp_t resp;
+    assert_true(obx_test_http(d.port, "GET", "/orders/none", key_reader, NULL, NULL, &resp));
+    got[i] = resp.status;
+    if (resp.status == 429) {
+      limited++;
+      obx_test_http_header(&resp, "Retry-After", retry_after, sizeof retry_after);
+    }
+    obx_test_http_resp_cleanup(&resp);
+  }
+  if (got[0] != 404 || got[1] != 404 || limited == 0 || atoi(retry_after) < 1) {
+    print_error("got %ld %ld then %d x 429 (Retry-After %s); want 404 404 then some 429 with Retry-After >= 1\n",
+                got[0], got[1], limited, retry_after);
+    fail();
+  }
+  obx_test_http_resp_t other;
+  assert_true(obx_test_http(d.port, "GET", "/orders/none", key_globex, NULL, NULL, &other));
+  expect_status(&other, 404, "another key while the first is limited");
+  obx_test_http_resp_cleanup(&other);
+  int status = obx_test_outboxd_stop(&d);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_create_seed_payload),
@@ -507,6 +540,7 @@ int main(void) {
     cmocka_unit_test(test_commit_failure_writes_nothing),
     cmocka_unit_test(test_transient_errors_retried),
     cmocka_unit_test(test_http_errors),
+    cmocka_unit_test(test_rate_limit),
     cmocka_unit_test(test_mongo_down_then_up),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
