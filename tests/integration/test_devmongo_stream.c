@@ -415,9 +415,20 @@ static void test_database_watch_and_drop(void **state) {
   bson_t pipeline = BSON_INITIALIZER;
   bson_t *opts = BCON_NEW("maxAwaitTimeMS", BCON_INT32(200));
   mongoc_change_stream_t *dbs = mongoc_database_watch(db, &pipeline, opts);
+  mongoc_change_stream_t *all = mongoc_client_watch(g_client, &pipeline, opts);
   mongoc_change_stream_t *cs = watch(a, NULL, "{\"maxAwaitTimeMS\": 200}");
+  mongoc_collection_t *elsewhere = mongoc_client_get_collection(g_client, "csdb_other", "x");
+  insert(elsewhere, "{\"_id\": 0}");
   insert(a, "{\"_id\": 1}");
   insert(b, "{\"_id\": 2}");
+  /* the cluster-wide stream sees all three databases' writes, in order */
+  for (int id = 0; id <= 2; id++) {
+    bson_t *ev = next_event(all, 10000);
+    expect_op(ev, "insert", id);
+    bson_destroy(ev);
+  }
+  mongoc_change_stream_destroy(all);
+  mongoc_collection_destroy(elsewhere);
   bson_t *ev = next_event(dbs, 10000);
   expect_op(ev, "insert", 1);
   assert_string_equal(str_at(ev, "ns.coll"), "a");
