@@ -894,6 +894,25 @@ static void test_expressions(void **state) {
     {"{\"v\": {\"$literal\": {\"$add\": 1}}}", "{\"v\": {\"$add\": 1}}"},
     {"{\"v\": [\"$a\", \"$nope\"]}", "{\"v\": [2, null]}"},
     {"{\"v\": {\"x\": \"$a\", \"y\": \"$nope\"}}", "{\"v\": {\"x\": 2}}"},
+    {"{\"v\": {\"$sum\": [\"$a\", 3, \"x\"]}}", "{\"v\": 5}"},
+    {"{\"v\": {\"$sum\": \"$arr.k\"}}", "{\"v\": 3}"},
+    {"{\"v\": {\"$sum\": \"$nope\"}}", "{\"v\": 0}"},
+    {"{\"v\": {\"$avg\": [1, 2]}}", "{\"v\": 1.5}"},
+    {"{\"v\": {\"$max\": \"$arr.k\"}}", "{\"v\": 2}"},
+    {"{\"v\": {\"$min\": [\"$nope\", 4, 3]}}", "{\"v\": 3}"},
+    {"{\"v\": {\"$mergeObjects\": [\"$o\", {\"p\": 1, \"r\": 2}, null]}}", "{\"v\": {\"p\": 1, \"r\": 2}}"},
+    {"{\"v\": {\"$mergeObjects\": [{\"a\": 1}, \"$o\"]}}", "{\"v\": {\"a\": 1, \"p\": \"q\"}}"},
+    {"{\"v\": {\"$toLong\": \"$d\"}}", "{\"v\": {\"$numberLong\": \"2000\"}}"},
+    {"{\"v\": {\"$toInt\": \"42\"}}", "{\"v\": 42}"},
+    {"{\"v\": {\"$toInt\": 2.9}}", "{\"v\": 2}"},
+    {"{\"v\": {\"$toDouble\": true}}", "{\"v\": 1.0}"},
+    {"{\"v\": {\"$toDecimal\": \"$a\"}}", "{\"v\": {\"$numberDecimal\": \"2\"}}"},
+    {"{\"v\": {\"$toBool\": 0}}", "{\"v\": false}"},
+    {"{\"v\": {\"$toBool\": \"\"}}", "{\"v\": true}"},
+    {"{\"v\": {\"$toLong\": \"$nope\"}}", "{\"v\": null}"},
+    {"{\"v\": {\"$abs\": -3}}", "{\"v\": 3}"},
+    {"{\"v\": {\"$abs\": -2147483648}}", "{\"v\": {\"$numberLong\": \"2147483648\"}}"},
+    {"{\"v\": {\"$abs\": -1.5}}", "{\"v\": 1.5}"},
   };
   bson_t *doc = json("{\"_id\": 1, \"a\": 2, \"o\": {\"p\": \"q\"}, \"arr\": [{\"k\": 1}, {\"k\": 2}],"
                      " \"d\": {\"$date\": {\"$numberLong\": \"2000\"}}}");
@@ -943,6 +962,10 @@ static void test_aggregate_errors(void **state) {
     {"{\"p\": [{\"$addFields\": {\"x\": \"$$nothing\"}}]}", 17276, "Use of undefined variable: nothing"},
     {"{\"p\": [{\"$addFields\": {\"x\": {\"$add\": [1, \"s\"]}}}]}", 14, "$add only supports numeric"},
     {"{\"p\": [{\"$addFields\": {\"x\": {\"$size\": \"$a\"}}}]}", 17124, "must be an array"},
+    {"{\"p\": [{\"$addFields\": {\"x\": {\"$toInt\": \"12x\"}}}]}", 241, "Failed to parse number '12x'"},
+    {"{\"p\": [{\"$addFields\": {\"x\": {\"$toInt\": 3000000000}}}]}", 241, "overflow"},
+    {"{\"p\": [{\"$addFields\": {\"x\": {\"$mergeObjects\": [1]}}}]}", 40400, "requires object inputs"},
+    {"{\"p\": [{\"$addFields\": {\"x\": {\"$abs\": \"s\"}}}]}", 28765, "$abs only supports numeric"},
   };
   bson_t *doc = json("{\"_id\": 1, \"a\": 5}");
   bson_t *in[1] = {doc};
