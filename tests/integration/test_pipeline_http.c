@@ -196,6 +196,97 @@ static void test_continue_takes_failure_branch(void **state) {
   obx_pipeline_run_destroy(run);
 }
 
+/* Reads a whole file; NULL when it cannot. Caller frees. */
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *buf = malloc((size_t)n + 1);
+  size_t got = fread(buf, 1, (size_t)n, f);
+  buf[got] = '\0';
+  fclose(f);
+  return buf;
+}
+
+/* The seed's order.post example, byte for byte (https://erp.exemplo.com/orders), against a
+ * local HTTPS server: erp.exemplo.com:443 is pinned to the stub (as a DNS answer would be),
+ * the stub's self-signed certificate is the egress CA bundle, loopback is allowed. */
+static void test_seed_example_runs_unchanged(void **state) {
+  char dir[300], cmd[2000], cert_path[400], key_path[400];
+  snprintf(dir, sizeof dir, "%s/seed-tls", obx_test_tmpdir());
+  snprintf(cert_path, sizeof cert_path, "%s/cert.pem", dir);
+  snprintf(key_path, sizeof key_path, "%s/key.pem", dir);
+  snprintf(cmd, sizeof cmd,
+           "mkdir -p '%s' && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 "
+           "-subj /CN=erp.exemplo.com -addext subjectAltName=DNS:erp.exemplo.com -keyout '%s' -out '%s' 2>/dev/null",
+           dir, key_path, cert_path);
+  if (system(cmd) != 0) skip(); /* no openssl CLI */
+  char *cert = slurp(cert_path), *key = slurp(key_path);
+  assert_non_null(cert);
+  assert_non_null(key);
+  obx_test_httpd_t *tls = obx_test_httpd_start_tls(cert, key);
+  if (!tls) fail_msg("HTTPS stub did not start");
+  obx_test_httpd_route_t route = {.path = "/orders", .body = "{\"erpId\": \"E-1\"}"};
+  obx_test_httpd_route(tls, &route);
+
+  char pin[128];
+  obx_egress_t egress;
+  obx_err_t err = OBX_ERR_INIT;
+  assert_true(obx_egress_init(&egress, "", "127.0.0.0/8", 2000, 5000, MAX_BYTES, &err));
+  snprintf(pin, sizeof pin, "erp.exemplo.com:443:127.0.0.1:%d", obx_test_httpd_port(tls));
+  assert_true(obx_egress_add_connect_to(&egress, pin, &err));
+  egress.ca_file = bson_strdup(cert_path);
+
+  char fixture[400];
+  snprintf(fixture, sizeof fixture, "%s/tests/fixtures/pipelines/seed-order-post.json", OBX_SOURCE_DIR);
+  char *json = slurp(fixture);
+  obx_pipeline_t *pipeline = NULL;
+  if (!obx_pipeline_parse_json(json, &pipeline, &err)) fail_msg("seed: %s", err.msg);
+
+  /* the OrderConfirmed fat event, as POST /orders writes it */
+  obx_event_t ev;
+  obx_event_init(&ev);
+  ev.event_type = strdup("OrderConfirmed");
+  ev.org_id = strdup("demo");
+  ev.aggregate_type = strdup("Order");
+  ev.aggregate_id = strdup("ord-1");
+  BSON_APPEND_UTF8(&ev.payload, "orderId", "ord-1");
+  BSON_APPEND_UTF8(&ev.payload, "orderNumber", "N-1001");
+  BSON_APPEND_UTF8(&ev.payload, "totalAmount", "149.90");
+  assert_true(obx_event_finalize(&ev, &err));
+  bson_t ctx = BSON_INITIALIZER;
+  obx_pipeline_context_from_event(&ev, &ctx);
+  obx_pipeline_input_t in = {.context = &ctx, .org_id = "demo", .trigger = "order.post", .event_id = ev.id,
+                             .aggregate_type = "Order", .aggregate_id = "ord-1", .attempt = 1};
+  obx_pipeline_run_t *run = obx_pipeline_execute(pipeline, &in, &egress);
+  const bson_t *exec = obx_pipeline_run_execution(run);
+  if (obx_pipeline_run_status(run) != OBX_PIPELINE_SUCCEEDED) fail_msg("seed run: %s", doc_str(exec, "error"));
+  assert_string_equal(doc_str(exec, "steps.1.output.body.erpId"), "E-1");
+  assert_string_equal(doc_str(exec, "steps.2.nodeId"), "ok");
+  assert_string_equal(doc_str(obx_pipeline_run_statuses(run), "0.name"), "Integrado ao ERP");
+  assert_string_equal(doc_str(obx_pipeline_run_statuses(run), "0.phase"), "order.post");
+
+  obx_test_httpd_request_t req;
+  assert_true(obx_test_httpd_request(tls, 0, &req));
+  assert_string_equal(req.method, "POST");
+  assert_string_equal(req.path, "/orders");
+  assert_string_equal(obx_test_httpd_request_header(&req, "host"), "erp.exemplo.com");
+  assert_string_equal(req.body, "{\"number\":\"N-1001\",\"total\":\"149.90\"}");
+  obx_test_httpd_request_cleanup(&req);
+
+  obx_pipeline_run_destroy(run);
+  bson_destroy(&ctx);
+  obx_event_cleanup(&ev);
+  obx_pipeline_destroy(pipeline);
+  free(json);
+  obx_egress_cleanup(&egress);
+  obx_test_httpd_stop(tls);
+  free(key);
+  free(cert);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_success),
@@ -203,6 +294,7 @@ int main(void) {
     cmocka_unit_test(test_redirect_not_followed),
     cmocka_unit_test(test_loopback_refused_without_allowance),
     cmocka_unit_test(test_continue_takes_failure_branch),
+    cmocka_unit_test(test_seed_example_runs_unchanged),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

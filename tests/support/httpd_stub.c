@@ -23,6 +23,8 @@ typedef struct {
 struct obx_test_httpd {
   struct MHD_Daemon *daemon;
   int port;
+  bool tls;
+  char *cert_pem, *key_pem; /* kept for the daemon's lifetime */
   atomic_bool stopping;
   pthread_mutex_t mu;
   route_t routes[HTTPD_MAX_ROUTES];
@@ -171,23 +173,42 @@ static void completed(void *cls, struct MHD_Connection *connection, void **con_c
   *con_cls = NULL;
 }
 
-obx_test_httpd_t *obx_test_httpd_start(void) {
+static obx_test_httpd_t *start(const char *cert_pem, const char *key_pem) {
   obx_test_httpd_t *httpd = calloc(1, sizeof *httpd);
   pthread_mutex_init(&httpd->mu, NULL);
   struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = 0};
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  httpd->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION,
-                                   0, NULL, NULL, handle, httpd, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                                   MHD_OPTION_NOTIFY_COMPLETED, completed, httpd, MHD_OPTION_CONNECTION_TIMEOUT,
-                                   (unsigned)30, MHD_OPTION_END);
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION;
+  if (cert_pem) {
+    httpd->tls = true;
+    httpd->cert_pem = strdup(cert_pem);
+    httpd->key_pem = strdup(key_pem);
+    httpd->daemon = MHD_start_daemon(flags | MHD_USE_TLS, 0, NULL, NULL, handle, httpd, MHD_OPTION_SOCK_ADDR,
+                                     (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, completed, httpd,
+                                     MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_HTTPS_MEM_CERT,
+                                     httpd->cert_pem, MHD_OPTION_HTTPS_MEM_KEY, httpd->key_pem, MHD_OPTION_END);
+  } else {
+    httpd->daemon = MHD_start_daemon(flags, 0, NULL, NULL, handle, httpd, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                                     MHD_OPTION_NOTIFY_COMPLETED, completed, httpd, MHD_OPTION_CONNECTION_TIMEOUT,
+                                     (unsigned)30, MHD_OPTION_END);
+  }
   if (!httpd->daemon) {
     pthread_mutex_destroy(&httpd->mu);
+    free(httpd->cert_pem);
+    free(httpd->key_pem);
     free(httpd);
     return NULL;
   }
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(httpd->daemon, MHD_DAEMON_INFO_BIND_PORT);
   httpd->port = info ? info->port : 0;
   return httpd;
+}
+
+obx_test_httpd_t *obx_test_httpd_start(void) { return start(NULL, NULL); }
+
+obx_test_httpd_t *obx_test_httpd_start_tls(const char *cert_pem, const char *key_pem) {
+  if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) return NULL;
+  return start(cert_pem, key_pem);
 }
 
 void obx_test_httpd_stop(obx_test_httpd_t *httpd) {
@@ -205,6 +226,8 @@ void obx_test_httpd_stop(obx_test_httpd_t *httpd) {
     free(httpd->requests[i].body);
   }
   pthread_mutex_destroy(&httpd->mu);
+  free(httpd->cert_pem);
+  free(httpd->key_pem);
   free(httpd);
 }
 
@@ -214,7 +237,7 @@ const char *obx_test_httpd_url(const obx_test_httpd_t *httpd, const char *path) 
   static _Thread_local char bufs[8][320];
   static _Thread_local int next;
   char *buf = bufs[next++ % 8];
-  snprintf(buf, sizeof bufs[0], "http://127.0.0.1:%d%s", httpd->port, path);
+  snprintf(buf, sizeof bufs[0], "%s://127.0.0.1:%d%s", httpd->tls ? "https" : "http", httpd->port, path);
   return buf;
 }
 

@@ -37,9 +37,12 @@ typedef struct {
 
 /* NULL when the server cannot start. */
 obx_test_httpd_t *obx_test_httpd_start(void);
+/* The same over HTTPS with a PEM certificate and key (copied); NULL when libmicrohttpd has no
+ * TLS support or the server cannot start. */
+obx_test_httpd_t *obx_test_httpd_start_tls(const char *cert_pem, const char *key_pem);
 void obx_test_httpd_stop(obx_test_httpd_t *httpd);
 int obx_test_httpd_port(const obx_test_httpd_t *httpd);
-/* "http://127.0.0.1:<port><path>" in a static rotating buffer (valid for 8 calls). */
+/* "http[s]://127.0.0.1:<port><path>" in a thread-local rotating buffer (valid for 8 calls). */
 const char *obx_test_httpd_url(const obx_test_httpd_t *httpd, const char *path);
 /* Adds or replaces the script of route->path (copied). */
 void obx_test_httpd_route(obx_test_httpd_t *httpd, const obx_test_httpd_route_t *route);

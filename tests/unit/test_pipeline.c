@@ -146,6 +146,22 @@ static void test_seed_example_parses(void **state) {
   free(json);
 }
 
+/* The shipped samples validate, with the fields `outboxctl pipelines apply` needs. */
+static void test_config_samples_parse(void **state) {
+  static const char *const files[] = {"config/pipelines/order-post-erp.json", "config/pipelines/order-shipped-notify.json"};
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    char *json = read_fixture(files[i]);
+    obx_pipeline_t *pipeline = NULL;
+    obx_err_t err = OBX_ERR_INIT;
+    if (!obx_pipeline_parse_json(json, &pipeline, &err)) fail_msg("%s: %s", files[i], err.msg);
+    assert_non_null(obx_pipeline_name(pipeline));
+    assert_non_null(obx_pipeline_org_id(pipeline));
+    assert_true(obx_pipeline_trigger_valid(obx_pipeline_trigger(pipeline)));
+    obx_pipeline_destroy(pipeline);
+    free(json);
+  }
+}
+
 static void test_triggers(void **state) {
   char buf[64];
   assert_string_equal(obx_pipeline_trigger_for_event("OrderConfirmed", buf, sizeof buf), "order.post");
@@ -511,6 +527,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_validation_table),
     cmocka_unit_test(test_seed_example_parses),
+    cmocka_unit_test(test_config_samples_parse),
     cmocka_unit_test(test_triggers),
     cmocka_unit_test(test_template_table),
     cmocka_unit_test(test_template_keeps_types),
