@@ -3,8 +3,6 @@
  * DESIGN: each test declares its own topology under a unique prefix with a short ladder
  * (200ms,500ms) and deletes it at the end. Skipped when AMQP_URL is not set (scripts/test.sh
  * sets it). */
-#include <amqp.h>
-#include <amqp_tcp_socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +10,7 @@
 
 #include "obx/obx_ladder.h"
 #include "obx_test.h"
+#include "worker_test.h"
 
 static const int64_t tiers[] = {200, 500};
 
@@ -21,38 +20,6 @@ typedef struct {
   obx_ladder_t *ladder;
   obx_ladder_consumer_t *consumer;
 } fx_t;
-
-/* Deletes queues (and an exchange, when not NULL) with a plain connection of its own. */
-static void delete_entities(const char *const *queues, int nqueues, const char *exchange) {
-  struct amqp_connection_info info;
-  char *url = strdup(getenv("AMQP_URL"));
-  assert_int_equal(amqp_parse_url(url, &info), AMQP_STATUS_OK);
-  amqp_connection_state_t conn = amqp_new_connection();
-  amqp_socket_t *sock = amqp_tcp_socket_new(conn);
-  assert_int_equal(amqp_socket_open(sock, info.host, info.port), AMQP_STATUS_OK);
-  amqp_rpc_reply_t r = amqp_login(conn, info.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, info.user, info.password);
-  assert_int_equal(r.reply_type, AMQP_RESPONSE_NORMAL);
-  amqp_channel_open(conn, 1);
-  for (int i = 0; i < nqueues; i++) {
-    amqp_queue_delete(conn, 1, amqp_cstring_bytes(queues[i]), 0, 0);
-    assert_int_equal(amqp_get_rpc_reply(conn).reply_type, AMQP_RESPONSE_NORMAL);
-  }
-  if (exchange) {
-    amqp_exchange_delete(conn, 1, amqp_cstring_bytes(exchange), 0);
-    assert_int_equal(amqp_get_rpc_reply(conn).reply_type, AMQP_RESPONSE_NORMAL);
-  }
-  amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
-  amqp_destroy_connection(conn);
-  free(url);
-}
-
-static void delete_topology(fx_t *fx) {
-  const char *queues[] = {obx_ladder_work_queue(fx->ladder), obx_ladder_dlq_queue(fx->ladder),
-                          obx_ladder_tier_queue(fx->ladder, 0), obx_ladder_tier_queue(fx->ladder, 1)};
-  char ex[96];
-  snprintf(ex, sizeof ex, "%s.retry", fx->prefix);
-  delete_entities(queues, 4, ex);
-}
 
 static int setup(void **state) {
   if (!getenv("AMQP_URL")) return 0;
@@ -74,19 +41,11 @@ static int teardown(void **state) {
   fx_t *fx = *state;
   if (!fx) return 0;
   obx_ladder_consumer_destroy(fx->consumer);
-  delete_topology(fx);
+  wt_delete_topology(fx->ladder, fx->prefix);
   obx_ladder_destroy(fx->ladder);
   free(fx);
   return 0;
 }
-
-#define NEED_BROKER()                                              \
-  do {                                                             \
-    if (!getenv("AMQP_URL")) {                                     \
-      print_message("AMQP_URL not set: RabbitMQ test skipped\n");  \
-      skip();                                                      \
-    }                                                              \
-  } while (0)
 
 static void make_msg(obx_ladder_msg_t *msg, const char *id, const char *key) {
   obx_ce_header_t h[] = {
@@ -136,7 +95,7 @@ static void wait_depth(fx_t *fx, const char *queue, uint32_t want) {
 }
 
 static void test_topology_is_idempotent(void **state) {
-  NEED_BROKER();
+  WT_NEED_BROKER();
   fx_t *fx = *state;
   obx_err_t err = OBX_ERR_INIT;
   /* A second process declaring the same topology, and one with a changed ladder. */
@@ -156,12 +115,12 @@ static void test_topology_is_idempotent(void **state) {
   assert_int_equal(n, 0);
   obx_ladder_destroy(changed);
   const char *extra[] = {want};
-  delete_entities(extra, 1, NULL);
+  wt_delete_amqp(extra, 1, NULL);
   assert_int_equal(depth(fx, obx_ladder_work_queue(fx->ladder)), 0);
 }
 
 static void test_tiers_return_to_work_queue_after_their_delay(void **state) {
-  NEED_BROKER();
+  WT_NEED_BROKER();
   fx_t *fx = *state;
   struct {
     int tier;
@@ -215,7 +174,7 @@ static bool collect(void *ctx, const obx_ladder_msg_t *msg) {
 }
 
 static void test_dlq_browse_redrive_purge(void **state) {
-  NEED_BROKER();
+  WT_NEED_BROKER();
   fx_t *fx = *state;
   const char *dlq = obx_ladder_dlq_queue(fx->ladder);
   const char *ids[] = {"0190f0e0-0000-7000-8000-0000000000a1", "0190f0e0-0000-7000-8000-0000000000b2",
@@ -278,7 +237,7 @@ static void test_dlq_browse_redrive_purge(void **state) {
 }
 
 static void test_redrive_all(void **state) {
-  NEED_BROKER();
+  WT_NEED_BROKER();
   fx_t *fx = *state;
   obx_err_t err = OBX_ERR_INIT;
   for (int i = 0; i < 4; i++) {

@@ -1,0 +1,47 @@
+/* worker_ctl.h - helpers shared by the worker's outboxctl commands (dlq, inbox, keys)
+ *
+ * DESIGN: one option parser for the three commands (the -c/-X configuration options plus
+ * --json, --who, --dry-run, --id, --type, --since, --all, --limit, --yes), and one opener that
+ * loads the configuration and connects MongoDB and, when needed, RabbitMQ exactly as the
+ * worker does (WORKER_GROUP is the inbox consumer, WORKER_QUEUE_PREFIX names the queues). The
+ * operations themselves are obx_worker_* (src/worker/ops.c), shared with the HTTP API. */
+#ifndef OBX_CTL_WORKER_CTL_H
+#define OBX_CTL_WORKER_CTL_H
+
+#include <stdbool.h>
+
+#include "obx/obx_ctl.h"
+#include "obx/obx_ladder.h"
+#include "obx/obx_mongo.h"
+#include "obx/obx_worker.h"
+
+typedef struct {
+  obx_ctl_conf_opts_t conf;
+  bool json, dry_run, all, yes;
+  const char *who, *id, *type, *since;
+  int limit;
+  char **pos; /* positional arguments, borrowed from argv */
+  int npos;
+} worker_ctl_args_t;
+
+/* Parses argv (argv[0] is the subcommand). Returns -1 to go on, else the exit code to return
+ * (help printed: 0; bad usage reported: 2). `usage` is printed for --help. Free with
+ * worker_ctl_args_cleanup. */
+int worker_ctl_parse(worker_ctl_args_t *args, int argc, char **argv, const char *usage);
+void worker_ctl_args_cleanup(worker_ctl_args_t *args);
+
+typedef struct {
+  obx_conf_t conf;
+  obx_mongo_t *mongo;
+  obx_ladder_t *ladder; /* NULL unless opened with need_amqp */
+  obx_worker_ops_t ops;
+} worker_ctl_t;
+
+/* Returns OBX_CTL_OK, or the exit code after reporting the problem. Close in every case. */
+int worker_ctl_open(worker_ctl_t *ctl, const worker_ctl_args_t *args, bool need_amqp);
+void worker_ctl_close(worker_ctl_t *ctl);
+
+/* Reports err and returns OBX_CTL_FAILED. */
+int worker_ctl_fail(const char *what, const obx_err_t *err);
+
+#endif
