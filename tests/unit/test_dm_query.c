@@ -299,6 +299,7 @@ static void test_match(void **state) {
   for (size_t i = 0; i < sizeof match_cases / sizeof match_cases[0]; i++) {
     bson_t *doc = json(match_cases[i].doc), *filter = json(match_cases[i].filter);
     bson_error_t error = {0};
+    assert_true(dm_match_validate(filter, &error));
     int got = dm_match(doc, filter, &error);
     if (got != match_cases[i].want)
       fail_msg("case %zu: match(%s, %s): got %d (%s), want %d", i, match_cases[i].doc,
@@ -343,6 +344,9 @@ static void test_match_errors(void **state) {
         fail_msg("%s: got %d code %u \"%s\", want -1 code %u \"%s\"", cases[i].filter, got,
                  error.code, error.message, cases[i].code, cases[i].msg);
     }
+    bson_error_t error = {0};
+    assert_false(dm_match_validate(filter, &error));
+    assert_int_equal(error.code, cases[i].code);
     bson_destroy(filter);
   }
   bson_destroy(doc);
