@@ -430,7 +430,7 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, c
     req->body[req->len] = '\0';
     return MHD_YES;
   }
-  obx_log_set_role("api");
+  obx_log_set_role("http");
   obx_http_resp_t resp = {0};
   http_dispatch(http, req, &resp);
   obx_debug("%s %s -> %d", method, url, resp.status);
