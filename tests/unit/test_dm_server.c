@@ -1,0 +1,324 @@
+/* test_dm_server.c - devmongod's server logic in-process (no sockets): commands, indexes,
+ * transactions, retryable writes, change streams, parked getMores, fail points, TTL
+ *
+ * DESIGN: drives dm_cmd_run with command documents exactly as dm_net.c would after framing,
+ * so the whole server state machine runs under the sanitizers in the unit pass. One store for
+ * the binary (it is process-wide), each test in its own database. The socket side is covered
+ * by tests/integration/test_devmongo_*.c through libmongoc. */
+#include <stdio.h>
+#include <string.h>
+
+#include "obx_test.h"
+#include "dm_server.h"
+
+static char g_appname[DM_APPNAME_MAX];
+
+typedef struct {
+  int act;
+  bson_t reply;
+  int64_t park_deadline_ms;
+} result_t;
+
+/* Runs one command given as relaxed JSON; db is added as $db. */
+static void run_opts(const char *db, const char *json, bool rerun, bool final_run, result_t *res) {
+  bson_error_t error;
+  bson_t *body = bson_new_from_json((const uint8_t *)json, -1, &error);
+  if (!body) fail_msg("bad json %s: %s", json, error.message);
+  BSON_APPEND_UTF8(body, "$db", db);
+  dm_req_t req = {0};
+  req.body = body;
+  req.appname = g_appname;
+  req.local_addr = "127.0.0.1:27017";
+  req.conn_id = 1;
+  req.rerun = rerun;
+  req.final_run = final_run;
+  bson_init(&req.reply);
+  res->act = dm_cmd_run(&req);
+  res->park_deadline_ms = req.park_deadline_ms;
+  bson_steal(&res->reply, &req.reply);
+  bson_destroy(body);
+}
+
+static void run(const char *db, const char *json, result_t *res) { run_opts(db, json, false, false, res); }
+
+static double num_at(const bson_t *doc, const char *path) {
+  bson_iter_t it, f;
+  if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, path, &f) &&
+      (BSON_ITER_HOLDS_NUMBER(&f) || BSON_ITER_HOLDS_BOOL(&f)))
+    return bson_iter_as_double(&f);
+  return -999;
+}
+
+static const char *str_at(const bson_t *doc, const char *path) {
+  bson_iter_t it, f;
+  if (bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, path, &f) && BSON_ITER_HOLDS_UTF8(&f))
+    return bson_iter_utf8(&f, NULL);
+  return "";
+}
+
+static int array_len(const bson_t *doc, const char *path) {
+  bson_iter_t it, f, child;
+  int n = 0;
+  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &f) ||
+      !bson_iter_recurse(&f, &child))
+    return -1;
+  while (bson_iter_next(&child)) n++;
+  return n;
+}
+
+/* Runs json and checks ok / error code, printing the reply on mismatch; returns the reply. */
+static void expect(const char *db, const char *json, int want_code, result_t *res) {
+  run(db, json, res);
+  int code = num_at(&res->reply, "ok") == 1 ? 0 : (int)num_at(&res->reply, "code");
+  if (code != want_code) {
+    char *got = bson_as_relaxed_extended_json(&res->reply, NULL);
+    fail_msg("%s: got %s, want code %d", json, got, want_code);
+  }
+}
+
+static void expect_done(const char *db, const char *json, int want_code) {
+  result_t res;
+  expect(db, json, want_code, &res);
+  bson_destroy(&res.reply);
+}
+
+static int setup(void **state) {
+  dm_options_t opts = {.set_name = "rs0", .oplog_cap = 50, .ttl_interval_ms = 1000,
+                       .txn_lifetime_ms = 60000};
+  dm_store_init(&opts);
+  return 0;
+}
+
+static int teardown(void **state) {
+  dm_cmd_cleanup();
+  dm_session_kill_all();
+  dm_store_cleanup();
+  return 0;
+}
+
+static void test_hello_and_envelope(void **state) {
+  result_t res;
+  expect("admin", "{\"isMaster\": 1, \"helloOk\": true, \"client\": {\"application\": {\"name\": \"app1\"}}}", 0, &res);
+  assert_true(num_at(&res.reply, "ismaster") == 1);
+  assert_int_equal((int)num_at(&res.reply, "maxWireVersion"), 17);
+  assert_string_equal(str_at(&res.reply, "setName"), "rs0");
+  assert_string_equal(str_at(&res.reply, "hosts.0"), "127.0.0.1:27017");
+  assert_string_equal(g_appname, "app1");
+  assert_true(bson_has_field(&res.reply, "$clusterTime"));
+  assert_true(bson_has_field(&res.reply, "operationTime"));
+  bson_destroy(&res.reply);
+  expect("admin", "{\"nope\": 1}", 59, &res);
+  assert_string_equal(str_at(&res.reply, "codeName"), "CommandNotFound");
+  bson_destroy(&res.reply);
+}
+
+static void test_crud_and_cursor(void **state) {
+  result_t res;
+  expect("u1", "{\"insert\": \"c\", \"documents\": [{\"_id\": 1, \"a\": 1}, {\"_id\": 2, \"a\": 2}, "
+               "{\"_id\": 1}, {\"_id\": 3, \"a\": 3}], \"ordered\": false}", 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "n"), 3);
+  assert_int_equal((int)num_at(&res.reply, "writeErrors.0.index"), 2);
+  assert_int_equal((int)num_at(&res.reply, "writeErrors.0.code"), 11000);
+  bson_destroy(&res.reply);
+  expect("u1", "{\"find\": \"c\", \"filter\": {\"a\": {\"$gte\": 2}}, \"sort\": {\"a\": -1}, \"batchSize\": 1}", 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "cursor.firstBatch.0._id"), 3);
+  double id = num_at(&res.reply, "cursor.id");
+  assert_true(id > 0);
+  assert_string_equal(str_at(&res.reply, "cursor.ns"), "u1.c");
+  bson_destroy(&res.reply);
+  char gm[128];
+  snprintf(gm, sizeof gm, "{\"getMore\": {\"$numberLong\": \"%lld\"}, \"collection\": \"c\"}", (long long)id);
+  expect("u1", gm, 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "cursor.nextBatch.0._id"), 2);
+  assert_true(num_at(&res.reply, "cursor.id") == 0);
+  bson_destroy(&res.reply);
+  expect_done("u1", gm, 43);
+  expect("u1", "{\"update\": \"c\", \"updates\": [{\"q\": {\"_id\": 9}, \"u\": {\"$set\": {\"a\": 9}}, "
+               "\"upsert\": true}, {\"q\": {}, \"u\": {\"$inc\": {\"a\": 1}}, \"multi\": true}]}", 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "n"), 5);
+  assert_int_equal((int)num_at(&res.reply, "nModified"), 4);
+  assert_int_equal((int)num_at(&res.reply, "upserted.0._id"), 9);
+  bson_destroy(&res.reply);
+  expect("u1", "{\"findAndModify\": \"c\", \"query\": {\"_id\": 9}, \"remove\": true}", 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "value.a"), 10);
+  bson_destroy(&res.reply);
+  expect("u1", "{\"delete\": \"c\", \"deletes\": [{\"q\": {\"a\": {\"$lt\": 4}}, \"limit\": 0}]}", 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "n"), 2);
+  bson_destroy(&res.reply);
+  expect("u1", "{\"count\": \"c\"}", 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "n"), 1);
+  bson_destroy(&res.reply);
+  expect_done("u1", "{\"drop\": \"c\"}", 0);
+  expect_done("u1", "{\"drop\": \"c\"}", 26);
+}
+
+static void test_unique_index(void **state) {
+  result_t res;
+  expect_done("u2", "{\"createIndexes\": \"c\", \"indexes\": [{\"key\": {\"k\": 1}, \"name\": \"k_1\", "
+                    "\"unique\": true, \"partialFilterExpression\": {\"k\": {\"$exists\": true}}}]}", 0);
+  expect_done("u2", "{\"insert\": \"c\", \"documents\": [{\"_id\": 1, \"k\": \"x\"}, {\"_id\": 2}, {\"_id\": 3}]}", 0);
+  expect("u2", "{\"insert\": \"c\", \"documents\": [{\"_id\": 4, \"k\": \"x\"}]}", 0, &res);
+  assert_string_equal(str_at(&res.reply, "writeErrors.0.errmsg"),
+                      "E11000 duplicate key error collection: u2.c index: k_1 dup key: { k: \"x\" }");
+  bson_destroy(&res.reply);
+  expect("u2", "{\"listIndexes\": \"c\", \"cursor\": {}}", 0, &res);
+  assert_int_equal(array_len(&res.reply, "cursor.firstBatch"), 2);
+  bson_destroy(&res.reply);
+}
+
+static void test_transaction_and_conflict(void **state) {
+  const char *a = "\"lsid\": {\"id\": {\"$binary\": {\"base64\": \"AAAAAAAAAAAAAAAAAAAAAQ==\", \"subType\": \"04\"}}}";
+  const char *b = "\"lsid\": {\"id\": {\"$binary\": {\"base64\": \"AAAAAAAAAAAAAAAAAAAAAg==\", \"subType\": \"04\"}}}";
+  char cmd[512];
+  result_t res;
+  expect_done("u3", "{\"insert\": \"c\", \"documents\": [{\"_id\": 1, \"n\": 0}]}", 0);
+  snprintf(cmd, sizeof cmd, "{\"update\": \"c\", \"updates\": [{\"q\": {\"_id\": 1}, \"u\": {\"$inc\": {\"n\": 1}}}], "
+           "%s, \"txnNumber\": 1, \"startTransaction\": true, \"autocommit\": false}", a);
+  expect_done("u3", cmd, 0);
+  snprintf(cmd, sizeof cmd, "{\"insert\": \"c\", \"documents\": [{\"_id\": 2}], %s, \"txnNumber\": 1, "
+           "\"autocommit\": false}", a);
+  expect_done("u3", cmd, 0);
+  /* inside: own writes; outside: nothing */
+  snprintf(cmd, sizeof cmd, "{\"find\": \"c\", %s, \"txnNumber\": 1, \"autocommit\": false}", a);
+  expect("u3", cmd, 0, &res);
+  assert_int_equal(array_len(&res.reply, "cursor.firstBatch"), 2);
+  bson_destroy(&res.reply);
+  expect("u3", "{\"find\": \"c\"}", 0, &res);
+  assert_int_equal(array_len(&res.reply, "cursor.firstBatch"), 1);
+  assert_int_equal((int)num_at(&res.reply, "cursor.firstBatch.0.n"), 0);
+  bson_destroy(&res.reply);
+  /* second writer: WriteConflict with the transient label */
+  snprintf(cmd, sizeof cmd, "{\"update\": \"c\", \"updates\": [{\"q\": {\"_id\": 1}, \"u\": {\"$set\": {\"n\": 5}}}], "
+           "%s, \"txnNumber\": 1, \"startTransaction\": true, \"autocommit\": false}", b);
+  expect("u3", cmd, 112, &res);
+  assert_string_equal(str_at(&res.reply, "errorLabels.0"), "TransientTransactionError");
+  bson_destroy(&res.reply);
+  snprintf(cmd, sizeof cmd, "{\"commitTransaction\": 1, %s, \"txnNumber\": 1, \"autocommit\": false}", b);
+  expect_done("admin", cmd, 251);
+  snprintf(cmd, sizeof cmd, "{\"commitTransaction\": 1, %s, \"txnNumber\": 1, \"autocommit\": false}", a);
+  expect_done("admin", cmd, 0);
+  expect_done("admin", cmd, 0); /* idempotent */
+  expect("u3", "{\"find\": \"c\", \"filter\": {\"_id\": 1}}", 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "cursor.firstBatch.0.n"), 1);
+  bson_destroy(&res.reply);
+  /* retryable write: executed once per (lsid, txnNumber) */
+  snprintf(cmd, sizeof cmd, "{\"update\": \"c\", \"updates\": [{\"q\": {\"_id\": 1}, \"u\": {\"$inc\": {\"n\": 1}}}], "
+           "%s, \"txnNumber\": 7}", b);
+  expect_done("u3", cmd, 0);
+  expect("u3", cmd, 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "nModified"), 1);
+  bson_destroy(&res.reply);
+  expect("u3", "{\"find\": \"c\", \"filter\": {\"_id\": 1}}", 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "cursor.firstBatch.0.n"), 2);
+  bson_destroy(&res.reply);
+  snprintf(cmd, sizeof cmd, "{\"update\": \"c\", \"updates\": [{\"q\": {\"_id\": 1}, \"u\": {\"$inc\": {\"n\": 1}}}], "
+           "%s, \"txnNumber\": 6}", b);
+  expect_done("u3", cmd, 225);
+  snprintf(cmd, sizeof cmd, "{\"endSessions\": [{\"id\": {\"$binary\": {\"base64\": \"AAAAAAAAAAAAAAAAAAAAAg==\", "
+           "\"subType\": \"04\"}}}]}");
+  expect_done("admin", cmd, 0);
+}
+
+static void test_change_stream_and_park(void **state) {
+  result_t res;
+  expect("u4", "{\"aggregate\": \"c\", \"pipeline\": [{\"$changeStream\": {}}, "
+               "{\"$match\": {\"operationType\": \"insert\"}}], \"cursor\": {}}", 0, &res);
+  double id = num_at(&res.reply, "cursor.id");
+  assert_true(id > 0);
+  assert_int_equal(array_len(&res.reply, "cursor.firstBatch"), 0);
+  char first_token[64];
+  snprintf(first_token, sizeof first_token, "%s", str_at(&res.reply, "cursor.postBatchResumeToken._data"));
+  bson_destroy(&res.reply);
+  char gm[160];
+  snprintf(gm, sizeof gm, "{\"getMore\": {\"$numberLong\": \"%lld\"}, \"collection\": \"c\", \"maxTimeMS\": 50}",
+           (long long)id);
+  /* nothing yet: the getMore parks with a deadline */
+  run("u4", gm, &res);
+  assert_int_equal(res.act, DM_ACT_PARK);
+  assert_true(res.park_deadline_ms > 0);
+  bson_destroy(&res.reply);
+  expect_done("u4", "{\"insert\": \"c\", \"documents\": [{\"_id\": 1}]}", 0);
+  expect_done("u4", "{\"delete\": \"c\", \"deletes\": [{\"q\": {\"_id\": 1}, \"limit\": 1}]}", 0);
+  /* re-run after the write: the insert passes the $match, the delete does not */
+  run_opts("u4", gm, true, false, &res);
+  assert_int_equal(res.act, DM_ACT_REPLY);
+  assert_int_equal(array_len(&res.reply, "cursor.nextBatch"), 1);
+  assert_string_equal(str_at(&res.reply, "cursor.nextBatch.0.operationType"), "insert");
+  assert_int_equal((int)num_at(&res.reply, "cursor.nextBatch.0.documentKey._id"), 1);
+  char after[64];
+  snprintf(after, sizeof after, "%s", str_at(&res.reply, "cursor.postBatchResumeToken._data"));
+  assert_true(strcmp(after, first_token) > 0);
+  bson_destroy(&res.reply);
+  /* at the deadline an empty batch, with the token still advancing */
+  run_opts("u4", gm, true, true, &res);
+  assert_int_equal(res.act, DM_ACT_REPLY);
+  assert_int_equal(array_len(&res.reply, "cursor.nextBatch"), 0);
+  assert_true(strcmp(str_at(&res.reply, "cursor.postBatchResumeToken._data"), after) > 0);
+  bson_destroy(&res.reply);
+  /* a token from before the bounded oplog's window is history lost */
+  for (int i = 0; i < 60; i++) expect_done("u4", "{\"insert\": \"d\", \"documents\": [{}]}", 0);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "{\"aggregate\": \"c\", \"pipeline\": [{\"$changeStream\": {\"resumeAfter\": "
+           "{\"_data\": \"%s\"}}}], \"cursor\": {}}", first_token);
+  expect("u4", cmd, 286, &res);
+  assert_string_equal(str_at(&res.reply, "errorLabels.0"), "NonResumableChangeStreamError");
+  bson_destroy(&res.reply);
+  expect_done("u4", "{\"aggregate\": \"c\", \"pipeline\": [{\"$changeStream\": {}}, {\"$project\": {\"_id\": 0}}], "
+                    "\"cursor\": {}}", 280);
+}
+
+static void test_fail_command(void **state) {
+  result_t res;
+  expect_done("admin", "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": "
+                       "{\"failCommands\": [\"insert\"], \"errorCode\": 91}}", 0);
+  expect("u5", "{\"insert\": \"c\", \"documents\": [{}], \"lsid\": {\"id\": {\"$binary\": {\"base64\": "
+               "\"AAAAAAAAAAAAAAAAAAAAAw==\", \"subType\": \"04\"}}}, \"txnNumber\": 1}", 91, &res);
+  assert_string_equal(str_at(&res.reply, "errorLabels.0"), "RetryableWriteError");
+  bson_destroy(&res.reply);
+  expect_done("u5", "{\"insert\": \"c\", \"documents\": [{}]}", 0);
+  expect_done("admin", "{\"configureFailPoint\": \"failCommand\", \"mode\": \"alwaysOn\", \"data\": "
+                       "{\"failCommands\": [\"ping\"], \"closeConnection\": true}}", 0);
+  run("admin", "{\"ping\": 1}", &res);
+  assert_int_equal(res.act, DM_ACT_CLOSE);
+  bson_destroy(&res.reply);
+  expect_done("admin", "{\"configureFailPoint\": \"failCommand\", \"mode\": \"alwaysOn\", \"data\": "
+                       "{\"failCommands\": [\"ping\"], \"blockConnection\": true, \"blockTimeMS\": 10}}", 0);
+  run("admin", "{\"ping\": 1}", &res);
+  assert_int_equal(res.act, DM_ACT_BLOCK);
+  bson_destroy(&res.reply);
+  run_opts("admin", "{\"ping\": 1}", true, false, &res); /* after the block the command runs */
+  assert_int_equal(res.act, DM_ACT_REPLY);
+  assert_true(num_at(&res.reply, "ok") == 1);
+  bson_destroy(&res.reply);
+  expect("admin", "{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}", 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "count"), 1);
+  bson_destroy(&res.reply);
+}
+
+static void test_ttl_pass(void **state) {
+  result_t res;
+  expect_done("u6", "{\"createIndexes\": \"c\", \"indexes\": [{\"key\": {\"at\": 1}, \"name\": \"at_1\", "
+                    "\"expireAfterSeconds\": 0, \"partialFilterExpression\": {\"s\": \"DONE\"}}]}", 0);
+  expect_done("u6", "{\"insert\": \"c\", \"documents\": [{\"_id\": 1, \"s\": \"DONE\", \"at\": {\"$date\": 1000}}, "
+                    "{\"_id\": 2, \"s\": \"OPEN\", \"at\": {\"$date\": 1000}}, {\"_id\": 3, \"s\": \"DONE\"}]}", 0);
+  uint64_t before = dm_oplog_last_seq();
+  dm_ttl_pass();
+  assert_int_equal(dm_oplog_last_seq(), before + 1);
+  assert_int_equal(dm_oplog_get(before + 1)->op, DM_OP_DELETE);
+  expect("u6", "{\"count\": \"c\"}", 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "n"), 2);
+  bson_destroy(&res.reply);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_hello_and_envelope),
+    cmocka_unit_test(test_crud_and_cursor),
+    cmocka_unit_test(test_unique_index),
+    cmocka_unit_test(test_transaction_and_conflict),
+    cmocka_unit_test(test_change_stream_and_park),
+    cmocka_unit_test(test_fail_command),
+    cmocka_unit_test(test_ttl_pass),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
