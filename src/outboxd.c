@@ -48,6 +48,7 @@
 #include "obx/obx_http.h"
 #include "obx/obx_log.h"
 #include "obx/obx_mongo.h"
+#include "obx/obx_pipeline.h"
 
 #define OUTBOXD_MAX_OVERRIDES 64
 
@@ -103,6 +104,7 @@ int main(int argc, char **argv) {
   char *overrides[OUTBOXD_MAX_OVERRIDES];
   int noverrides = 0, status = 1, nstarted = 0;
   void *handles[NROLES] = {0};
+  void *pipelines = NULL;
   obx_conf_t conf;
   obx_err_t err = OBX_ERR_INIT;
   obx_http_t *http = NULL;
@@ -148,6 +150,8 @@ int main(int argc, char **argv) {
   if (!(mongo = obx_mongo_new(&conf, &err)) || !(http = obx_http_new(&conf, &err))) goto fail;
   obx_http_add_ready_check(http, "mongo", mongo_ready, mongo);
   if (!obx_http_start(http, &err)) goto fail;
+  /* pipelines API and the order.pre hook: in place before the api role serves POST /orders */
+  if (conf.api_enabled && !(pipelines = obx_pipeline_api_start(&conf, http, &err))) goto fail;
   for (; nstarted < NROLES; nstarted++) {
     const outboxd_role_t *role = &roles[nstarted];
     if (!*role_enabled(&conf, role)) continue;
@@ -169,6 +173,7 @@ stop:
   obx_http_stop(http);
   while (nstarted-- > 0)
     if (handles[nstarted]) roles[nstarted].stop(handles[nstarted]);
+  obx_pipeline_api_stop(pipelines);
   obx_http_destroy(http);
   obx_mongo_destroy(mongo);
   if (status == 0) obx_info("outboxd stopped");

@@ -24,7 +24,8 @@
 
 /* X(name, summary) - one line per command, in the order shown by `outboxctl --help`. */
 #define OBX_CTL_COMMANDS(X)                                                          \
-  X(conf, "List the configuration keys; check a configuration as outboxd would load it")
+  X(conf, "List the configuration keys; check a configuration as outboxd would load it")      \
+  X(pipelines, "Apply pipeline definitions (validated; create/update by name) and list them")
 
 #define OBX_CTL_DECLARE_(name, summary) int obx_ctl_##name(int argc, char **argv);
 OBX_CTL_COMMANDS(OBX_CTL_DECLARE_)
