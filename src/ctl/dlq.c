@@ -42,16 +42,20 @@ static void print_msg_json(const obx_ladder_msg_t *msg) {
   BSON_APPEND_DOCUMENT_BEGIN(&doc, "headers", &headers);
   for (int i = 0; i < msg->nheaders; i++) BSON_APPEND_UTF8(&headers, msg->headers[i].name, msg->headers[i].value);
   bson_append_document_end(&doc, &headers);
+  bson_error_t berr;
   char *wrapped = NULL;
   if (msg->history && asprintf(&wrapped, "{\"h\": %s}", msg->history) > 0) {
-    bson_error_t berr;
     bson_t *parsed = bson_new_from_json((const uint8_t *)wrapped, -1, &berr);
     bson_iter_t it;
     if (parsed && bson_iter_init_find(&it, parsed, "h")) bson_append_iter(&doc, "history", -1, &it);
     bson_destroy(parsed);
     free(wrapped);
   }
-  bson_append_utf8(&doc, "body", -1, msg->body, (int)msg->body_len);
+  /* The payload as a document when it is JSON (it is, unless the record was malformed). */
+  bson_t *payload = bson_new_from_json((const uint8_t *)msg->body, (ssize_t)msg->body_len, &berr);
+  if (payload) BSON_APPEND_DOCUMENT(&doc, "payload", payload);
+  else bson_append_utf8(&doc, "body", -1, msg->body, (int)msg->body_len);
+  bson_destroy(payload);
   char *json = bson_as_relaxed_extended_json(&doc, NULL);
   printf("%s\n", json);
   bson_free(json);

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "obx/obx_conf.h"
@@ -340,6 +341,40 @@ static inline void wt_wait_depth(wt_fx_t *fx, const char *queue, uint32_t want) 
     if (obx_test_now_ms() > deadline) fail_msg("depth of %s: got %u, want %u", queue, got, want);
     usleep(50000);
   }
+}
+
+/* "-X key=value" pairs that point a child process (outboxd, outboxctl) at this fixture.
+ * Fills args (at least 2 * WT_NCONF entries) with pointers into bufs; returns the count. */
+#define WT_NCONF 8
+static inline int wt_conf_args(wt_fx_t *fx, char bufs[WT_NCONF][320], char **args) {
+  const char *keys[WT_NCONF] = {"mongo.uri", "kafka.brokers", "amqp.url", "worker.queue_prefix", "worker.group",
+                                "worker.retry_ladder", "egress.allow_networks", "worker.attempts"};
+  int n = 0;
+  for (int i = 0; i < WT_NCONF; i++) {
+    char *v = obx_conf_get_string(&fx->conf, keys[i], true);
+    snprintf(bufs[i], 320, "%s=%s", keys[i], v);
+    free(v);
+    args[n++] = "-X";
+    args[n++] = bufs[i];
+  }
+  return n;
+}
+
+/* Runs outboxctl with `cmd` (space-separated words, no quoting) and the fixture's
+ * configuration; stdout+stderr go to out. Returns the exit status (-1 when it did not run). */
+static inline int wt_ctl(wt_fx_t *fx, char *out, size_t outlen, const char *cmd) {
+  char bufs[WT_NCONF][320], *args[2 * WT_NCONF];
+  int n = wt_conf_args(fx, bufs, args);
+  char line[8192];
+  int pos = snprintf(line, sizeof line, "%s %s --who wt-tester", obx_test_build_path("outboxctl"), cmd);
+  for (int i = 0; i < n; i++) pos += snprintf(line + pos, sizeof line - (size_t)pos, " '%s'", args[i]);
+  snprintf(line + pos, sizeof line - (size_t)pos, " 2>&1");
+  FILE *p = popen(line, "r");
+  if (!p) return -1;
+  size_t len = fread(out, 1, outlen - 1, p);
+  out[len] = '\0';
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 typedef struct {
