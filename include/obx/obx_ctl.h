@@ -25,7 +25,11 @@
 /* X(name, summary) - one line per command, in the order shown by `outboxctl --help`. */
 #define OBX_CTL_COMMANDS(X)                                                          \
   X(conf, "List the configuration keys; check a configuration as outboxd would load it")      \
-  X(pipelines, "Apply pipeline definitions (validated; create/update by name) and list them")
+  X(apikey, "Create API keys for the HTTP API (printed once, stored hashed)")                  \
+  X(pipelines, "Apply pipeline definitions (validated; create/update by name) and list them")   \
+  X(dlq, "The parking-lot DLQ: list, peek, redrive (one, filtered, all; dry run), purge")      \
+  X(inbox, "The worker's inbox: show an entry, replay one event or a type since a time")       \
+  X(keys, "Business keys parked behind a failing event: list, release")
 
 #define OBX_CTL_DECLARE_(name, summary) int obx_ctl_##name(int argc, char **argv);
 OBX_CTL_COMMANDS(OBX_CTL_DECLARE_)
