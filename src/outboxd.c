@@ -48,6 +48,7 @@
 #include "obx/obx_http.h"
 #include "obx/obx_log.h"
 #include "obx/obx_mongo.h"
+#include "obx/obx_worker.h"
 #include "obx/obx_pipeline.h"
 
 #define OUTBOXD_MAX_OVERRIDES 64
@@ -61,6 +62,7 @@ typedef struct {
 
 static const outboxd_role_t roles[] = {
   {"api", offsetof(obx_conf_t, api_enabled), obx_api_start, obx_api_stop},
+  {"worker", offsetof(obx_conf_t, worker_enabled), obx_worker_start, obx_worker_stop},
 };
 #define NROLES ((int)(sizeof roles / sizeof roles[0]))
 
