@@ -48,6 +48,7 @@
 #include "obx/obx_http.h"
 #include "obx/obx_log.h"
 #include "obx/obx_mongo.h"
+#include "obx/obx_ops.h"
 #include "obx/obx_worker.h"
 #include "obx/obx_pipeline.h"
 
@@ -107,6 +108,7 @@ int main(int argc, char **argv) {
   int noverrides = 0, status = 1, nstarted = 0;
   void *handles[NROLES] = {0};
   void *pipelines = NULL;
+  void *ops_api = NULL;
   obx_conf_t conf;
   obx_err_t err = OBX_ERR_INIT;
   obx_http_t *http = NULL;
@@ -154,6 +156,8 @@ int main(int argc, char **argv) {
   if (!obx_http_start(http, &err)) goto fail;
   /* pipelines API and the order.pre hook: in place before the api role serves POST /orders */
   if (conf.api_enabled && !(pipelines = obx_pipeline_api_start(&conf, http, &err))) goto fail;
+  /* the operators' routes (/api/outbox, /api/inbox, /api/dlq) */
+  if (conf.api_enabled && !(ops_api = obx_ops_api_start(&conf, http, &err))) goto fail;
   for (; nstarted < NROLES; nstarted++) {
     const outboxd_role_t *role = &roles[nstarted];
     if (!*role_enabled(&conf, role)) continue;
@@ -175,6 +179,7 @@ stop:
   obx_http_stop(http);
   while (nstarted-- > 0)
     if (handles[nstarted]) roles[nstarted].stop(handles[nstarted]);
+  obx_ops_api_stop(ops_api);
   obx_pipeline_api_stop(pipelines);
   obx_http_destroy(http);
   obx_mongo_destroy(mongo);
