@@ -183,7 +183,7 @@ static bool parse_graph(obx_pipeline_t *pipeline, obx_err_t *err) {
   bson_iter_recurse(&it, &arr);
   while (bson_iter_next(&arr)) count++;
   if (count == 0) return fail(err, "\"nodes\" is empty: a start node is required");
-  pipeline->nodes = bson_malloc0(count * sizeof *pipeline->nodes);
+  pipeline->nodes = obx_pipeline_calloc_aligned(count, sizeof *pipeline->nodes);
   bson_iter_recurse(&it, &arr);
   while (bson_iter_next(&arr)) {
     int i = pipeline->nnodes++;
@@ -253,7 +253,7 @@ static bool parse_top(obx_pipeline_t *pipeline, obx_err_t *err) {
 }
 
 bool obx_pipeline_parse(const bson_t *doc, obx_pipeline_t **out, obx_err_t *err) {
-  obx_pipeline_t *pipeline = bson_malloc0(sizeof *pipeline);
+  obx_pipeline_t *pipeline = obx_pipeline_calloc_aligned(1, sizeof *pipeline);
   bson_copy_to(doc, &pipeline->doc);
   *out = NULL;
   if (!parse_top(pipeline, err) || !parse_graph(pipeline, err)) {
@@ -282,13 +282,13 @@ void obx_pipeline_destroy(obx_pipeline_t *pipeline) {
     bson_free(pipeline->nodes[i].id);
     bson_destroy(&pipeline->nodes[i].config);
   }
-  bson_free(pipeline->nodes);
+  free(pipeline->nodes);
   bson_free(pipeline->id);
   bson_free(pipeline->name);
   bson_free(pipeline->org_id);
   bson_free(pipeline->trigger);
   bson_destroy(&pipeline->doc);
-  bson_free(pipeline);
+  free(pipeline);
 }
 
 const char *obx_pipeline_id(const obx_pipeline_t *pipeline) { return pipeline->id; }

@@ -9,6 +9,7 @@
  * the database; effects wait in the run for obx_pipeline_run_commit (commit.c). */
 #include "pipeline_int.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -189,7 +190,7 @@ static void walk(obx_pipeline_run_t *run, const obx_pipeline_t *pipeline, const 
 
 obx_pipeline_run_t *obx_pipeline_execute(const obx_pipeline_t *pipeline, const obx_pipeline_input_t *input,
                                          const obx_egress_t *egress) {
-  obx_pipeline_run_t *run = bson_malloc0(sizeof *run);
+  obx_pipeline_run_t *run = obx_pipeline_calloc_aligned(1, sizeof *run);
   obx_uuid7(run->id);
   bson_init(&run->execution);
   bson_init(&run->statuses);
@@ -245,7 +246,7 @@ void obx_pipeline_run_add_status(obx_pipeline_run_t *run, const char *status_tag
 }
 
 void obx_pipeline_run_add_event(obx_pipeline_run_t *run, obx_event_t *ev) {
-  obx_event_t *copy = bson_malloc(sizeof *copy);
+  obx_event_t *copy = obx_pipeline_calloc_aligned(1, sizeof *copy);
   obx_event_init(copy);
   obx_event_copy(copy, ev);
   run->events = bson_realloc(run->events, (size_t)(run->nevents + 1) * sizeof *run->events);
@@ -256,7 +257,7 @@ void obx_pipeline_run_destroy(obx_pipeline_run_t *run) {
   if (!run) return;
   for (int i = 0; i < run->nevents; i++) {
     obx_event_cleanup(run->events[i]);
-    bson_free(run->events[i]);
+    free(run->events[i]);
   }
   bson_free(run->events);
   bson_destroy(&run->statuses);
@@ -265,7 +266,7 @@ void obx_pipeline_run_destroy(obx_pipeline_run_t *run) {
   bson_free(run->org_id);
   bson_free(run->aggregate_type);
   bson_free(run->aggregate_id);
-  bson_free(run);
+  free(run);
 }
 
 obx_pipeline_status_t obx_pipeline_run_status(const obx_pipeline_run_t *run) { return run->status; }

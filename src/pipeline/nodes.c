@@ -4,6 +4,7 @@
  * type is that file plus one line here. */
 #include "pipeline_int.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 extern const obx_node_type_t obx_node_start;
@@ -37,4 +38,13 @@ bool obx_node_config_require_str(const bson_t *config, const char *key, obx_err_
   if (value && *value) return true;
   obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "config.%s: required (a non-empty string)", key);
   return false;
+}
+
+void *obx_pipeline_calloc_aligned(size_t n, size_t size) {
+  size_t align = _Alignof(bson_t), bytes = n * size;
+  bytes = (bytes + align - 1) / align * align;
+  void *p = aligned_alloc(align, bytes ? bytes : align);
+  if (!p) abort();
+  memset(p, 0, bytes ? bytes : align);
+  return p;
 }

@@ -12,6 +12,10 @@
 
 typedef struct obx_node_type obx_node_type_t;
 
+/* Zeroed heap memory for n objects of a type that holds a bson_t (aligned to 128 bytes, more
+ * than malloc guarantees). Free with free(). */
+void *obx_pipeline_calloc_aligned(size_t n, size_t size);
+
 typedef struct {
   char *id;
   const obx_node_type_t *type;

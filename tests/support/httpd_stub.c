@@ -174,7 +174,11 @@ static void completed(void *cls, struct MHD_Connection *connection, void **con_c
 }
 
 static obx_test_httpd_t *start(const char *cert_pem, const char *key_pem) {
-  obx_test_httpd_t *httpd = calloc(1, sizeof *httpd);
+  /* holds bson_t members: aligned as bson_t requires (malloc's alignment is smaller) */
+  size_t bytes = (sizeof(obx_test_httpd_t) + _Alignof(obx_test_httpd_t) - 1) / _Alignof(obx_test_httpd_t) *
+                 _Alignof(obx_test_httpd_t);
+  obx_test_httpd_t *httpd = aligned_alloc(_Alignof(obx_test_httpd_t), bytes);
+  memset(httpd, 0, bytes);
   pthread_mutex_init(&httpd->mu, NULL);
   struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = 0};
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
