@@ -248,8 +248,22 @@ static void test_update_upsert_delete(void **state) {
   u = J("{\"k\": 22}");
   assert_true(mongoc_collection_replace_one(c, q, u, NULL, NULL, &error));
   expect_find(c, "{\"_id\": 2}", NULL, "22");
+  bson_destroy(u);
+  /* an aggregation-pipeline update */
+  u = J("[{\"$set\": {\"k\": {\"$add\": [\"$k\", 1]}}}]");
+  if (!mongoc_collection_update_one(c, q, u, NULL, NULL, &error)) fail_msg("pipeline update: %s", error.message);
+  expect_find(c, "{\"_id\": 2}", NULL, "23");
   bson_destroy(q);
   bson_destroy(u);
+  /* an unacknowledged write (moreToCome, no reply) lands, and the connection stays in step */
+  bson_t *w0 = J("{\"writeConcern\": {\"w\": 0}}"), *d50 = J("{\"_id\": 50, \"k\": 50}");
+  assert_true(mongoc_collection_insert_one(c, d50, w0, NULL, &error));
+  expect_find(c, "{\"_id\": 50}", NULL, "50");
+  bson_destroy(w0);
+  bson_destroy(d50);
+  q = J("{\"_id\": 50}");
+  assert_true(mongoc_collection_delete_one(c, q, NULL, NULL, &error));
+  bson_destroy(q);
   q = J("{}");
   u = J("{\"$set\": {\"all\": 1}}");
   assert_true(mongoc_collection_update_many(c, q, u, NULL, &reply, &error));
@@ -257,7 +271,7 @@ static void test_update_upsert_delete(void **state) {
   assert_int_equal(bson_iter_as_int64(&it), 3);
   bson_destroy(&reply);
   bson_destroy(u);
-  bson_t *dq = J("{\"k\": 22}");
+  bson_t *dq = J("{\"k\": 23}");
   assert_true(mongoc_collection_delete_one(c, dq, NULL, &reply, &error));
   assert_true(bson_iter_init_find(&it, &reply, "deletedCount"));
   assert_int_equal(bson_iter_as_int64(&it), 1);

@@ -75,6 +75,14 @@ static void test_times_always_off(void **state) {
   for (int i = 0; i < 5; i++) assert_int_equal(run_cmd(g_client, "ping", NULL), 2);
   assert_int_equal(fail_off("failCommand"), 5);
   assert_int_equal(run_cmd(g_client, "ping", NULL), 0);
+  /* skip: the first N matching commands pass, then it stays on */
+  fail_point("{\"configureFailPoint\": \"failCommand\", \"mode\": {\"skip\": 2}, \"data\": "
+             "{\"failCommands\": [\"ping\"], \"errorCode\": 2}}");
+  assert_int_equal(run_cmd(g_client, "ping", NULL), 0);
+  assert_int_equal(run_cmd(g_client, "ping", NULL), 0);
+  assert_int_equal(run_cmd(g_client, "ping", NULL), 2);
+  assert_int_equal(run_cmd(g_client, "ping", NULL), 2);
+  assert_int_equal(fail_off("failCommand"), 2);
 }
 
 static void test_error_labels(void **state) {
