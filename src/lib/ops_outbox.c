@@ -488,7 +488,12 @@ static bool status_relay(const obx_ops_t *ops, mongoc_client_t *client, bson_t *
     append_age(relay, "leaseExpiresAt", NULL, &lease, "expiresAt", now);
     append_age(relay, "checkpointAt", "checkpointAgeMs", &ckpt, "updatedAt", now);
     BSON_APPEND_INT64(relay, "pending", pending);
-    append_age(relay, "oldestPendingAt", "lagMs", &oldest, "occurredAt", now);
+    if (has_oldest) {
+      append_age(relay, "oldestPendingAt", "lagMs", &oldest, "occurredAt", now);
+    } else {
+      BSON_APPEND_NULL(relay, "oldestPendingAt");
+      BSON_APPEND_INT64(relay, "lagMs", 0);
+    }
   }
   mongoc_collection_destroy(outbox);
   mongoc_collection_destroy(ckpts);

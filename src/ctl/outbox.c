@@ -1,0 +1,146 @@
+/* outbox.c - `outboxctl outbox`: the relay's outbox
+ *
+ *   outboxctl outbox list [STATUS] [--limit N] [--json]
+ *       The newest events (all orgs), optionally of one status (PENDING, PUBLISHED, FAILED):
+ *       id, type, org, status, attempts, occurredAt, last error.
+ *   outboxctl outbox counts [--json]
+ *       Events by status.
+ *   outboxctl outbox reprocess ID [--who NAME]
+ *       Sends a FAILED event back to PENDING (attempts reset, available now, the last error kept
+ *       in the event's history); the relay publishes it again. Recorded in audit_log.
+ *
+ * DESIGN: the operations are obx_ops_* (src/lib/ops_outbox.c), the same ones the HTTP API runs;
+ * options and service access are the worker commands' (worker_ctl.h). */
+#include <stdio.h>
+#include <string.h>
+
+#include "ctl/worker_ctl.h"
+#include "obx/obx_ops.h"
+
+static void print_json(const bson_t *doc) {
+  char *json = bson_as_relaxed_extended_json(doc, NULL);
+  printf("%s\n", json);
+  bson_free(json);
+}
+
+static const char *str_field(const bson_t *doc, const char *name, const char *dflt) {
+  bson_iter_t it;
+  return bson_iter_init_find(&it, doc, name) && BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : dflt;
+}
+
+static void print_event_line(const bson_t *ev) {
+  bson_iter_t it;
+  char occurred[32] = "-";
+  if (bson_iter_init_find(&it, ev, "occurredAt") && BSON_ITER_HOLDS_DATE_TIME(&it))
+    obx_time_format_rfc3339(bson_iter_date_time(&it), occurred);
+  long long attempts = bson_iter_init_find(&it, ev, "attempts") && BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
+  printf("%-36s  %-20s  %-12s  %-9s  %8lld  %-24s  %s\n", str_field(ev, "_id", "-"), str_field(ev, "eventType", "-"),
+         str_field(ev, "orgId", "-"), str_field(ev, "status", "-"), attempts, occurred, str_field(ev, "lastError", ""));
+}
+
+static int outbox_list(int argc, char **argv) {
+  worker_ctl_args_t args;
+  int rc = worker_ctl_parse(&args, argc, argv,
+                            "usage: outboxctl outbox list [STATUS] [--limit N] [--json]\n\n"
+                            "Lists the newest outbox events, optionally of one status (PENDING, PUBLISHED, FAILED).\n");
+  if (rc >= 0) goto done_args;
+  rc = OBX_CTL_USAGE;
+  if (args.npos > 1) {
+    obx_ctl_errorf("outbox list: takes at most one status");
+    goto done_args;
+  }
+  worker_ctl_t ctl;
+  if ((rc = worker_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
+    bson_t out = BSON_INITIALIZER;
+    obx_err_t err = OBX_ERR_INIT;
+    if (!obx_ops_list(&ctl.ops, OBX_OPS_OUTBOX, NULL, args.npos ? args.pos[0] : NULL, args.limit, &out, &err)) {
+      rc = worker_ctl_fail("outbox list", &err);
+      if (err.domain == OBX_ERR_INPUT) rc = OBX_CTL_USAGE;
+    } else if (args.json) {
+      print_json(&out);
+    } else {
+      printf("%-36s  %-20s  %-12s  %-9s  %8s  %-24s  %s\n", "ID", "TYPE", "ORG", "STATUS", "ATTEMPTS", "OCCURRED",
+             "LAST ERROR");
+      bson_iter_t it, items;
+      if (bson_iter_init_find(&it, &out, "items") && bson_iter_recurse(&it, &items)) {
+        while (bson_iter_next(&items)) {
+          const uint8_t *data;
+          uint32_t len;
+          bson_t ev;
+          bson_iter_document(&items, &len, &data);
+          if (bson_init_static(&ev, data, len)) print_event_line(&ev);
+        }
+      }
+    }
+    bson_destroy(&out);
+  }
+  worker_ctl_close(&ctl);
+done_args:
+  worker_ctl_args_cleanup(&args);
+  return rc;
+}
+
+static int outbox_counts(int argc, char **argv) {
+  worker_ctl_args_t args;
+  int rc = worker_ctl_parse(&args, argc, argv, "usage: outboxctl outbox counts [--json]\n\nCounts events by status.\n");
+  if (rc >= 0) goto done_args;
+  rc = OBX_CTL_USAGE;
+  if (args.npos) {
+    obx_ctl_errorf("outbox counts: takes no arguments");
+    goto done_args;
+  }
+  worker_ctl_t ctl;
+  if ((rc = worker_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
+    bson_t out = BSON_INITIALIZER;
+    obx_err_t err = OBX_ERR_INIT;
+    if (!obx_ops_counts(&ctl.ops, OBX_OPS_OUTBOX, NULL, &out, &err)) {
+      rc = worker_ctl_fail("outbox counts", &err);
+    } else if (args.json) {
+      print_json(&out);
+    } else {
+      bson_iter_t it;
+      if (bson_iter_init(&it, &out))
+        while (bson_iter_next(&it)) printf("%-10s %lld\n", bson_iter_key(&it), (long long)bson_iter_as_int64(&it));
+    }
+    bson_destroy(&out);
+  }
+  worker_ctl_close(&ctl);
+done_args:
+  worker_ctl_args_cleanup(&args);
+  return rc;
+}
+
+static int outbox_reprocess(int argc, char **argv) {
+  worker_ctl_args_t args;
+  int rc = worker_ctl_parse(&args, argc, argv,
+                            "usage: outboxctl outbox reprocess ID [--who NAME] [--json]\n\n"
+                            "Sends a FAILED event back to PENDING; the relay publishes it again.\n");
+  if (rc >= 0) goto done_args;
+  rc = OBX_CTL_USAGE;
+  if (args.npos != 1) {
+    obx_ctl_errorf("outbox reprocess: wants one event id");
+    goto done_args;
+  }
+  worker_ctl_t ctl;
+  if ((rc = worker_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
+    bson_t out = BSON_INITIALIZER;
+    obx_err_t err = OBX_ERR_INIT;
+    if (!obx_ops_outbox_reprocess(&ctl.ops, NULL, args.pos[0], &out, &err)) rc = worker_ctl_fail("outbox reprocess", &err);
+    else if (args.json) print_json(&out);
+    else printf("%s: FAILED -> PENDING\n", args.pos[0]);
+    bson_destroy(&out);
+  }
+  worker_ctl_close(&ctl);
+done_args:
+  worker_ctl_args_cleanup(&args);
+  return rc;
+}
+
+int obx_ctl_outbox(int argc, char **argv) {
+  static const obx_ctl_sub_t subs[] = {
+    {"list", "[STATUS] [--limit N] [--json]", "List the newest events, optionally of one status", outbox_list},
+    {"counts", "[--json]", "Count events by status", outbox_counts},
+    {"reprocess", "ID [--who NAME]", "Send a FAILED event back to PENDING (recorded in audit_log)", outbox_reprocess},
+  };
+  return obx_ctl_dispatch("the relay's outbox", subs, (int)(sizeof subs / sizeof subs[0]), argc, argv);
+}

@@ -1,0 +1,106 @@
+/* status.c - `outboxctl status`: the whole system at a glance
+ *
+ *   outboxctl status [--json]
+ *       Relay leader and lease, checkpoint age, lag (age of the oldest due PENDING event),
+ *       outbox and inbox counts by status, DLQ depth (unknown when RabbitMQ does not answer)
+ *       and parked keys.
+ *
+ * DESIGN: one call to obx_ops_status (src/lib/ops_outbox.c); this file only prints. Exit 1
+ * when MongoDB cannot be read; RabbitMQ being down is shown, not failed. */
+#include <stdio.h>
+#include <string.h>
+
+#include "ctl/worker_ctl.h"
+#include "obx/obx_ops.h"
+
+static bool sub_doc(const bson_t *doc, const char *name, bson_t *out) {
+  bson_iter_t it;
+  const uint8_t *data;
+  uint32_t len;
+  if (!bson_iter_init_find(&it, doc, name) || !BSON_ITER_HOLDS_DOCUMENT(&it)) return false;
+  bson_iter_document(&it, &len, &data);
+  return bson_init_static(out, data, len);
+}
+
+/* Writes a date field as RFC 3339 into buf ("-" when null). */
+static const char *date_field(const bson_t *doc, const char *name, char buf[32]) {
+  bson_iter_t it;
+  if (bson_iter_init_find(&it, doc, name) && BSON_ITER_HOLDS_DATE_TIME(&it)) obx_time_format_rfc3339(bson_iter_date_time(&it), buf);
+  else snprintf(buf, 32, "-");
+  return buf;
+}
+
+static long long int_field(const bson_t *doc, const char *name, long long dflt) {
+  bson_iter_t it;
+  return bson_iter_init_find(&it, doc, name) && BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : dflt;
+}
+
+static void print_counts(const char *title, const bson_t *status) {
+  bson_t counts;
+  bson_iter_t it;
+  printf("%-12s", title);
+  if (sub_doc(status, title, &counts) && bson_iter_init(&it, &counts))
+    while (bson_iter_next(&it)) printf(" %s=%lld", bson_iter_key(&it), (long long)bson_iter_as_int64(&it));
+  printf("\n");
+}
+
+static void print_text(const bson_t *status) {
+  bson_t relay, dlq;
+  bson_iter_t it;
+  char a[32], b[32];
+  if (sub_doc(status, "relay", &relay)) {
+    const char *leader = bson_iter_init_find(&it, &relay, "leader") && BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : NULL;
+    if (leader)
+      printf("%-12s leader %s (epoch %lld, lease until %s)\n", "relay", leader, int_field(&relay, "epoch", 0),
+             date_field(&relay, "leaseExpiresAt", a));
+    else
+      printf("%-12s no leader (last lease expired %s)\n", "relay", date_field(&relay, "leaseExpiresAt", a));
+    long long age = int_field(&relay, "checkpointAgeMs", -1);
+    if (age >= 0) printf("%-12s checkpoint %s (%.1f s ago)\n", "", date_field(&relay, "checkpointAt", a), (double)age / 1000.0);
+    else printf("%-12s no checkpoint\n", "");
+    printf("%-12s lag %.1f s (%lld pending, oldest due %s)\n", "", (double)int_field(&relay, "lagMs", 0) / 1000.0,
+           int_field(&relay, "pending", 0), date_field(&relay, "oldestPendingAt", b));
+  }
+  print_counts("outbox", status);
+  print_counts("inbox", status);
+  if (sub_doc(status, "dlq", &dlq)) {
+    long long depth = int_field(&dlq, "depth", -1);
+    if (depth >= 0) printf("%-12s depth %lld\n", "dlq", depth);
+    else
+      printf("%-12s depth unknown (%s)\n", "dlq",
+             bson_iter_init_find(&it, &dlq, "error") && BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : "");
+  }
+  printf("%-12s %lld\n", "parked keys", int_field(status, "parkedKeys", 0));
+}
+
+int obx_ctl_status(int argc, char **argv) {
+  worker_ctl_args_t args;
+  int rc = worker_ctl_parse(&args, argc, argv,
+                            "usage: outboxctl status [--json]\n\n"
+                            "Relay leader, checkpoint age and lag; outbox and inbox counts; DLQ depth; parked keys.\n");
+  if (rc >= 0) goto done_args;
+  rc = OBX_CTL_USAGE;
+  if (args.npos) {
+    obx_ctl_errorf("status: takes no arguments");
+    goto done_args;
+  }
+  worker_ctl_t ctl;
+  if ((rc = worker_ctl_open(&ctl, &args, true)) == OBX_CTL_OK) {
+    bson_t out = BSON_INITIALIZER;
+    obx_err_t err = OBX_ERR_INIT;
+    if (!obx_ops_status(&ctl.ops, &out, &err)) {
+      rc = worker_ctl_fail("status", &err);
+    } else if (args.json) {
+      char *json = bson_as_relaxed_extended_json(&out, NULL);
+      printf("%s\n", json);
+      bson_free(json);
+    } else {
+      print_text(&out);
+    }
+    bson_destroy(&out);
+  }
+  worker_ctl_close(&ctl);
+done_args:
+  worker_ctl_args_cleanup(&args);
+  return rc;
+}
