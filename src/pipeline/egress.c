@@ -22,6 +22,7 @@
 #include <curl/curl.h>
 
 #include "obx/obx_log.h"
+#include "obx/obx_metrics.h"
 
 static void free_list(char **list, int n) {
   for (int i = 0; i < n; i++) bson_free(list[i]);
@@ -335,13 +336,21 @@ static size_t write_body(char *data, size_t size, size_t n, void *userdata) {
 }
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static void curl_init_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
+static obx_counter_t *refused_total;
+static void curl_init_once(void) {
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  refused_total = obx_metrics_counter("outboxd_pipeline_egress_refused_total",
+                                      "http-request calls refused by the egress guard", "stage");
+}
 
 bool obx_egress_request(const obx_egress_t *egress, const char *method, const char *url, const char *const *headers,
                         const char *body, size_t body_len, obx_http_response_t *resp, obx_err_t *err) {
   memset(resp, 0, sizeof *resp);
-  if (!obx_egress_check_url(egress, url, err)) return false;
   pthread_once(&curl_once, curl_init_once);
+  if (!obx_egress_check_url(egress, url, err)) {
+    obx_counter_inc(refused_total, "url");
+    return false;
+  }
 
   request_t req = {.egress = egress};
   struct curl_slist *hdrs = NULL, *pins = NULL;
@@ -388,6 +397,7 @@ bool obx_egress_request(const obx_egress_t *egress, const char *method, const ch
 
   CURLcode rc = curl_easy_perform(curl);
   if (req.refused) {
+    obx_counter_inc(refused_total, "address");
     if (err) *err = req.refusal;
     goto done;
   }

@@ -6,12 +6,18 @@
  * recorded as { nodeId, type, status, startedAt, durationMs, output | error, failureClass }.
  * Outputs are bounded (OBX_STEP_OUTPUT_MAX bytes of BSON, and storable keys): a larger or
  * unstorable output is replaced by { truncated: true, bytes, preview }. The run never touches
- * the database; effects wait in the run for obx_pipeline_run_commit (commit.c). */
+ * the database; effects wait in the run for obx_pipeline_run_commit (commit.c). Metrics:
+ * outboxd_pipeline_runs_total{trigger,status}, outboxd_pipeline_run_duration_seconds{trigger},
+ * outboxd_pipeline_steps_total{type,status} (and outboxd_pipeline_egress_refused_total{stage}
+ * in egress.c). */
 #include "pipeline_int.h"
 
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 #include <time.h>
+
+#include "obx/obx_metrics.h"
 
 #define OBX_STEP_OUTPUT_MAX 4096
 #define OBX_STEP_PREVIEW_MAX 1024
@@ -28,6 +34,19 @@ struct obx_pipeline_run {
   int nevents;
   char *pipeline_id, *org_id, *aggregate_type, *aggregate_id;
 };
+
+static obx_counter_t *runs_total, *steps_total;
+static obx_histogram_t *run_seconds;
+static pthread_once_t metrics_once = PTHREAD_ONCE_INIT;
+
+static void metrics_init(void) {
+  runs_total = obx_metrics_counter("outboxd_pipeline_runs_total", "Pipeline runs by trigger and final status",
+                                   "trigger,status");
+  steps_total = obx_metrics_counter("outboxd_pipeline_steps_total", "Pipeline steps run, by node type and status",
+                                    "type,status");
+  run_seconds = obx_metrics_histogram("outboxd_pipeline_run_duration_seconds",
+                                      "Duration of pipeline runs (HTTP calls included)", "trigger", NULL, 0);
+}
 
 const char *obx_pipeline_status_name(obx_pipeline_status_t status) {
   switch (status) {
@@ -137,6 +156,7 @@ static const char *run_step(obx_node_ctx_t *ctx, int n, bson_t *steps, uint32_t 
     BSON_APPEND_UTF8(&step, "failureClass", obx_failure_class_name(class_of(err)));
   }
   bson_append_document_end(steps, &step);
+  obx_counter_inc(steps_total, node->type->name, ok ? "SUCCEEDED" : "FAILED");
 
   bson_append_document_begin(outputs, node->id, -1, &out_entry);
   BSON_APPEND_UTF8(&out_entry, "status", ok ? "SUCCEEDED" : "FAILED");
@@ -190,6 +210,7 @@ static void walk(obx_pipeline_run_t *run, const obx_pipeline_t *pipeline, const 
 
 obx_pipeline_run_t *obx_pipeline_execute(const obx_pipeline_t *pipeline, const obx_pipeline_input_t *input,
                                          const obx_egress_t *egress) {
+  pthread_once(&metrics_once, metrics_init);
   obx_pipeline_run_t *run = obx_pipeline_calloc_aligned(1, sizeof *run);
   obx_uuid7(run->id);
   bson_init(&run->execution);
@@ -222,10 +243,13 @@ obx_pipeline_run_t *obx_pipeline_execute(const obx_pipeline_t *pipeline, const o
   append_str_or_null(doc, "failureClass", obx_failure_class_name(run->failure_class));
   append_str_or_null(doc, "error", run->status == OBX_PIPELINE_FAILED ? run->err.msg : NULL);
   BSON_APPEND_DATE_TIME(doc, "startedAt", started_at);
+  int64_t duration = mono_ms() - t0;
   BSON_APPEND_DATE_TIME(doc, "finishedAt", obx_time_now_ms());
-  BSON_APPEND_INT64(doc, "durationMs", mono_ms() - t0);
+  BSON_APPEND_INT64(doc, "durationMs", duration);
   BSON_APPEND_ARRAY(doc, "steps", &steps);
   bson_destroy(&steps);
+  obx_counter_inc(runs_total, trigger ? trigger : "none", obx_pipeline_status_name(run->status));
+  obx_histogram_observe(run_seconds, (double)duration / 1000.0, trigger ? trigger : "none");
   return run;
 }
 

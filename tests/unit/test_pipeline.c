@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "obx/obx_metrics.h"
 #include "../../src/pipeline/pipeline_int.h"
 
 /* 'x' -> "x" (the tables never need a literal single quote). */
@@ -315,6 +316,10 @@ static void test_branching(void **state) {
     {"{'orderNumber':'B-3','order':{'totalAmount':100}}", NULL, "start,big,vip,!tag,tag-failed,!emit", 0},
   };
   obx_pipeline_t *pipeline = parse_fixture("branching.json");
+  obx_counter_t *runs = obx_metrics_counter("outboxd_pipeline_runs_total", "Pipeline runs by trigger and final status",
+                                            "trigger,status");
+  double ok_before = obx_metrics_value(runs, "event.OrderShipped", "SUCCEEDED");
+  double failed_before = obx_metrics_value(runs, "event.OrderShipped", "FAILED");
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     bson_t *ctx = json_doc(cases[i].context);
     obx_pipeline_input_t in = {.context = ctx, .org_id = "org-1", .event_id = "ev-1", .correlation_id = "corr-1",
@@ -355,6 +360,8 @@ static void test_branching(void **state) {
     obx_pipeline_run_destroy(run);
     bson_destroy(ctx);
   }
+  assert_int_equal((int)(obx_metrics_value(runs, "event.OrderShipped", "SUCCEEDED") - ok_before), 2);
+  assert_int_equal((int)(obx_metrics_value(runs, "event.OrderShipped", "FAILED") - failed_before), 1);
   obx_pipeline_destroy(pipeline);
 }
 

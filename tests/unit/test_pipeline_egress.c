@@ -4,6 +4,7 @@
  * the real request path (curl): refusals happen before a socket is opened, so no server is
  * needed. */
 #include "obx_test.h"
+#include "obx/obx_metrics.h"
 #include "obx/obx_pipeline.h"
 
 #include <arpa/inet.h>
@@ -177,6 +178,11 @@ static void test_bypass_attempts(void **state) {
     obx_http_response_cleanup(&resp);
   }
   obx_egress_cleanup(&egress);
+  obx_counter_t *refused = obx_metrics_counter("outboxd_pipeline_egress_refused_total",
+                                               "http-request calls refused by the egress guard", "stage");
+  double total = obx_metrics_value(refused, "url") + obx_metrics_value(refused, "address");
+  if ((size_t)total != sizeof urls / sizeof urls[0])
+    fail_msg("outboxd_pipeline_egress_refused_total: got %.0f, want %zu", total, sizeof urls / sizeof urls[0]);
 }
 
 /* An allowlisted name that resolves to a private address (DNS rebinding) is refused: the
