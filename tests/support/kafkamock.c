@@ -48,6 +48,7 @@ bool obx_test_kafka_start(obx_test_kafka_t *k, int brokers, const char *topics_s
   argv[argc++] = k->bootstrap_path;
   argv[argc++] = "--control";
   argv[argc++] = k->control_path;
+  argv[argc++] = "--exit-with-parent"; /* a crashed test leaves no cluster behind */
   argv[argc] = NULL;
 
   if (!obx_test_spawn(&k->proc, argv, NULL)) {
