@@ -1,0 +1,412 @@
+/* test_ops_api.c - the operators' API (DESIGN.md §7) through the real outboxd binary
+ *
+ * One devmongod, `outboxd --roles api` and, when AMQP_URL is set (scripts/test.sh sets it),
+ * RabbitMQ queues under a private prefix (deleted at the end). Two orgs: acme and globex, each
+ * with a FAILED outbox event, a DEAD inbox entry and a DLQ message. The table runs every route
+ * with {no key -> 401, a key with every permission but the route's -> 403, globex's key on
+ * acme's data -> 404 for an id / a list without acme's items, acme's key with only the route's
+ * permission -> 2xx} and checks what the allowed call did (queue depths, documents, audit_log).
+ * DLQ cells and the replay need RabbitMQ; without AMQP_URL they are skipped with a message. */
+#include "obx_test.h"
+#include "obx_test_mongo.h"
+#include "obx_test_outboxd.h"
+#include "worker_test.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "obx/obx_event.h"
+#include "obx/obx_inbox.h"
+#include "obx/obx_ladder.h"
+
+#define CONSUMER "outboxd-worker" /* WORKER_GROUP default: the inbox consumer outboxd reads */
+
+static obx_test_mongo_t mongo;
+static obx_test_outboxd_t outboxd;
+static mongoc_client_t *client;
+static obx_ladder_t *ladder; /* NULL without AMQP_URL */
+static char prefix[64], keys_path[300];
+static char key_globex[64], key_reprocess[64];
+/* acme's and globex's ids: outbox FAILED event, inbox DEAD entry, DLQ message */
+static char acme_out[OBX_UUID_LEN + 1], acme_in[OBX_UUID_LEN + 1], acme_dlq[OBX_UUID_LEN + 1];
+static char globex_out[OBX_UUID_LEN + 1], globex_in[OBX_UUID_LEN + 1], globex_dlq[OBX_UUID_LEN + 1];
+
+static const char *const all_perms[] = {"orders:write", "outbox:read", "outbox:reprocess", "inbox:read",
+                                        "inbox:replay", "dlq:read",     "dlq:redrive",      "pipelines:read",
+                                        "pipelines:write"};
+#define NPERMS ((int)(sizeof all_perms / sizeof all_perms[0]))
+
+static void make_event(obx_event_t *ev, const char *org, const char *key) {
+  obx_event_init(ev);
+  ev->event_type = strdup("OrderConfirmed");
+  ev->org_id = strdup(org);
+  ev->aggregate_type = strdup("Order");
+  ev->aggregate_id = strdup(key);
+  ev->source = strdup("/test/ops");
+  BSON_APPEND_UTF8(&ev->payload, "orderNumber", key);
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_event_finalize(ev, &err)) fail_msg("event: %s", err.msg);
+}
+
+static mongoc_collection_t *coll(const char *name) { return mongoc_client_get_collection(client, "outboxd", name); }
+
+/* A FAILED outbox event of org; its id into id. */
+static void seed_failed(const char *org, const char *key, const char *last_error, char id[OBX_UUID_LEN + 1]) {
+  obx_event_t ev;
+  make_event(&ev, org, key);
+  bson_t doc = BSON_INITIALIZER;
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_event_to_outbox(&ev, &doc, &err)) fail_msg("to_outbox: %s", err.msg);
+  bson_t *update = BCON_NEW("$set", "{", "status", BCON_UTF8("FAILED"), "attempts", BCON_INT32(10), "lastError",
+                            BCON_UTF8(last_error), "}");
+  bson_t *filter = BCON_NEW("_id", BCON_UTF8(ev.id));
+  mongoc_collection_t *c = coll("outbox");
+  bson_error_t berr;
+  if (!mongoc_collection_insert_one(c, &doc, NULL, NULL, &berr) ||
+      !mongoc_collection_update_one(c, filter, update, NULL, NULL, &berr))
+    fail_msg("seed outbox: %s", berr.message);
+  snprintf(id, OBX_UUID_LEN + 1, "%s", ev.id);
+  mongoc_collection_destroy(c);
+  bson_destroy(filter);
+  bson_destroy(update);
+  bson_destroy(&doc);
+  obx_event_cleanup(&ev);
+}
+
+/* A DEAD inbox entry of org, stored with its CloudEvent headers as the worker does. */
+static void seed_inbox(const char *org, const char *key, char id[OBX_UUID_LEN + 1]) {
+  obx_event_t ev;
+  make_event(&ev, org, key);
+  obx_kafka_record_t rec;
+  memset(&rec, 0, sizeof rec);
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_event_to_kafka(&ev, NULL, &rec, &err)) fail_msg("to_kafka: %s", err.msg);
+  const char *names[OBX_CE_MAX_HEADERS], *values[OBX_CE_MAX_HEADERS];
+  for (int i = 0; i < rec.nheaders; i++) {
+    names[i] = rec.headers[i].name;
+    values[i] = rec.headers[i].value;
+  }
+  obx_inbox_entry_t entry = {.consumer = CONSUMER, .event = &ev, .header_names = names, .header_values = values,
+                             .nheaders = rec.nheaders, .topic = "domain-events", .partition = 0, .offset = 1, .seq = 1};
+  bool inserted = false;
+  obx_inbox_status_t existing;
+  if (!obx_inbox_claim(client, "outboxd", NULL, &entry, OBX_INBOX_RECEIVED, &inserted, &existing, &err) ||
+      !obx_inbox_set_status(client, "outboxd", NULL, CONSUMER, ev.id, OBX_INBOX_DEAD, 5, "HTTP 400", NULL, &err))
+    fail_msg("seed inbox: %s", err.msg);
+  snprintf(id, OBX_UUID_LEN + 1, "%s", ev.id);
+  obx_kafka_record_cleanup(&rec);
+  obx_event_cleanup(&ev);
+}
+
+static void seed_dlq(const char *org, const char *key, char id[OBX_UUID_LEN + 1]) {
+  obx_event_t ev;
+  make_event(&ev, org, key);
+  obx_ladder_msg_t msg;
+  obx_ladder_msg_init(&msg);
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_ladder_msg_from_event(&msg, &ev, &err)) fail_msg("ladder msg: %s", err.msg);
+  obx_ladder_msg_fail(&msg, "terminal", "HTTP 400 from the ERP", obx_time_now_ms());
+  msg.reason = strdup("terminal failure");
+  if (!obx_ladder_publish_dlq(ladder, &msg, &err)) fail_msg("publish dlq: %s", err.msg);
+  snprintf(id, OBX_UUID_LEN + 1, "%s", ev.id);
+  obx_ladder_msg_cleanup(&msg);
+  obx_event_cleanup(&ev);
+}
+
+static bool readyz_ok(void *ctx) {
+  obx_test_http_resp_t resp;
+  bool ok = obx_test_http(*(int *)ctx, "GET", "/readyz", NULL, NULL, NULL, &resp) && resp.status == 200;
+  obx_test_http_resp_cleanup(&resp);
+  return ok;
+}
+
+static int group_setup(void **state) {
+  (void)state;
+  if (!obx_test_mongo_start(&mongo, NULL)) return -1;
+  client = obx_test_mongo_client(&mongo, NULL, "test_ops_api");
+  snprintf(keys_path, sizeof keys_path, "%s/ops-api-keys", obx_test_tmpdir());
+  obx_test_apikey_add(keys_path, "globex", "*", key_globex);
+  obx_test_apikey_add(keys_path, "acme", "outbox:reprocess,outbox:read", key_reprocess);
+  snprintf(prefix, sizeof prefix, "opsapi.%d", (int)getpid());
+  if (getenv("AMQP_URL")) {
+    static const int64_t tiers[] = {5000, 30000, 120000, 600000}; /* RETRY_LADDER's default */
+    obx_ladder_opts_t lo = {.url = getenv("AMQP_URL"), .prefix = prefix, .tiers_ms = tiers, .ntiers = 4};
+    obx_err_t err = OBX_ERR_INIT;
+    if (!(ladder = obx_ladder_new(&lo, &err)) || !obx_ladder_connect(ladder, &err)) {
+      fprintf(stderr, "ladder: %s\n", err.msg);
+      return -1;
+    }
+  }
+  seed_failed("acme", "A-1", "broker down", acme_out);
+  seed_failed("globex", "G-1", "broker down", globex_out);
+  seed_inbox("acme", "A-2", acme_in);
+  seed_inbox("globex", "G-2", globex_in);
+  if (ladder) {
+    seed_dlq("acme", "A-3", acme_dlq);
+    seed_dlq("globex", "G-3", globex_dlq);
+  }
+  /* outboxd reads the keys file at start: test_route_table adds its keys, then starts it */
+  return 0;
+}
+
+static void start_outboxd(void) {
+  char mongo_arg[300], keys_arg[340], amqp_arg[600], prefix_arg[100];
+  snprintf(mongo_arg, sizeof mongo_arg, "mongo.uri=%s", mongo.uri);
+  snprintf(keys_arg, sizeof keys_arg, "api.keys_file=%s", keys_path);
+  snprintf(amqp_arg, sizeof amqp_arg, "amqp.url=%s",
+           getenv("AMQP_URL") ? getenv("AMQP_URL") : "amqp://guest:guest@127.0.0.1:1/");
+  snprintf(prefix_arg, sizeof prefix_arg, "worker.queue_prefix=%s", prefix);
+  char *args[] = {"--roles", "api", "-X", mongo_arg, "-X", keys_arg, "-X", amqp_arg, "-X", prefix_arg, NULL};
+  if (!obx_test_outboxd_start(&outboxd, args)) fail_msg("outboxd did not start");
+  if (!obx_test_wait_for(readyz_ok, &outboxd.port, 60000, 50))
+    fail_msg("outboxd never became ready; log: %s", outboxd.proc.log_path);
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  int status = obx_test_outboxd_stop(&outboxd);
+  if (ladder) {
+    wt_delete_topology(ladder, prefix);
+    obx_ladder_destroy(ladder);
+  }
+  if (client) mongoc_client_destroy(client);
+  obx_test_mongo_stop(&mongo);
+  return !outboxd.proc.pid || (WIFEXITED(status) && WEXITSTATUS(status) == 0) ? 0 : -1;
+}
+
+/* ---- helpers ----------------------------------------------------------------------------- */
+
+static void request(const char *method, const char *path, const char *key, const char *body, long want,
+                    obx_test_http_resp_t *resp) {
+  assert_true(obx_test_http(outboxd.port, method, path, key, body, NULL, resp));
+  if (resp->status != want) fail_msg("%s %s: got HTTP %ld %s, want %ld", method, path, resp->status, resp->body, want);
+}
+
+static bool find_one(const char *name, const bson_t *filter, bson_t *out) {
+  mongoc_collection_t *c = coll(name);
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(c, filter, NULL, NULL);
+  const bson_t *doc;
+  bool found = mongoc_cursor_next(cursor, &doc);
+  if (found) bson_copy_to(doc, out);
+  mongoc_cursor_destroy(cursor);
+  mongoc_collection_destroy(c);
+  return found;
+}
+
+static const char *str_at(const bson_t *doc, const char *path) {
+  bson_iter_t it, v;
+  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_UTF8(&v)) return NULL;
+  return bson_iter_utf8(&v, NULL);
+}
+
+static int64_t int_at(const bson_t *doc, const char *path) {
+  bson_iter_t it, v;
+  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_NUMBER(&v)) return -1;
+  return bson_iter_as_int64(&v);
+}
+
+static int64_t audit_count(const char *action, const char *target) {
+  bson_t *filter = BCON_NEW("action", BCON_UTF8(action), "target", BCON_UTF8(target));
+  mongoc_collection_t *c = coll("audit_log");
+  bson_error_t berr;
+  int64_t n = mongoc_collection_count_documents(c, filter, NULL, NULL, NULL, &berr);
+  mongoc_collection_destroy(c);
+  bson_destroy(filter);
+  if (n < 0) fail_msg("count audit_log: %s", berr.message);
+  return n;
+}
+
+static uint32_t depth(const char *queue) {
+  uint32_t n = 0;
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_ladder_queue_depth(ladder, queue, &n, &err)) fail_msg("depth %s: %s", queue, err.msg);
+  return n;
+}
+
+/* ---- the route table --------------------------------------------------------------------- */
+
+typedef struct {
+  const char *method;
+  const char *path;      /* %s: acme's id of the route (outbox event, inbox entry, DLQ message) */
+  const char *perm;
+  const char *body;      /* %s as in path; NULL: no body */
+  const char *acme_id;   /* acme's id, which the allowed call must see or act on */
+  const char *globex_id; /* globex's id, which acme's key must never see */
+  bool is_list;          /* other org: 200 without acme's items; else 404 */
+  long allowed;
+  bool needs_amqp;
+} route_t;
+
+static void check_allowed(const route_t *r, const obx_test_http_resp_t *resp) {
+  if (r->is_list) {
+    if (!strstr(resp->body, r->acme_id)) fail_msg("%s %s: acme's %s missing from %s", r->method, r->path, r->acme_id, resp->body);
+    if (strstr(resp->body, r->globex_id)) fail_msg("%s %s: globex's %s listed to acme: %s", r->method, r->path, r->globex_id, resp->body);
+  }
+}
+
+static void test_route_table(void **state) {
+  (void)state;
+  const route_t routes[] = {
+    {"GET", "/api/outbox?status=FAILED", "outbox:read", NULL, acme_out, globex_out, true, 200, false},
+    {"POST", "/api/outbox/%s/reprocess", "outbox:reprocess", NULL, acme_out, globex_out, false, 200, false},
+    {"GET", "/api/inbox?status=DEAD", "inbox:read", NULL, acme_in, globex_in, true, 200, false},
+    {"POST", "/api/inbox/%s/replay", "inbox:replay", NULL, acme_in, globex_in, false, 202, true},
+    {"GET", "/api/dlq", "dlq:read", NULL, acme_dlq, globex_dlq, true, 200, true},
+    {"POST", "/api/dlq/redrive", "dlq:redrive", "{\"ids\": [\"%s\"]}", acme_dlq, globex_dlq, false, 200, true},
+  };
+  enum { NROUTES = sizeof routes / sizeof routes[0] };
+  char allowed[NROUTES][64], denied[NROUTES][64];
+  for (int i = 0; i < NROUTES; i++) {
+    char others[512] = "";
+    for (int p = 0; p < NPERMS; p++)
+      if (strcmp(all_perms[p], routes[i].perm) != 0)
+        snprintf(others + strlen(others), sizeof others - strlen(others), "%s%s", *others ? "," : "", all_perms[p]);
+    obx_test_apikey_add(keys_path, "acme", routes[i].perm, allowed[i]);
+    obx_test_apikey_add(keys_path, "acme", others, denied[i]);
+  }
+  start_outboxd();
+
+  for (int i = 0; i < NROUTES; i++) {
+    const route_t *r = &routes[i];
+    char path[256], body[256];
+    snprintf(path, sizeof path, r->path, r->acme_id);
+    if (r->body) snprintf(body, sizeof body, r->body, r->acme_id);
+    const char *b = r->body ? body : NULL;
+    obx_test_http_resp_t resp;
+
+    request(r->method, path, NULL, b, 401, &resp);
+    obx_test_http_resp_cleanup(&resp);
+    request(r->method, path, denied[i], b, 403, &resp);
+    obx_test_http_resp_cleanup(&resp);
+    if (r->needs_amqp && !ladder) {
+      print_message("AMQP_URL not set: %s %s other-org and allowed cells skipped\n", r->method, r->path);
+      continue;
+    }
+    request(r->method, path, key_globex, b, r->is_list ? 200 : 404, &resp);
+    if (r->is_list && strstr(resp.body, r->acme_id))
+      fail_msg("%s %s: globex's key sees acme's %s: %s", r->method, path, r->acme_id, resp.body);
+    if (r->is_list && !strstr(resp.body, r->globex_id))
+      fail_msg("%s %s: globex's key misses its own %s: %s", r->method, path, r->globex_id, resp.body);
+    obx_test_http_resp_cleanup(&resp);
+    request(r->method, path, allowed[i], b, r->allowed, &resp);
+    check_allowed(r, &resp);
+    obx_test_http_resp_cleanup(&resp);
+  }
+
+  /* what the allowed calls did */
+  bson_t doc = BSON_INITIALIZER;
+  bson_t *filter = BCON_NEW("_id", BCON_UTF8(acme_out));
+  assert_true(find_one("outbox", filter, &doc));
+  assert_string_equal(str_at(&doc, "status"), "PENDING");
+  bson_destroy(filter);
+  bson_reinit(&doc);
+  filter = BCON_NEW("_id", BCON_UTF8(globex_out));
+  assert_true(find_one("outbox", filter, &doc));
+  assert_string_equal(str_at(&doc, "status"), "FAILED"); /* globex's 404 changed nothing */
+  bson_destroy(filter);
+  bson_destroy(&doc);
+  assert_int_equal(audit_count("outbox.reprocess", acme_out), 1);
+  assert_int_equal(audit_count("outbox.reprocess", globex_out), 0);
+  if (ladder) {
+    assert_int_equal(audit_count("inbox.replay", acme_in), 1);
+    assert_int_equal(audit_count("inbox.replay", globex_in), 0);
+    /* the replayed event and the redriven message wait on the work queue; globex's stays parked */
+    uint32_t work = depth(obx_ladder_work_queue(ladder)), dlq = depth(obx_ladder_dlq_queue(ladder));
+    if (work != 2 || dlq != 1) fail_msg("queues: got work %u dlq %u, want work 2 dlq 1", work, dlq);
+    assert_int_equal(audit_count("dlq.redrive", acme_dlq), 1);
+  }
+}
+
+/* A FAILED event reprocessed through the API: PENDING with attempts reset, due now, its last
+ * error kept in history, an audit_log entry; a second reprocess is a conflict. */
+static void test_reprocess(void **state) {
+  (void)state;
+  char id[OBX_UUID_LEN + 1], path[128];
+  seed_failed("acme", "A-9", "Local: Message timed out", id);
+  snprintf(path, sizeof path, "/api/outbox/%s/reprocess", id);
+  int64_t before = obx_time_now_ms();
+  obx_test_http_resp_t resp;
+  request("POST", path, key_reprocess, NULL, 200, &resp);
+  assert_string_equal(obx_test_http_json_str(&resp, "status"), "PENDING");
+  obx_test_http_resp_cleanup(&resp);
+
+  bson_t doc = BSON_INITIALIZER;
+  bson_t *filter = BCON_NEW("_id", BCON_UTF8(id));
+  assert_true(find_one("outbox", filter, &doc));
+  assert_string_equal(str_at(&doc, "status"), "PENDING");
+  assert_int_equal(int_at(&doc, "attempts"), 0);
+  assert_string_equal(str_at(&doc, "history.0.lastError"), "Local: Message timed out");
+  assert_int_equal(int_at(&doc, "history.0.attempts"), 10);
+  bson_iter_t it;
+  assert_true(bson_iter_init_find(&it, &doc, "lastError") && BSON_ITER_HOLDS_NULL(&it));
+  assert_true(bson_iter_init_find(&it, &doc, "availableAt") && BSON_ITER_HOLDS_DATE_TIME(&it));
+  if (bson_iter_date_time(&it) < before - 1000) fail_msg("availableAt %lld, want >= %lld", (long long)bson_iter_date_time(&it), (long long)before);
+  bson_destroy(filter);
+  bson_reinit(&doc);
+
+  filter = BCON_NEW("action", BCON_UTF8("outbox.reprocess"), "target", BCON_UTF8(id));
+  assert_true(find_one("audit_log", filter, &doc));
+  assert_string_equal(str_at(&doc, "orgId"), "acme");
+  assert_non_null(str_at(&doc, "who"));
+  assert_memory_equal(str_at(&doc, "who"), "apikey:", 7);
+  assert_string_equal(str_at(&doc, "details.lastError"), "Local: Message timed out");
+  bson_destroy(filter);
+  bson_destroy(&doc);
+
+  /* listed as PENDING now */
+  request("GET", "/api/outbox?status=PENDING&limit=1000", key_reprocess, NULL, 200, &resp);
+  assert_non_null(strstr(resp.body, id));
+  obx_test_http_resp_cleanup(&resp);
+
+  request("POST", path, key_reprocess, NULL, 409, &resp);
+  assert_non_null(strstr(resp.headers, "application/problem+json"));
+  obx_test_http_resp_cleanup(&resp);
+  request("POST", "/api/outbox/0190aaaa-0000-7000-8000-000000000000/reprocess", key_reprocess, NULL, 404, &resp);
+  obx_test_http_resp_cleanup(&resp);
+  request("GET", "/api/outbox?status=LOST", key_reprocess, NULL, 400, &resp);
+  obx_test_http_resp_cleanup(&resp);
+  request("GET", "/api/outbox?limit=0", key_reprocess, NULL, 400, &resp);
+  obx_test_http_resp_cleanup(&resp);
+}
+
+/* outboxctl runs the same operation: same transition, same audit entry, with the operator. */
+static void test_outboxctl_reprocess(void **state) {
+  (void)state;
+  char id[OBX_UUID_LEN + 1], cmd[1024], line[512];
+  seed_failed("acme", "A-10", "Broker: Not enough in-sync replicas", id);
+  snprintf(cmd, sizeof cmd, "%s outbox reprocess %s --who alice -X 'mongo.uri=%s' 2>&1",
+           obx_test_build_path("outboxctl"), id, mongo.uri);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  char out[2048] = "";
+  while (fgets(line, sizeof line, p)) snprintf(out + strlen(out), sizeof out - strlen(out), "%s", line);
+  int status = pclose(p);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) fail_msg("%s: status %d: %s", cmd, status, out);
+  bson_t doc = BSON_INITIALIZER;
+  bson_t *filter = BCON_NEW("action", BCON_UTF8("outbox.reprocess"), "target", BCON_UTF8(id));
+  assert_true(find_one("audit_log", filter, &doc));
+  assert_string_equal(str_at(&doc, "who"), "alice");
+  assert_string_equal(str_at(&doc, "orgId"), "acme");
+  bson_destroy(filter);
+  bson_destroy(&doc);
+
+  snprintf(cmd, sizeof cmd, "%s outbox list FAILED --json -X 'mongo.uri=%s' 2>&1", obx_test_build_path("outboxctl"),
+           mongo.uri);
+  p = popen(cmd, "r");
+  assert_non_null(p);
+  out[0] = '\0';
+  while (fgets(line, sizeof line, p)) snprintf(out + strlen(out), sizeof out - strlen(out), "%s", line);
+  pclose(p);
+  if (strstr(out, id) || !strstr(out, globex_out)) fail_msg("outbox list FAILED: got %s, want %s gone and %s listed", out, id, globex_out);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_route_table),
+    cmocka_unit_test(test_reprocess),
+    cmocka_unit_test(test_outboxctl_reprocess),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
