@@ -64,8 +64,12 @@ static void test_isolation_and_commit(void **state) {
   assert_true(mongoc_collection_insert_one(c, b, opts, NULL, &error));
   assert_int_equal(count(c, opts), 2);   /* own writes visible inside */
   assert_int_equal(count(c, NULL), 0);   /* nothing visible outside */
+  bson_t *outside = BCON_NEW("_id", BCON_INT32(3));
+  assert_true(mongoc_collection_insert_one(c, outside, NULL, NULL, &error));
+  assert_int_equal(count(c, opts), 2);   /* the snapshot does not see a later commit */
   assert_true(mongoc_client_session_commit_transaction(cs, NULL, &error));
-  assert_int_equal(count(c, NULL), 2);
+  assert_int_equal(count(c, NULL), 3);
+  bson_destroy(outside);
   /* committing again re-sends commitTransaction: the server answers ok */
   assert_true(mongoc_client_session_commit_transaction(cs, NULL, &error));
   bson_destroy(a);

@@ -219,6 +219,42 @@ static void test_transaction_and_conflict(void **state) {
   expect_done("admin", cmd, 0);
 }
 
+static void test_snapshot_reads(void **state) {
+  const char *a = "\"lsid\": {\"id\": {\"$binary\": {\"base64\": \"AAAAAAAAAAAAAAAAAAAACg==\", \"subType\": \"04\"}}}";
+  char cmd[512];
+  result_t res;
+  expect_done("u7", "{\"insert\": \"c\", \"documents\": [{\"_id\": 1, \"v\": 1}, {\"_id\": 2, \"v\": 1}]}", 0);
+  snprintf(cmd, sizeof cmd, "{\"find\": \"c\", \"sort\": {\"_id\": 1}, %s, \"txnNumber\": 1, "
+           "\"startTransaction\": true, \"autocommit\": false}", a);
+  expect("u7", cmd, 0, &res);
+  assert_int_equal(array_len(&res.reply, "cursor.firstBatch"), 2);
+  bson_destroy(&res.reply);
+  /* committed by others after the snapshot: an update, a delete, an insert */
+  expect_done("u7", "{\"update\": \"c\", \"updates\": [{\"q\": {\"_id\": 1}, \"u\": {\"$set\": {\"v\": 2}}}]}", 0);
+  expect_done("u7", "{\"delete\": \"c\", \"deletes\": [{\"q\": {\"_id\": 2}, \"limit\": 1}]}", 0);
+  expect_done("u7", "{\"insert\": \"c\", \"documents\": [{\"_id\": 3, \"v\": 1}]}", 0);
+  /* the transaction still reads its snapshot, by scan and by _id */
+  snprintf(cmd, sizeof cmd, "{\"find\": \"c\", \"filter\": {\"v\": 1}, %s, \"txnNumber\": 1, "
+           "\"autocommit\": false}", a);
+  expect("u7", cmd, 0, &res);
+  assert_int_equal(array_len(&res.reply, "cursor.firstBatch"), 2);
+  bson_destroy(&res.reply);
+  snprintf(cmd, sizeof cmd, "{\"find\": \"c\", \"filter\": {\"_id\": 1}, %s, \"txnNumber\": 1, "
+           "\"autocommit\": false}", a);
+  expect("u7", cmd, 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "cursor.firstBatch.0.v"), 1);
+  bson_destroy(&res.reply);
+  /* writing a document changed since the snapshot is a write conflict (even a deleted one) */
+  snprintf(cmd, sizeof cmd, "{\"update\": \"c\", \"updates\": [{\"q\": {\"_id\": 2}, \"u\": {\"$set\": "
+           "{\"v\": 9}}}], %s, \"txnNumber\": 1, \"autocommit\": false}", a);
+  expect_done("u7", cmd, 112);
+  /* the conflict aborted it; with no transaction open the kept history is gone */
+  assert_int_equal(dm_coll_get("u7", "c")->history.n, 0);
+  expect("u7", "{\"find\": \"c\", \"filter\": {\"v\": 1}}", 0, &res);
+  assert_int_equal(array_len(&res.reply, "cursor.firstBatch"), 1);
+  bson_destroy(&res.reply);
+}
+
 static void test_change_stream_and_park(void **state) {
   result_t res;
   expect("u4", "{\"aggregate\": \"c\", \"pipeline\": [{\"$changeStream\": {}}, "
@@ -316,6 +352,7 @@ int main(void) {
     cmocka_unit_test(test_crud_and_cursor),
     cmocka_unit_test(test_unique_index),
     cmocka_unit_test(test_transaction_and_conflict),
+    cmocka_unit_test(test_snapshot_reads),
     cmocka_unit_test(test_change_stream_and_park),
     cmocka_unit_test(test_fail_command),
     cmocka_unit_test(test_ttl_pass),
