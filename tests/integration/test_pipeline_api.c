@@ -5,6 +5,7 @@
  * PIPELINES_DIR pointing at a temp directory holding one definition. Each test uses its own
  * org so that their order.pre pipelines never meet. */
 #include "obx_test.h"
+#include "obx_test_doc.h"
 #include "obx_test_httpd.h"
 #include "obx_test_mongo.h"
 #include "obx_test_outboxd.h"
@@ -83,32 +84,6 @@ static void request(const char *method, const char *path, const char *key, const
   if (resp->status != want) fail_msg("%s %s: got HTTP %ld %s, want %ld", method, path, resp->status, resp->body, want);
 }
 
-static const char *json_str(const bson_t *doc, const char *path) {
-  bson_iter_t it, v;
-  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_UTF8(&v)) return NULL;
-  return bson_iter_utf8(&v, NULL);
-}
-
-static int64_t count(const char *coll, const bson_t *filter) {
-  bson_error_t berr;
-  mongoc_collection_t *c = mongoc_client_get_collection(client, "outboxd", coll);
-  int64_t n = mongoc_collection_count_documents(c, filter, NULL, NULL, NULL, &berr);
-  mongoc_collection_destroy(c);
-  if (n < 0) fail_msg("count %s: %s", coll, berr.message);
-  return n;
-}
-
-static bool find_one(const char *coll, const bson_t *filter, bson_t *out) {
-  mongoc_collection_t *c = mongoc_client_get_collection(client, "outboxd", coll);
-  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(c, filter, NULL, NULL);
-  const bson_t *doc;
-  bool found = mongoc_cursor_next(cursor, &doc);
-  if (found) bson_copy_to(doc, out);
-  mongoc_cursor_destroy(cursor);
-  mongoc_collection_destroy(c);
-  return found;
-}
-
 /* An order.pre pipeline calling `path` on the stub, then tagging the order and emitting an event. */
 static void create_pre_pipeline(const char *key, const char *path) {
   char body[2048];
@@ -159,10 +134,10 @@ static void test_routes(void **state) {
   request("POST", "/api/pipelines", key_acme, def, 409, &resp); /* second enabled event.OrderShipped */
   obx_test_http_resp_cleanup(&resp);
   request("GET", "/api/pipelines", key_acme_reader, NULL, 200, &resp);
-  assert_string_equal(json_str(&resp.json, "pipelines.0._id"), id);
+  assert_string_equal(obx_test_doc_str(&resp.json, "pipelines.0._id"), id);
   obx_test_http_resp_cleanup(&resp);
   request("GET", "/api/pipelines", key_globex, NULL, 200, &resp);
-  assert_null(json_str(&resp.json, "pipelines.0._id"));
+  assert_null(obx_test_doc_str(&resp.json, "pipelines.0._id"));
   obx_test_http_resp_cleanup(&resp);
   request("GET", path, key_globex, NULL, 404, &resp);
   obx_test_http_resp_cleanup(&resp);
@@ -209,26 +184,26 @@ static void test_order_pre_success(void **state) {
 
   bson_t order = BSON_INITIALIZER, screened = BSON_INITIALIZER, exec = BSON_INITIALIZER;
   bson_t *by_id = BCON_NEW("_id", BCON_UTF8(order_id));
-  assert_true(find_one("orders", by_id, &order));
-  assert_string_equal(json_str(&order, "statusHistory.0.statusTag"), "screened");
-  assert_string_equal(json_str(&order, "statusHistory.0.name"), "Screened by riskco");
-  assert_string_equal(json_str(&order, "statusHistory.0.phase"), "order.pre");
+  assert_true(obx_test_find_one(client, "outboxd", "orders", by_id, &order));
+  assert_string_equal(obx_test_doc_str(&order, "statusHistory.0.statusTag"), "screened");
+  assert_string_equal(obx_test_doc_str(&order, "statusHistory.0.name"), "Screened by riskco");
+  assert_string_equal(obx_test_doc_str(&order, "statusHistory.0.phase"), "order.pre");
   bson_t *ev_filter = BCON_NEW("aggregateId", BCON_UTF8(order_id), "eventType", BCON_UTF8("OrderScreened"));
-  assert_true(find_one("outbox", ev_filter, &screened));
-  assert_string_equal(json_str(&screened, "status"), "PENDING");
-  assert_string_equal(json_str(&screened, "partitionKey"), order_id);
+  assert_true(obx_test_find_one(client, "outboxd", "outbox", ev_filter, &screened));
+  assert_string_equal(obx_test_doc_str(&screened, "status"), "PENDING");
+  assert_string_equal(obx_test_doc_str(&screened, "partitionKey"), order_id);
   bson_t *confirmed = BCON_NEW("aggregateId", BCON_UTF8(order_id), "eventType", BCON_UTF8("OrderConfirmed"));
-  assert_int_equal(count("outbox", confirmed), 1);
+  assert_int_equal(obx_test_count(client, "outboxd", "outbox", confirmed), 1);
   bson_t *exec_filter = BCON_NEW("aggregateId", BCON_UTF8(order_id), "trigger", BCON_UTF8("order.pre"));
-  assert_true(find_one("pipeline_executions", exec_filter, &exec));
-  assert_string_equal(json_str(&exec, "status"), "SUCCEEDED");
-  assert_string_equal(json_str(&exec, "steps.1.nodeId"), "screen");
+  assert_true(obx_test_find_one(client, "outboxd", "pipeline_executions", exec_filter, &exec));
+  assert_string_equal(obx_test_doc_str(&exec, "status"), "SUCCEEDED");
+  assert_string_equal(obx_test_doc_str(&exec, "steps.1.nodeId"), "screen");
 
   /* and the API shows it */
   char path[200];
-  snprintf(path, sizeof path, "/api/pipelines/%s/executions?limit=5", json_str(&exec, "pipelineId"));
+  snprintf(path, sizeof path, "/api/pipelines/%s/executions?limit=5", obx_test_doc_str(&exec, "pipelineId"));
   request("GET", path, key_acme, NULL, 200, &resp);
-  assert_string_equal(json_str(&resp.json, "executions.0._id"), json_str(&exec, "_id"));
+  assert_string_equal(obx_test_doc_str(&resp.json, "executions.0._id"), obx_test_doc_str(&exec, "_id"));
   obx_test_http_resp_cleanup(&resp);
 
   bson_destroy(exec_filter);
@@ -262,11 +237,11 @@ static void test_order_pre_rejects(void **state) {
     request("POST", "/orders", key_initech, order_body, cases[i].want_http, &resp);
     assert_non_null(strstr(resp.headers, "application/problem+json"));
     obx_test_http_resp_cleanup(&resp);
-    assert_int_equal(count("orders", org), 0);
-    assert_int_equal(count("outbox", org), 0);
+    assert_int_equal(obx_test_count(client, "outboxd", "orders", org), 0);
+    assert_int_equal(obx_test_count(client, "outboxd", "outbox", org), 0);
     bson_t *failed = BCON_NEW("orgId", BCON_UTF8("initech"), "status", BCON_UTF8("FAILED"), "failureClass",
                               BCON_UTF8(cases[i].want_class));
-    assert_int_equal(count("pipeline_executions", failed), 1);
+    assert_int_equal(obx_test_count(client, "outboxd", "pipeline_executions", failed), 1);
     bson_destroy(failed);
   }
   bson_destroy(org);
@@ -275,7 +250,7 @@ static void test_order_pre_rejects(void **state) {
 static bool filed_listed(void *ctx) {
   obx_test_http_resp_t resp;
   bool ok = obx_test_http(outboxd.port, "GET", "/api/pipelines", key_filed, NULL, NULL, &resp) && resp.status == 200 &&
-            json_str(&resp.json, "pipelines.0.name") && strcmp(json_str(&resp.json, "pipelines.0.name"), "audit") == 0;
+            obx_test_doc_str(&resp.json, "pipelines.0.name") && strcmp(obx_test_doc_str(&resp.json, "pipelines.0.name"), "audit") == 0;
   obx_test_http_resp_cleanup(&resp);
   return ok;
 }

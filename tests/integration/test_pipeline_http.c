@@ -5,6 +5,7 @@
  * on loopback, so the egress policy allows 127.0.0.0/8 explicitly; one case proves that
  * without that allowance the same URL is refused before any request reaches the server. */
 #include "obx_test.h"
+#include "obx_test_doc.h"
 #include "obx_test_httpd.h"
 #include "obx/obx_pipeline.h"
 
@@ -25,18 +26,6 @@ static int setup(void **state) {
 static int teardown(void **state) {
   obx_test_httpd_stop(httpd);
   return 0;
-}
-
-static const char *doc_str(const bson_t *doc, const char *path) {
-  bson_iter_t it, v;
-  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_UTF8(&v)) return NULL;
-  return bson_iter_utf8(&v, NULL);
-}
-
-static int64_t doc_int(const bson_t *doc, const char *path) {
-  bson_iter_t it, v;
-  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_NUMBER(&v)) return -1;
-  return bson_iter_as_int64(&v);
 }
 
 static obx_pipeline_t *call_pipeline(const char *url, const char *on_error) {
@@ -91,12 +80,12 @@ static void test_success(void **state) {
   int before = obx_test_httpd_nrequests(httpd);
   obx_pipeline_run_t *run = run_against("/ok", "127.0.0.0/8", "abort");
   const bson_t *exec = obx_pipeline_run_execution(run);
-  if (obx_pipeline_run_status(run) != OBX_PIPELINE_SUCCEEDED) fail_msg("got %s: %s", doc_str(exec, "status"), doc_str(exec, "error"));
-  assert_int_equal(doc_int(exec, "steps.1.output.status"), 201);
-  assert_string_equal(doc_str(exec, "steps.1.output.body.id"), "erp-77");
-  assert_string_equal(doc_str(exec, "steps.2.nodeId"), "ok");
-  assert_string_equal(doc_str(exec, "steps.2.output.message"), "sent A-1: erp-77");
-  assert_true(doc_int(exec, "steps.1.durationMs") >= 0);
+  if (obx_pipeline_run_status(run) != OBX_PIPELINE_SUCCEEDED) fail_msg("got %s: %s", obx_test_doc_str(exec, "status"), obx_test_doc_str(exec, "error"));
+  assert_int_equal(obx_test_doc_int(exec, "steps.1.output.status"), 201);
+  assert_string_equal(obx_test_doc_str(exec, "steps.1.output.body.id"), "erp-77");
+  assert_string_equal(obx_test_doc_str(exec, "steps.2.nodeId"), "ok");
+  assert_string_equal(obx_test_doc_str(exec, "steps.2.output.message"), "sent A-1: erp-77");
+  assert_true(obx_test_doc_int(exec, "steps.1.durationMs") >= 0);
 
   /* what the server received: templated headers and a JSON body with the types kept */
   obx_test_httpd_request_t req;
@@ -140,15 +129,15 @@ static void test_failure_table(void **state) {
     obx_pipeline_run_t *run = run_against(cases[i].route.path, "127.0.0.0/8", "abort");
     int64_t elapsed = obx_test_now_ms() - t0;
     const bson_t *exec = obx_pipeline_run_execution(run);
-    const char *error = doc_str(exec, "steps.1.error");
-    if (obx_pipeline_run_status(run) != OBX_PIPELINE_FAILED) fail_msg("%s: got %s, want FAILED", cases[i].name, doc_str(exec, "status"));
+    const char *error = obx_test_doc_str(exec, "steps.1.error");
+    if (obx_pipeline_run_status(run) != OBX_PIPELINE_FAILED) fail_msg("%s: got %s, want FAILED", cases[i].name, obx_test_doc_str(exec, "status"));
     if (obx_pipeline_run_failure_class(run) != cases[i].want_class)
       fail_msg("%s: got class %s, want %s (%s)", cases[i].name, obx_failure_class_name(obx_pipeline_run_failure_class(run)),
                obx_failure_class_name(cases[i].want_class), error);
     if (!error || !strstr(error, cases[i].want_error)) fail_msg("%s: got error \"%s\", want \"%s\"", cases[i].name, error, cases[i].want_error);
-    assert_string_equal(doc_str(exec, "failureClass"), obx_failure_class_name(cases[i].want_class));
-    assert_string_equal(doc_str(exec, "steps.1.failureClass"), obx_failure_class_name(cases[i].want_class));
-    assert_null(doc_str(exec, "steps.2.nodeId")); /* abort: nothing after the failed step */
+    assert_string_equal(obx_test_doc_str(exec, "failureClass"), obx_failure_class_name(cases[i].want_class));
+    assert_string_equal(obx_test_doc_str(exec, "steps.1.failureClass"), obx_failure_class_name(cases[i].want_class));
+    assert_null(obx_test_doc_str(exec, "steps.2.nodeId")); /* abort: nothing after the failed step */
     /* timeouts are bounded by the total timeout, not by the server's delay */
     if (elapsed > TIMEOUT_MS + 8000) fail_msg("%s: took %lld ms, want about %d", cases[i].name, (long long)elapsed, TIMEOUT_MS);
     obx_pipeline_run_destroy(run);
@@ -175,7 +164,7 @@ static void test_loopback_refused_without_allowance(void **state) {
   obx_pipeline_run_t *run = run_against("/ok", "", "abort");
   assert_int_equal(obx_pipeline_run_status(run), OBX_PIPELINE_FAILED);
   assert_int_equal(obx_pipeline_run_failure_class(run), OBX_FAILURE_TERMINAL);
-  const char *error = doc_str(obx_pipeline_run_execution(run), "steps.1.error");
+  const char *error = obx_test_doc_str(obx_pipeline_run_execution(run), "steps.1.error");
   if (!error || !strstr(error, "egress refused: 127.0.0.1 is loopback"))
     fail_msg("got \"%s\", want a loopback refusal", error ? error : "(null)");
   assert_int_equal(obx_test_httpd_nrequests(httpd), before);
@@ -189,25 +178,11 @@ static void test_continue_takes_failure_branch(void **state) {
   obx_pipeline_run_t *run = run_against("/down", "127.0.0.0/8", "continue");
   const bson_t *exec = obx_pipeline_run_execution(run);
   assert_int_equal(obx_pipeline_run_status(run), OBX_PIPELINE_SUCCEEDED);
-  assert_string_equal(doc_str(exec, "steps.1.status"), "FAILED");
-  assert_string_equal(doc_str(exec, "steps.1.failureClass"), "transient");
-  assert_string_equal(doc_str(exec, "steps.2.nodeId"), "failed");
-  assert_null(doc_str(exec, "steps.3.nodeId"));
+  assert_string_equal(obx_test_doc_str(exec, "steps.1.status"), "FAILED");
+  assert_string_equal(obx_test_doc_str(exec, "steps.1.failureClass"), "transient");
+  assert_string_equal(obx_test_doc_str(exec, "steps.2.nodeId"), "failed");
+  assert_null(obx_test_doc_str(exec, "steps.3.nodeId"));
   obx_pipeline_run_destroy(run);
-}
-
-/* Reads a whole file; NULL when it cannot. Caller frees. */
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *buf = malloc((size_t)n + 1);
-  size_t got = fread(buf, 1, (size_t)n, f);
-  buf[got] = '\0';
-  fclose(f);
-  return buf;
 }
 
 /* The seed's order.post example, byte for byte (https://erp.exemplo.com/orders), against a
@@ -223,7 +198,7 @@ static void test_seed_example_runs_unchanged(void **state) {
            "-subj /CN=erp.exemplo.com -addext subjectAltName=DNS:erp.exemplo.com -keyout '%s' -out '%s' 2>/dev/null",
            dir, key_path, cert_path);
   if (system(cmd) != 0) skip(); /* no openssl CLI */
-  char *cert = slurp(cert_path), *key = slurp(key_path);
+  char *cert = obx_test_read_file(cert_path), *key = obx_test_read_file(key_path);
   assert_non_null(cert);
   assert_non_null(key);
   obx_test_httpd_t *tls = obx_test_httpd_start_tls(cert, key);
@@ -241,7 +216,7 @@ static void test_seed_example_runs_unchanged(void **state) {
 
   char fixture[400];
   snprintf(fixture, sizeof fixture, "%s/tests/fixtures/pipelines/seed-order-post.json", OBX_SOURCE_DIR);
-  char *json = slurp(fixture);
+  char *json = obx_test_read_file(fixture);
   obx_pipeline_t *pipeline = NULL;
   if (!obx_pipeline_parse_json(json, &pipeline, &err)) fail_msg("seed: %s", err.msg);
 
@@ -262,11 +237,11 @@ static void test_seed_example_runs_unchanged(void **state) {
                              .aggregate_type = "Order", .aggregate_id = "ord-1", .attempt = 1};
   obx_pipeline_run_t *run = obx_pipeline_execute(pipeline, &in, &egress);
   const bson_t *exec = obx_pipeline_run_execution(run);
-  if (obx_pipeline_run_status(run) != OBX_PIPELINE_SUCCEEDED) fail_msg("seed run: %s", doc_str(exec, "error"));
-  assert_string_equal(doc_str(exec, "steps.1.output.body.erpId"), "E-1");
-  assert_string_equal(doc_str(exec, "steps.2.nodeId"), "ok");
-  assert_string_equal(doc_str(obx_pipeline_run_statuses(run), "0.name"), "Integrado ao ERP");
-  assert_string_equal(doc_str(obx_pipeline_run_statuses(run), "0.phase"), "order.post");
+  if (obx_pipeline_run_status(run) != OBX_PIPELINE_SUCCEEDED) fail_msg("seed run: %s", obx_test_doc_str(exec, "error"));
+  assert_string_equal(obx_test_doc_str(exec, "steps.1.output.body.erpId"), "E-1");
+  assert_string_equal(obx_test_doc_str(exec, "steps.2.nodeId"), "ok");
+  assert_string_equal(obx_test_doc_str(obx_pipeline_run_statuses(run), "0.name"), "Integrado ao ERP");
+  assert_string_equal(obx_test_doc_str(obx_pipeline_run_statuses(run), "0.phase"), "order.post");
 
   obx_test_httpd_request_t req;
   assert_true(obx_test_httpd_request(tls, 0, &req));

@@ -5,6 +5,7 @@
  * commit of a run: order status, outbox event and execution document together, atomically
  * with the caller's transaction. */
 #include "obx_test.h"
+#include "obx_test_doc.h"
 #include "obx_test_mongo.h"
 #include "obx/obx_pipeline.h"
 
@@ -27,50 +28,6 @@ static int teardown(void **state) {
   return 0;
 }
 
-static bson_t *json_doc(const char *single_quoted) {
-  char *json = strdup(single_quoted);
-  for (char *p = json; *p; p++)
-    if (*p == '\'') *p = '"';
-  bson_error_t berr;
-  bson_t *doc = bson_new_from_json((const uint8_t *)json, -1, &berr);
-  if (!doc) fail_msg("bad test JSON %s: %s", json, berr.message);
-  free(json);
-  return doc;
-}
-
-static const char *doc_str(const bson_t *doc, const char *path) {
-  bson_iter_t it, v;
-  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_UTF8(&v)) return NULL;
-  return bson_iter_utf8(&v, NULL);
-}
-
-static int64_t doc_int(const bson_t *doc, const char *path) {
-  bson_iter_t it, v;
-  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_NUMBER(&v)) return -1;
-  return bson_iter_as_int64(&v);
-}
-
-static int64_t count(const char *db, const char *coll_name, const bson_t *filter) {
-  mongoc_collection_t *coll = mongoc_client_get_collection(g_client, db, coll_name);
-  bson_t empty = BSON_INITIALIZER;
-  bson_error_t berr;
-  int64_t n = mongoc_collection_count_documents(coll, filter ? filter : &empty, NULL, NULL, NULL, &berr);
-  if (n < 0) fail_msg("count %s: %s", coll_name, berr.message);
-  mongoc_collection_destroy(coll);
-  return n;
-}
-
-static bool find_doc(const char *db, const char *coll_name, const bson_t *filter, bson_t *out) {
-  mongoc_collection_t *coll = mongoc_client_get_collection(g_client, db, coll_name);
-  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(coll, filter, NULL, NULL);
-  const bson_t *doc;
-  bool found = mongoc_cursor_next(cursor, &doc);
-  if (found) bson_copy_to(doc, out);
-  mongoc_cursor_destroy(cursor);
-  mongoc_collection_destroy(coll);
-  return found;
-}
-
 #define DEF_TAG                                                                                                     \
   "{'name':'tagger','trigger':'event.OrderShipped','nodes':[{'id':'start','type':'start'},"                         \
   "{'id':'tag','type':'set-status','config':{'statusTag':'shipped','name':'Shipped {{orderNumber}}'}},"             \
@@ -82,46 +39,46 @@ static void test_create_update_scope(void **state) {
   const char *db = "pl_crud";
   obx_err_t err = OBX_ERR_INIT;
   bson_t saved = BSON_INITIALIZER, again = BSON_INITIALIZER, got = BSON_INITIALIZER;
-  bson_t *def = json_doc(DEF_TAG);
+  bson_t *def = obx_test_json(DEF_TAG);
 
   /* orgId/version/_id in the body are ignored: the store owns them */
   BSON_APPEND_UTF8(def, "orgId", "someone-else");
   BSON_APPEND_INT32(def, "version", 41);
   if (!obx_pipeline_store_create(g_client, db, "org-a", def, &saved, &err)) fail_msg("create: %s", err.msg);
-  const char *id = doc_str(&saved, "_id");
+  const char *id = obx_test_doc_str(&saved, "_id");
   assert_non_null(id);
-  assert_string_equal(doc_str(&saved, "orgId"), "org-a");
-  assert_int_equal(doc_int(&saved, "version"), 1);
+  assert_string_equal(obx_test_doc_str(&saved, "orgId"), "org-a");
+  assert_int_equal(obx_test_doc_int(&saved, "version"), 1);
 
   /* a second enabled pipeline of the same trigger is a conflict; a disabled one is fine */
-  bson_t *twin = json_doc(DEF_TAG);
+  bson_t *twin = obx_test_json(DEF_TAG);
   assert_false(obx_pipeline_store_create(g_client, db, "org-a", twin, NULL, &err));
   assert_int_equal(err.domain, OBX_ERR_CONFLICT);
   assert_non_null(strstr(err.msg, "already enabled for trigger event.OrderShipped"));
   BSON_APPEND_BOOL(twin, "enabled", false);
   if (!obx_pipeline_store_create(g_client, db, "org-a", twin, NULL, &err)) fail_msg("disabled twin: %s", err.msg);
   /* another org has its own namespace */
-  bson_t *twin_b = json_doc(DEF_TAG);
+  bson_t *twin_b = obx_test_json(DEF_TAG);
   if (!obx_pipeline_store_create(g_client, db, "org-b", twin_b, NULL, &err)) fail_msg("org-b: %s", err.msg);
 
   /* update: version + 1, validated, org-scoped */
-  bson_t *changed = json_doc("{'name':'tagger','trigger':'event.OrderShipped','enabled':true,"
+  bson_t *changed = obx_test_json("{'name':'tagger','trigger':'event.OrderShipped','enabled':true,"
                              "'nodes':[{'id':'start','type':'start'}]}");
   if (!obx_pipeline_store_update(g_client, db, "org-a", id, changed, &again, &err)) fail_msg("update: %s", err.msg);
-  assert_int_equal(doc_int(&again, "version"), 2);
+  assert_int_equal(obx_test_doc_int(&again, "version"), 2);
   assert_false(obx_pipeline_store_update(g_client, db, "org-b", id, changed, NULL, &err));
   assert_int_equal(err.domain, OBX_ERR_NOT_FOUND);
-  bson_t *bad = json_doc("{'trigger':'event.OrderShipped','nodes':[{'id':'start','type':'start'},"
+  bson_t *bad = obx_test_json("{'trigger':'event.OrderShipped','nodes':[{'id':'start','type':'start'},"
                          "{'id':'x','type':'teleport'}]}");
   assert_false(obx_pipeline_store_update(g_client, db, "org-a", id, bad, NULL, &err));
   assert_int_equal(err.domain, OBX_ERR_PIPELINE);
   assert_string_equal(err.msg, "node \"x\": unknown type \"teleport\"");
-  bson_t *no_trigger = json_doc("{'nodes':[{'id':'start','type':'start'}]}");
+  bson_t *no_trigger = obx_test_json("{'nodes':[{'id':'start','type':'start'}]}");
   assert_false(obx_pipeline_store_create(g_client, db, "org-a", no_trigger, NULL, &err));
   assert_non_null(strstr(err.msg, "\"trigger\" is required"));
 
   assert_true(obx_pipeline_store_get(g_client, db, "org-a", id, &got, &err));
-  assert_int_equal(doc_int(&got, "version"), 2);
+  assert_int_equal(obx_test_doc_int(&got, "version"), 2);
   assert_false(obx_pipeline_store_get(g_client, db, "org-b", id, &got, &err));
   assert_int_equal(err.domain, OBX_ERR_NOT_FOUND);
 
@@ -136,8 +93,8 @@ static void test_create_update_scope(void **state) {
 
   bson_t list = BSON_INITIALIZER;
   assert_true(obx_pipeline_store_list(g_client, db, "org-a", &list, &err));
-  assert_non_null(doc_str(&list, "pipelines.1._id"));
-  assert_null(doc_str(&list, "pipelines.2._id"));
+  assert_non_null(obx_test_doc_str(&list, "pipelines.1._id"));
+  assert_null(obx_test_doc_str(&list, "pipelines.2._id"));
   bson_destroy(&list);
 
   bson_destroy(no_trigger);
@@ -155,7 +112,7 @@ static void test_create_update_scope(void **state) {
 static obx_pipeline_run_t *run_tagger(const bson_t *ctx, const char *order_id) {
   obx_pipeline_t *pipeline = NULL;
   obx_err_t err = OBX_ERR_INIT;
-  bson_t *def = json_doc(DEF_TAG);
+  bson_t *def = obx_test_json(DEF_TAG);
   BSON_APPEND_UTF8(def, "_id", "pl-1");
   if (!obx_pipeline_parse(def, &pipeline, &err)) fail_msg("%s", err.msg);
   obx_pipeline_input_t in = {.context = ctx, .org_id = "org-a", .event_id = "ev-shipped", .correlation_id = "corr-1",
@@ -181,39 +138,39 @@ static void test_commit_writes_effects_and_execution(void **state) {
   const char *db = "pl_commit";
   obx_err_t err = OBX_ERR_INIT;
   insert_order(db, "o-1");
-  bson_t *ctx = json_doc("{'orderNumber':'N-1','order':{'totalAmount':{'$numberDecimal':'99.90'}}}");
+  bson_t *ctx = obx_test_json("{'orderNumber':'N-1','order':{'totalAmount':{'$numberDecimal':'99.90'}}}");
   obx_pipeline_run_t *run = run_tagger(ctx, "o-1");
   if (!obx_pipeline_run_commit(run, g_client, db, NULL, &err)) fail_msg("commit: %s", err.msg);
 
   bson_t order = BSON_INITIALIZER, ev = BSON_INITIALIZER, exec = BSON_INITIALIZER;
   bson_t *by_id = BCON_NEW("_id", BCON_UTF8("o-1"));
-  assert_true(find_doc(db, "orders", by_id, &order));
-  assert_string_equal(doc_str(&order, "status"), "CONFIRMED"); /* the business status is untouched */
-  assert_string_equal(doc_str(&order, "statusHistory.0.statusTag"), "shipped");
-  assert_string_equal(doc_str(&order, "statusHistory.0.name"), "Shipped N-1");
-  assert_string_equal(doc_str(&order, "statusHistory.0.phase"), "event.OrderShipped");
-  assert_string_equal(doc_str(&order, "statusHistory.0.executionId"), obx_pipeline_run_execution_id(run));
-  assert_string_equal(doc_str(&order, "pipelineStatus.statusTag"), "shipped");
+  assert_true(obx_test_find_one(g_client, db, "orders", by_id, &order));
+  assert_string_equal(obx_test_doc_str(&order, "status"), "CONFIRMED"); /* the business status is untouched */
+  assert_string_equal(obx_test_doc_str(&order, "statusHistory.0.statusTag"), "shipped");
+  assert_string_equal(obx_test_doc_str(&order, "statusHistory.0.name"), "Shipped N-1");
+  assert_string_equal(obx_test_doc_str(&order, "statusHistory.0.phase"), "event.OrderShipped");
+  assert_string_equal(obx_test_doc_str(&order, "statusHistory.0.executionId"), obx_pipeline_run_execution_id(run));
+  assert_string_equal(obx_test_doc_str(&order, "pipelineStatus.statusTag"), "shipped");
 
   const obx_event_t *emitted = obx_pipeline_run_event(run, 0);
   bson_t *ev_filter = BCON_NEW("_id", BCON_UTF8(emitted->id));
-  assert_true(find_doc(db, "outbox", ev_filter, &ev));
-  assert_string_equal(doc_str(&ev, "eventType"), "CustomerNotified");
-  assert_string_equal(doc_str(&ev, "status"), "PENDING");
-  assert_string_equal(doc_str(&ev, "causationId"), "ev-shipped");
-  assert_string_equal(doc_str(&ev, "correlationId"), "corr-1");
-  assert_string_equal(doc_str(&ev, "partitionKey"), "o-1");
-  assert_string_equal(doc_str(&ev, "payload.n"), "N-1");
+  assert_true(obx_test_find_one(g_client, db, "outbox", ev_filter, &ev));
+  assert_string_equal(obx_test_doc_str(&ev, "eventType"), "CustomerNotified");
+  assert_string_equal(obx_test_doc_str(&ev, "status"), "PENDING");
+  assert_string_equal(obx_test_doc_str(&ev, "causationId"), "ev-shipped");
+  assert_string_equal(obx_test_doc_str(&ev, "correlationId"), "corr-1");
+  assert_string_equal(obx_test_doc_str(&ev, "partitionKey"), "o-1");
+  assert_string_equal(obx_test_doc_str(&ev, "payload.n"), "N-1");
 
   bson_t *exec_filter = BCON_NEW("_id", BCON_UTF8(obx_pipeline_run_execution_id(run)));
-  assert_true(find_doc(db, "pipeline_executions", exec_filter, &exec));
-  assert_string_equal(doc_str(&exec, "status"), "SUCCEEDED");
-  assert_string_equal(doc_str(&exec, "pipelineId"), "pl-1");
-  assert_string_equal(doc_str(&exec, "eventId"), "ev-shipped");
-  assert_int_equal(doc_int(&exec, "attempt"), 3);
-  assert_string_equal(doc_str(&exec, "steps.1.nodeId"), "tag");
-  assert_string_equal(doc_str(&exec, "steps.2.output.eventId"), emitted->id);
-  assert_true(doc_int(&exec, "durationMs") >= 0);
+  assert_true(obx_test_find_one(g_client, db, "pipeline_executions", exec_filter, &exec));
+  assert_string_equal(obx_test_doc_str(&exec, "status"), "SUCCEEDED");
+  assert_string_equal(obx_test_doc_str(&exec, "pipelineId"), "pl-1");
+  assert_string_equal(obx_test_doc_str(&exec, "eventId"), "ev-shipped");
+  assert_int_equal(obx_test_doc_int(&exec, "attempt"), 3);
+  assert_string_equal(obx_test_doc_str(&exec, "steps.1.nodeId"), "tag");
+  assert_string_equal(obx_test_doc_str(&exec, "steps.2.output.eventId"), emitted->id);
+  assert_true(obx_test_doc_int(&exec, "durationMs") >= 0);
 
   bson_destroy(exec_filter);
   bson_destroy(ev_filter);
@@ -266,7 +223,7 @@ static void test_commit_joins_caller_transaction(void **state) {
     char db[32];
     snprintf(db, sizeof db, "pl_txn_%zu", i);
     insert_order(db, "o-2");
-    bson_t *ctx = json_doc("{'orderNumber':'N-2','order':{'totalAmount':5}}");
+    bson_t *ctx = obx_test_json("{'orderNumber':'N-2','order':{'totalAmount':5}}");
     caller_txn_t t = {.run = run_tagger(ctx, cases[i].order_id), .db = db, .fail_after = cases[i].fail_after};
     bson_error_t berr;
     mongoc_client_session_t *session = mongoc_client_start_session(g_client, NULL, &berr);
@@ -278,13 +235,13 @@ static void test_commit_joins_caller_transaction(void **state) {
       assert_int_equal(t.err.domain, OBX_ERR_NOT_FOUND);
       assert_non_null(strstr(t.err.msg, "order o-missing of org org-a not found"));
     }
-    int64_t outbox = count(db, "outbox", NULL), execs = count(db, "pipeline_executions", NULL),
-            inbox = count(db, "inbox", NULL);
+    int64_t outbox = obx_test_count(g_client, db, "outbox", NULL), execs = obx_test_count(g_client, db, "pipeline_executions", NULL),
+            inbox = obx_test_count(g_client, db, "inbox", NULL);
     if (outbox != cases[i].want_docs || execs != cases[i].want_docs || inbox != cases[i].want_docs)
       fail_msg("case %zu: got outbox=%lld executions=%lld inbox=%lld, want %lld each", i, (long long)outbox,
                (long long)execs, (long long)inbox, (long long)cases[i].want_docs);
     bson_t *tagged = BCON_NEW("_id", BCON_UTF8("o-2"), "statusHistory.0.statusTag", BCON_UTF8("shipped"));
-    assert_int_equal(count(db, "orders", tagged), cases[i].want_docs);
+    assert_int_equal(obx_test_count(g_client, db, "orders", tagged), cases[i].want_docs);
     bson_destroy(tagged);
     obx_pipeline_run_destroy(t.run);
     bson_destroy(ctx);
@@ -296,7 +253,7 @@ static void test_executions_paging(void **state) {
   obx_err_t err = OBX_ERR_INIT;
   char ids[5][OBX_UUID_LEN + 1];
   insert_order(db, "o-3");
-  bson_t *ctx = json_doc("{'orderNumber':'N-3','order':{'totalAmount':1}}");
+  bson_t *ctx = obx_test_json("{'orderNumber':'N-3','order':{'totalAmount':1}}");
   for (int i = 0; i < 5; i++) {
     obx_pipeline_run_t *run = run_tagger(ctx, "o-3");
     if (!obx_pipeline_run_commit(run, g_client, db, NULL, &err)) fail_msg("commit %d: %s", i, err.msg);
@@ -322,20 +279,20 @@ static void test_executions_paging(void **state) {
     for (int k = 0; k < 10; k++) {
       char path[32];
       snprintf(path, sizeof path, "executions.%d._id", k);
-      const char *id = doc_str(&page, path);
+      const char *id = obx_test_doc_str(&page, path);
       if (!id) break;
       for (int j = 0; j < 5; j++)
         if (strcmp(id, ids[j]) == 0) got[strlen(got)] = (char)('0' + j);
     }
     if (strcmp(got, cases[c].want) != 0) fail_msg("case %zu: got %s, want %s", c, got, cases[c].want);
-    const char *next = doc_str(&page, "next");
+    const char *next = obx_test_doc_str(&page, "next");
     if (cases[c].want_next < 0 ? next != NULL : !next || strcmp(next, ids[cases[c].want_next]) != 0)
       fail_msg("case %zu: got next %s", c, next ? next : "null");
     bson_destroy(&page);
   }
   bson_t page = BSON_INITIALIZER;
   assert_true(obx_pipeline_store_executions(g_client, db, "org-b", "pl-1", 10, NULL, NULL, &page, &err));
-  assert_null(doc_str(&page, "executions.0._id")); /* another org sees nothing */
+  assert_null(obx_test_doc_str(&page, "executions.0._id")); /* another org sees nothing */
   bson_destroy(&page);
   assert_false(obx_pipeline_store_executions(g_client, db, "org-a", "pl-1", 0, NULL, NULL, &page, &err));
   assert_int_equal(err.domain, OBX_ERR_INPUT);
@@ -364,7 +321,7 @@ static void test_apply_config_dir(void **state) {
     fclose(out);
     if (!strstr(report, cases[i].want) || !strstr(report, "order-post-erp.json") || !strstr(report, "order-shipped-notify.json"))
       fail_msg("case %zu: report\n%s\nwant lines with \"%s\"", i, report, cases[i].want);
-    assert_int_equal(count(db, "pipelines", NULL), cases[i].want_stored);
+    assert_int_equal(obx_test_count(g_client, db, "pipelines", NULL), cases[i].want_stored);
     free(report);
   }
   /* a changed file is an update (version 2); an invalid one is reported by name */
@@ -378,7 +335,7 @@ static void test_apply_config_dir(void **state) {
   obx_err_t err = OBX_ERR_INIT;
   assert_true(obx_pipeline_store_apply_path(g_client, db, path, false, NULL, &err));
   bson_t *filter = BCON_NEW("name", BCON_UTF8("order-post-erp"), "version", BCON_INT32(2), "enabled", BCON_BOOL(false));
-  assert_int_equal(count(db, "pipelines", filter), 1);
+  assert_int_equal(obx_test_count(g_client, db, "pipelines", filter), 1);
   bson_destroy(filter);
   f = fopen(path, "w");
   fputs("{\"name\": \"broken\", \"orgId\": \"demo\", \"trigger\": \"order.post\", \"nodes\": [{\"id\": \"a\", \"type\": \"log\"}]}", f);

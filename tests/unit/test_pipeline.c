@@ -1,8 +1,9 @@
 /* test_pipeline.c - pipeline definitions, templates, branching, execution documents
  *
  * Pure engine tests: no MongoDB, no HTTP server. Definitions are written with single quotes
- * (J() turns them into JSON) to keep the tables readable. */
+ * (obx_test_json_quotes() turns them into JSON) to keep the tables readable. */
 #include "obx_test.h"
+#include "obx_test_doc.h"
 #include "obx/obx_pipeline.h"
 
 #include <stdio.h>
@@ -12,36 +13,12 @@
 #include "obx/obx_metrics.h"
 #include "../../src/pipeline/pipeline_int.h"
 
-/* 'x' -> "x" (the tables never need a literal single quote). */
-static char *J(const char *s) {
-  char *out = strdup(s);
-  for (char *p = out; *p; p++)
-    if (*p == '\'') *p = '"';
-  return out;
-}
-
-static bson_t *json_doc(const char *single_quoted) {
-  char *json = J(single_quoted);
-  bson_error_t berr;
-  bson_t *doc = bson_new_from_json((const uint8_t *)json, -1, &berr);
-  if (!doc) fail_msg("bad test JSON %s: %s", json, berr.message);
-  free(json);
-  return doc;
-}
-
 static char *read_fixture(const char *rel) {
   char path[512];
   snprintf(path, sizeof path, "%s/%s", OBX_SOURCE_DIR, rel);
-  FILE *f = fopen(path, "rb");
-  if (!f) fail_msg("cannot open %s", path);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *buf = malloc((size_t)n + 1);
-  assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-  buf[n] = '\0';
-  fclose(f);
-  return buf;
+  char *text = obx_test_read_file(path);
+  if (!text) fail_msg("cannot read %s", path);
+  return text;
 }
 
 /* ---- validation ------------------------------------------------------------------------- */
@@ -116,7 +93,7 @@ static void test_validation_table(void **state) {
     {"{'nodes':[" START ",{'id':'n','type':'log','config':'m'}]}", "node \"n\": \"config\" must be an object"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    char *json = J(cases[i].def);
+    char *json = obx_test_json_quotes(cases[i].def);
     obx_pipeline_t *pipeline = NULL;
     obx_err_t err = OBX_ERR_INIT;
     bool ok = obx_pipeline_parse_json(json, &pipeline, &err);
@@ -177,7 +154,7 @@ static void test_triggers(void **state) {
 /* ---- templates -------------------------------------------------------------------------- */
 
 static bson_t *template_context(void) {
-  bson_t *ctx = json_doc("{'orderNumber':'A-1','order':{'n':3,'big':{'$numberLong':'9007199254740993'},"
+  bson_t *ctx = obx_test_json("{'orderNumber':'A-1','order':{'n':3,'big':{'$numberLong':'9007199254740993'},"
                          "'ratio':0.25,'paid':true,'note':null,'items':[{'sku':'X'},{'sku':'Y'}],"
                          "'totalAmount':{'$numberDecimal':'12.50'}},'event':{'id':'e1'}}");
   return ctx;
@@ -213,11 +190,11 @@ static void test_template_table(void **state) {
   };
   bson_t *ctx = template_context();
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    bson_t *config = json_doc(cases[i].config);
+    bson_t *config = obx_test_json(cases[i].config);
     bson_t out = BSON_INITIALIZER;
     obx_err_t err = OBX_ERR_INIT;
     bool ok = obx_template_render_doc(config, ctx, NULL, &out, &err);
-    char *want = J(cases[i].want);
+    char *want = obx_test_json_quotes(cases[i].want);
     if (ok != cases[i].ok) fail_msg("case %zu %s: got ok=%d (%s), want ok=%d", i, cases[i].config, ok, err.msg, cases[i].ok);
     if (ok) {
       bson_string_t *got = bson_string_new(NULL);
@@ -291,12 +268,6 @@ static void steps_path(const bson_t *execution, char *out, size_t outlen) {
   }
 }
 
-static const char *doc_str(const bson_t *doc, const char *path) {
-  bson_iter_t it, v;
-  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_UTF8(&v)) return NULL;
-  return bson_iter_utf8(&v, NULL);
-}
-
 /* assert_string_equal that names the value and survives NULL */
 #define check_str(got, want)                                                                       \
   do {                                                                                             \
@@ -321,7 +292,7 @@ static void test_branching(void **state) {
   double ok_before = obx_metrics_value(runs, "event.OrderShipped", "SUCCEEDED");
   double failed_before = obx_metrics_value(runs, "event.OrderShipped", "FAILED");
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    bson_t *ctx = json_doc(cases[i].context);
+    bson_t *ctx = obx_test_json(cases[i].context);
     obx_pipeline_input_t in = {.context = ctx, .org_id = "org-1", .event_id = "ev-1", .correlation_id = "corr-1",
                                .aggregate_type = "Order", .aggregate_id = cases[i].aggregate_id, .attempt = 2};
     obx_pipeline_run_t *run = obx_pipeline_execute(pipeline, &in, NULL);
@@ -343,7 +314,7 @@ static void test_branching(void **state) {
       check_str(ev->aggregate_id, cases[i].aggregate_id);
       check_str(ev->org_id, "org-1");
       assert_true(obx_uuid_valid(ev->id));
-      check_str(doc_str(&ev->payload, "orderNumber"), i == 0 ? "B-1" : "B-2");
+      check_str(obx_test_doc_str(&ev->payload, "orderNumber"), i == 0 ? "B-1" : "B-2");
     }
     int nstatuses = 0;
     bson_iter_t it;
@@ -351,10 +322,10 @@ static void test_branching(void **state) {
     while (bson_iter_next(&it)) nstatuses++;
     assert_int_equal(nstatuses, cases[i].want_statuses);
     const bson_t *exec = obx_pipeline_run_execution(run);
-    check_str(doc_str(exec, "orgId"), "org-1");
-    check_str(doc_str(exec, "eventId"), "ev-1");
-    check_str(doc_str(exec, "trigger"), "event.OrderShipped");
-    check_str(doc_str(exec, "_id"), obx_pipeline_run_execution_id(run));
+    check_str(obx_test_doc_str(exec, "orgId"), "org-1");
+    check_str(obx_test_doc_str(exec, "eventId"), "ev-1");
+    check_str(obx_test_doc_str(exec, "trigger"), "event.OrderShipped");
+    check_str(obx_test_doc_str(exec, "_id"), obx_pipeline_run_execution_id(run));
     assert_true(bson_iter_init_find(&it, exec, "attempt"));
     assert_int_equal(bson_iter_int32(&it), 2);
     obx_pipeline_run_destroy(run);
@@ -381,7 +352,7 @@ static void test_abort_and_continue(void **state) {
              "{'id':'after','type':'log','config':{'message':'after'}}],"
              "'edges':[{'from':'start','to':'bad'},{'from':'bad','to':'after'}]}",
              cases[i].on_error);
-    char *json = J(def);
+    char *json = obx_test_json_quotes(def);
     obx_pipeline_t *pipeline = NULL;
     obx_err_t err = OBX_ERR_INIT;
     if (!obx_pipeline_parse_json(json, &pipeline, &err)) fail_msg("%s", err.msg);
@@ -393,15 +364,15 @@ static void test_abort_and_continue(void **state) {
     if (strcmp(path, cases[i].want_path) != 0) fail_msg("onError %s: got path %s, want %s", cases[i].on_error, path, cases[i].want_path);
     assert_int_equal(obx_pipeline_run_status(run), cases[i].want_status);
     const bson_t *exec = obx_pipeline_run_execution(run);
-    check_str(doc_str(exec, "steps.1.error"), "config.message: template {{nope}}: path \"nope\" not found in the context");
-    check_str(doc_str(exec, "steps.1.failureClass"), "terminal");
+    check_str(obx_test_doc_str(exec, "steps.1.error"), "config.message: template {{nope}}: path \"nope\" not found in the context");
+    check_str(obx_test_doc_str(exec, "steps.1.failureClass"), "terminal");
     if (cases[i].want_status == OBX_PIPELINE_FAILED) {
       assert_int_equal(obx_pipeline_run_failure_class(run), OBX_FAILURE_TERMINAL);
-      check_str(doc_str(exec, "status"), "FAILED");
-      check_str(doc_str(exec, "failureClass"), "terminal");
+      check_str(obx_test_doc_str(exec, "status"), "FAILED");
+      check_str(obx_test_doc_str(exec, "failureClass"), "terminal");
       assert_non_null(strstr(obx_pipeline_run_error(run)->msg, "node \"bad\": config.message"));
     } else {
-      check_str(doc_str(exec, "status"), "SUCCEEDED");
+      check_str(obx_test_doc_str(exec, "status"), "SUCCEEDED");
       assert_int_equal(obx_pipeline_run_failure_class(run), OBX_FAILURE_NONE);
     }
     obx_pipeline_run_destroy(run);
@@ -436,22 +407,22 @@ static void test_condition_operators(void **state) {
     {"{'path':'order.items','operator':'eq','value':[{'sku':'X'},{'sku':'Y'}]}", "true"},
     {"{'path':'orderNumber','operator':'gt','value':5}", "operator \"gt\": cannot order orderNumber (string) against config.value (number)"},
   };
-  bson_t *ctx = json_doc("{'orderNumber':'A-1','order':{'n':3,'paid':true,'tags':['vip','eu'],"
+  bson_t *ctx = obx_test_json("{'orderNumber':'A-1','order':{'n':3,'paid':true,'tags':['vip','eu'],"
                          "'items':[{'sku':'X'},{'sku':'Y'}],'totalAmount':{'$numberDecimal':'12.50'}}}");
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char def[1024];
     snprintf(def, sizeof def,
              "{'nodes':[" START ",{'id':'c','type':'condition','config':%s}],'edges':[{'from':'start','to':'c'}]}",
              cases[i].config);
-    char *json = J(def);
+    char *json = obx_test_json_quotes(def);
     obx_pipeline_t *pipeline = NULL;
     obx_err_t err = OBX_ERR_INIT;
     if (!obx_pipeline_parse_json(json, &pipeline, &err)) fail_msg("case %zu: %s", i, err.msg);
     obx_pipeline_input_t in = {.context = ctx, .org_id = "o"};
     obx_pipeline_run_t *run = obx_pipeline_execute(pipeline, &in, NULL);
     const bson_t *exec = obx_pipeline_run_execution(run);
-    const char *got = obx_pipeline_run_status(run) == OBX_PIPELINE_SUCCEEDED ? doc_str(exec, "steps.1.outcome")
-                                                                              : doc_str(exec, "steps.1.error");
+    const char *got = obx_pipeline_run_status(run) == OBX_PIPELINE_SUCCEEDED ? obx_test_doc_str(exec, "steps.1.outcome")
+                                                                              : obx_test_doc_str(exec, "steps.1.error");
     if (!got || !strstr(got, cases[i].want)) fail_msg("case %zu %s: got %s, want %s", i, cases[i].config, got ? got : "(null)", cases[i].want);
     obx_pipeline_run_destroy(run);
     obx_pipeline_destroy(pipeline);
@@ -461,14 +432,14 @@ static void test_condition_operators(void **state) {
 }
 
 static void test_disabled_is_skipped(void **state) {
-  char *json = J("{'enabled':false,'nodes':[" START "]}");
+  char *json = obx_test_json_quotes("{'enabled':false,'nodes':[" START "]}");
   obx_pipeline_t *pipeline = NULL;
   assert_true(obx_pipeline_parse_json(json, &pipeline, NULL));
   bson_t ctx = BSON_INITIALIZER;
   obx_pipeline_input_t in = {.context = &ctx, .org_id = "o"};
   obx_pipeline_run_t *run = obx_pipeline_execute(pipeline, &in, NULL);
   assert_int_equal(obx_pipeline_run_status(run), OBX_PIPELINE_SKIPPED);
-  check_str(doc_str(obx_pipeline_run_execution(run), "status"), "SKIPPED");
+  check_str(obx_test_doc_str(obx_pipeline_run_execution(run), "status"), "SKIPPED");
   obx_pipeline_run_destroy(run);
   obx_pipeline_destroy(pipeline);
   free(json);
@@ -481,7 +452,7 @@ static void test_output_bounded(void **state) {
   big[10240] = '\0';
   bson_t *ctx = bson_new();
   BSON_APPEND_UTF8(ctx, "big", big);
-  char *json = J("{'nodes':[" START ",{'id':'l','type':'log','config':{'message':'{{big}}','level':'debug'}}],"
+  char *json = obx_test_json_quotes("{'nodes':[" START ",{'id':'l','type':'log','config':{'message':'{{big}}','level':'debug'}}],"
                  "'edges':[{'from':'start','to':'l'}]}");
   obx_pipeline_t *pipeline = NULL;
   assert_true(obx_pipeline_parse_json(json, &pipeline, NULL));
@@ -492,7 +463,7 @@ static void test_output_bounded(void **state) {
   bson_iter_init(&it, exec);
   assert_true(bson_iter_find_descendant(&it, "steps.1.output.truncated", &v));
   assert_true(bson_iter_bool(&v));
-  const char *preview = doc_str(exec, "steps.1.output.preview");
+  const char *preview = obx_test_doc_str(exec, "steps.1.output.preview");
   assert_non_null(preview);
   assert_true(strlen(preview) <= 1024);
   assert_true(exec->len < 8192);
@@ -511,20 +482,20 @@ static void test_context_from_event(void **state) {
   ev.aggregate_type = strdup("Order");
   ev.aggregate_id = strdup("ord-1");
   ev.correlation_id = strdup("corr-1");
-  bson_t *payload = json_doc("{'orderNumber':'N-7','totalAmount':'12.50','event':'clash'}");
+  bson_t *payload = obx_test_json("{'orderNumber':'N-7','totalAmount':'12.50','event':'clash'}");
   bson_destroy(&ev.payload);
   bson_copy_to(payload, &ev.payload);
   obx_err_t err = OBX_ERR_INIT;
   assert_true(obx_event_finalize(&ev, &err));
   bson_t ctx = BSON_INITIALIZER;
   obx_pipeline_context_from_event(&ev, &ctx);
-  check_str(doc_str(&ctx, "orderNumber"), "N-7");
-  check_str(doc_str(&ctx, "order.totalAmount"), "12.50");
-  check_str(doc_str(&ctx, "payload.orderNumber"), "N-7");
-  check_str(doc_str(&ctx, "event.id"), ev.id);
-  check_str(doc_str(&ctx, "event.type"), "OrderConfirmed");
-  check_str(doc_str(&ctx, "event.correlationId"), "corr-1");
-  check_str(doc_str(&ctx, "event.partitionKey"), "ord-1");
+  check_str(obx_test_doc_str(&ctx, "orderNumber"), "N-7");
+  check_str(obx_test_doc_str(&ctx, "order.totalAmount"), "12.50");
+  check_str(obx_test_doc_str(&ctx, "payload.orderNumber"), "N-7");
+  check_str(obx_test_doc_str(&ctx, "event.id"), ev.id);
+  check_str(obx_test_doc_str(&ctx, "event.type"), "OrderConfirmed");
+  check_str(obx_test_doc_str(&ctx, "event.correlationId"), "corr-1");
+  check_str(obx_test_doc_str(&ctx, "event.partitionKey"), "ord-1");
   bson_destroy(&ctx);
   bson_destroy(payload);
   obx_event_cleanup(&ev);
