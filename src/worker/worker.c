@@ -20,6 +20,7 @@
 #include "obx/obx_inbox.h"
 #include "obx/obx_ladder.h"
 #include "obx/obx_log.h"
+#include "obx/obx_metrics.h"
 #include "obx/obx_mongo.h"
 #include "obx/obx_pipeline.h"
 #include "worker_int.h"
@@ -169,10 +170,77 @@ static void complete(obx_worker_t *w, job_t *job) {
   pthread_mutex_unlock(&w->done_mu);
 }
 
+/* ---- metrics: per-worker numbers (obx_worker_stats) and the process registry (/metrics) --- */
+
+static struct {
+  obx_counter_t *consumed, *duplicates, *malformed, *runs, *blocked, *retries, *dlq;
+  obx_gauge_t *lag, *parked;
+} metrics;
+static pthread_once_t metrics_once = PTHREAD_ONCE_INIT;
+
+static void metrics_register(void) {
+  metrics.consumed = obx_metrics_counter("outboxd_worker_consumed_total", "Events received by the worker", "source");
+  metrics.duplicates =
+    obx_metrics_counter("outboxd_worker_duplicates_total", "Events skipped because the inbox already had them", NULL);
+  metrics.malformed =
+    obx_metrics_counter("outboxd_worker_malformed_total", "Records that were not CloudEvents (sent to the DLQ)", NULL);
+  metrics.runs = obx_metrics_counter("outboxd_worker_pipeline_runs_total", "Pipeline runs by status", "status");
+  metrics.blocked =
+    obx_metrics_counter("outboxd_worker_blocked_total", "Events stored BLOCKED behind the head of their key", NULL);
+  metrics.retries = obx_metrics_counter("outboxd_worker_retries_total", "Publishes to the retry ladder by tier", "tier");
+  metrics.dlq = obx_metrics_counter("outboxd_worker_dlq_published_total", "Publishes to the parking-lot DLQ", "class");
+  metrics.lag =
+    obx_metrics_gauge("outboxd_worker_consumer_lag", "Kafka messages behind over the assigned partitions", NULL);
+  metrics.parked = obx_metrics_gauge("outboxd_worker_parked_keys", "Business keys parked behind a failing event", NULL);
+}
+
+static const char *const source_names[] = {"kafka", "amqp", "http"};
+
+static void count_consumed(obx_worker_t *w, worker_source_t source) {
+  atomic_fetch_add(&w->stats.consumed, 1);
+  obx_counter_inc(metrics.consumed, source_names[source]);
+}
+
+static void count_run(obx_worker_t *w, obx_pipeline_status_t status) {
+  atomic_fetch_add(status == OBX_PIPELINE_SUCCEEDED ? &w->stats.runs_succeeded
+                   : status == OBX_PIPELINE_FAILED  ? &w->stats.runs_failed
+                                                    : &w->stats.runs_skipped,
+                   1);
+  obx_counter_inc(metrics.runs, obx_pipeline_status_name(status));
+}
+
+static void count_retry(obx_worker_t *w, int tier) {
+  atomic_fetch_add(&w->stats.retries[tier], 1);
+  char label[16];
+  snprintf(label, sizeof label, "%d", tier + 1);
+  obx_counter_inc(metrics.retries, label);
+}
+
+static void count_dlq(obx_worker_t *w, const char *failure_class) {
+  atomic_fetch_add(&w->stats.dlq, 1);
+  obx_counter_inc(metrics.dlq, failure_class);
+}
+
+static void set_lag(obx_worker_t *w, int64_t lag) {
+  atomic_store(&w->stats.lag, lag);
+  obx_gauge_set(metrics.lag, (double)lag);
+}
+
+static void set_parked(obx_worker_t *w, int64_t n) {
+  atomic_store(&w->stats.parked_keys, n);
+  obx_gauge_set(metrics.parked, (double)n);
+}
+
 static void count_outcome(obx_worker_t *w, worker_outcome_t outcome) {
   switch (outcome) {
-  case WORKER_DUPLICATE: atomic_fetch_add(&w->stats.duplicates, 1); break;
-  case WORKER_BLOCKED: atomic_fetch_add(&w->stats.blocked, 1); break;
+  case WORKER_DUPLICATE:
+    atomic_fetch_add(&w->stats.duplicates, 1);
+    obx_counter_inc(metrics.duplicates);
+    break;
+  case WORKER_BLOCKED:
+    atomic_fetch_add(&w->stats.blocked, 1);
+    obx_counter_inc(metrics.blocked);
+    break;
   default: break;
   }
 }
@@ -233,6 +301,7 @@ static bool publish_until_confirmed(obx_worker_t *w, const obx_ladder_msg_t *msg
 
 static worker_outcome_t handle_malformed(obx_worker_t *w, obx_ladder_msg_t *msg, const obx_err_t *cause) {
   atomic_fetch_add(&w->stats.malformed, 1);
+  obx_counter_inc(metrics.malformed);
   if (!msg->message_id) {
     const char *id = obx_ladder_msg_header(msg, "ce_id");
     char gen[OBX_UUID_LEN + 1];
@@ -249,7 +318,7 @@ static worker_outcome_t handle_malformed(obx_worker_t *w, obx_ladder_msg_t *msg,
   msg->reason = strdup(reason);
   obx_log_event(OBX_LOG_WARN, msg->message_id, NULL, "%s; parking it in the DLQ", reason);
   if (!publish_until_confirmed(w, msg, -1)) return WORKER_INFRA;
-  atomic_fetch_add(&w->stats.dlq, 1);
+  count_dlq(w, "malformed");
   return WORKER_DEAD;
 }
 
@@ -308,19 +377,17 @@ static worker_outcome_t run_event(obx_worker_t *w, mongoc_client_t *client, obx_
                                .attempt = attempt};
     run = obx_pipeline_execute(pipeline, &in, &w->egress);
     t.run = run;
+    count_run(w, obx_pipeline_run_status(run));
     switch (obx_pipeline_run_status(run)) {
     case OBX_PIPELINE_SUCCEEDED:
       t.status = OBX_INBOX_DONE;
       outcome = WORKER_DONE;
-      atomic_fetch_add(&w->stats.runs_succeeded, 1);
       break;
     case OBX_PIPELINE_SKIPPED:
       t.status = OBX_INBOX_SKIPPED;
       outcome = WORKER_SKIPPED;
-      atomic_fetch_add(&w->stats.runs_skipped, 1);
       break;
     case OBX_PIPELINE_FAILED: {
-      atomic_fetch_add(&w->stats.runs_failed, 1);
       const obx_err_t *rerr = obx_pipeline_run_error(run);
       bool transient = obx_pipeline_run_failure_class(run) == OBX_FAILURE_TRANSIENT;
       t.last_error = rerr->msg;
@@ -330,7 +397,7 @@ static worker_outcome_t run_event(obx_worker_t *w, mongoc_client_t *client, obx_
         int tier = attempt - 1;
         if (!publish_until_confirmed(w, msg, tier)) goto done;
         int ntiers = obx_ladder_ntiers(w->ladder);
-        atomic_fetch_add(&w->stats.retries[tier < ntiers ? tier : ntiers - 1], 1);
+        count_retry(w, tier < ntiers ? tier : ntiers - 1);
         t.status = OBX_INBOX_RETRYING;
         outcome = WORKER_RETRYING;
         obx_log_event(OBX_LOG_INFO, ev->id, ev->correlation_id, "attempt %d failed (transient: %s); retry tier %d",
@@ -339,7 +406,7 @@ static worker_outcome_t run_event(obx_worker_t *w, mongoc_client_t *client, obx_
         free(msg->reason);
         msg->reason = strdup(transient ? "attempts exhausted" : "terminal failure");
         if (!publish_until_confirmed(w, msg, -1)) goto done;
-        atomic_fetch_add(&w->stats.dlq, 1);
+        count_dlq(w, transient ? "transient" : "terminal");
         t.status = OBX_INBOX_DEAD;
         outcome = WORKER_DEAD;
         obx_log_event(OBX_LOG_WARN, ev->id, ev->correlation_id, "attempt %d failed (%s: %s); parked in the DLQ",
@@ -626,7 +693,7 @@ static void kafka_update_lag(obx_worker_t *w) {
     int64_t pos = parts->elems[i].offset >= 0 ? parts->elems[i].offset : lo;
     if (hi > pos) lag += hi - pos;
   }
-  atomic_store(&w->stats.lag, lag);
+  set_lag(w, lag);
   rd_kafka_topic_partition_list_destroy(parts);
 }
 
@@ -652,7 +719,7 @@ static void kafka_dispatch(obx_worker_t *w, const rd_kafka_message_t *rkm) {
   char src[256];
   snprintf(src, sizeof src, "%s/%" PRId32 "/%" PRId64, w->conf->kafka_topic, rkm->partition, rkm->offset);
   job->msg.source = strdup(src);
-  atomic_fetch_add(&w->stats.consumed, 1);
+  count_consumed(w, WORKER_SOURCE_KAFKA);
   tracker_add(tracker_find(w, rkm->partition, true), rkm->offset);
   if (!lane_push(w, job)) job_free(job); /* stopping: not committed, redelivered later */
 }
@@ -761,7 +828,7 @@ static void *wq_main(void *arg) {
       mongoc_client_t *client = obx_mongo_pop(w->mongo);
       int64_t n = -1;
       obx_err_t err = OBX_ERR_INIT;
-      if (obx_inbox_count_parked(client, w->db, w->consumer, &n, &err)) atomic_store(&w->stats.parked_keys, n);
+      if (obx_inbox_count_parked(client, w->db, w->consumer, &n, &err)) set_parked(w, n);
       obx_mongo_push(w->mongo, client);
     }
     job_t *job = calloc(1, sizeof *job);
@@ -783,7 +850,7 @@ static void *wq_main(void *arg) {
       job_free(job);
       continue;
     }
-    atomic_fetch_add(&w->stats.consumed, 1);
+    count_consumed(w, WORKER_SOURCE_WORK);
     if (!lane_push(w, job)) job_free(job); /* unacked: redelivered */
   }
   wq_settle(w);
@@ -799,6 +866,7 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   w->consumer = conf->worker_group;
   w->max_attempts = (int)conf->order_post_attempts;
   w->nlanes = (int)conf->order_post_concurrency;
+  pthread_once(&metrics_once, metrics_register);
   atomic_store(&w->stats.lag, -1);
   atomic_store(&w->stats.parked_keys, -1);
   pthread_mutex_init(&w->done_mu, NULL);
@@ -918,7 +986,7 @@ bool worker_enqueue_http(obx_worker_t *w, obx_ladder_msg_t *msg, worker_http_wai
   job->msg = *msg; /* ownership moves to the job */
   obx_ladder_msg_init(msg);
   job->wait = wait;
-  atomic_fetch_add(&w->stats.consumed, 1);
+  count_consumed(w, WORKER_SOURCE_HTTP);
   if (lane_push(w, job)) return true;
   *msg = job->msg;
   free(job);

@@ -75,6 +75,15 @@ static void test_kill_9_mid_run(void **state) {
 
   start_worker_process(fx, &d);
   for (int i = 0; i < NEVENTS; i++) wt_wait_status(fx, ev[i].id, "DONE");
+  /* The worker's numbers are on the shared /metrics. */
+  obx_test_http_resp_t resp;
+  assert_true(obx_test_http(d.port, "GET", "/metrics", NULL, NULL, NULL, &resp));
+  const char *names[] = {"outboxd_worker_consumed_total{source=\"kafka\"}",
+                         "outboxd_worker_pipeline_runs_total{status=\"SUCCEEDED\"}", "outboxd_worker_consumer_lag",
+                         "outboxd_worker_parked_keys", "outboxd_worker_duplicates_total"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!resp.body || !strstr(resp.body, names[i])) fail_msg("/metrics lacks %s:\n%s", names[i], resp.body);
+  obx_test_http_resp_cleanup(&resp);
   obx_test_outboxd_stop(&d);
 
   int calls = 0;
