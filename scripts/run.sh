@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# run.sh - run the whole system locally on the embedded defaults, until Ctrl-C.
+#
+#   scripts/run.sh [--no-build] [--state-dir DIR]
+#
+# Installs the Debian packages that are missing (scripts/install-deps.sh), builds, then starts
+#   devmongod     in-memory MongoDB replica set        unless MONGO_URI is set
+#   kafka-mockd   one broker, topic domain-events (4)  unless KAFKA_BROKERS is set
+#   RabbitMQ      a private node (scripts/rabbitmq.sh) unless AMQP_URL is set
+#   outboxd       every role (api, relay, worker) on HTTP_PORT (default 8080; 0 picks one)
+# creates an API key for org "demo" with every permission (the key in STATE/api-key, its hash
+# in STATE/api-keys), applies config/pipelines/*.json (outboxctl pipelines apply), prints the
+# API address and a ready-made curl line, and waits. Ctrl-C (SIGINT) or SIGTERM stops
+# everything it started, in reverse order; so does outboxd exiting on its own.
+#
+# STATE (--state-dir, default a fresh /tmp/outboxd-run.XXXXXX) holds the logs of every process
+# and, once everything is ready, `ready`: shell assignments (API_URL, API_KEY_FILE, MONGO_URI,
+# KAFKA_BROKERS, AMQP_URL and the PIDs of what was started) for scripts and tests.
+#   --no-build   skip install-deps and the build (the binaries must be in OBX_BUILD_DIR)
+# OBX_BUILD_DIR: build directory (default ./build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+BUILD=${OBX_BUILD_DIR:-$ROOT/build}
+BUILD_ON=1
+STATE=""
+READY_TIMEOUT=${OBX_RUN_READY_TIMEOUT:-120}
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-build) BUILD_ON=0 ;;
+    --state-dir) STATE=$2; shift ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+log() { echo "run.sh: $*" >&2; }
+die() { log "$*"; exit 1; }
+
+if [ "$BUILD_ON" = 1 ]; then
+  scripts/install-deps.sh
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build "$BUILD" -j "$(nproc)" --target outboxd outboxctl devmongod kafka-mockd
+fi
+OUTBOXD=$BUILD/outboxd
+OUTBOXCTL=$BUILD/outboxctl
+for b in "$OUTBOXD" "$OUTBOXCTL"; do [ -x "$b" ] || die "$b is missing (build first, or drop --no-build)"; done
+
+if [ -z "$STATE" ]; then STATE=$(mktemp -d /tmp/outboxd-run.XXXXXX); fi
+mkdir -p "$STATE"
+rm -f "$STATE/ready"
+
+# ---- stopping ------------------------------------------------------------------------------
+PIDS=()          # started here, stopped in reverse order
+RMQ_DIR=""       # set when the private RabbitMQ node was started here
+stopping=0
+stop_all() {
+  [ "$stopping" = 1 ] && return
+  stopping=1
+  trap '' INT TERM
+  rm -f "$STATE/ready"
+  local i pid
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+    pid=${PIDS[$i]}
+    kill -TERM "$pid" 2>/dev/null || continue
+    for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then log "pid $pid did not stop in 15 s: SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; fi
+    wait "$pid" 2>/dev/null || true
+  done
+  if [ -n "$RMQ_DIR" ]; then OBX_RMQ_DIR=$RMQ_DIR scripts/rabbitmq.sh stop >/dev/null 2>&1 || log "RabbitMQ stop failed (see $RMQ_DIR/log)"; fi
+  log "stopped (logs in $STATE)"
+}
+trap 'stop_all; exit 130' INT
+trap 'stop_all; exit 143' TERM
+trap 'rc=$?; stop_all; exit $rc' EXIT
+
+# Waits until a file exists and is not empty.
+wait_file() {
+  local path=$1 what=$2 pid=$3 deadline=$((SECONDS + READY_TIMEOUT))
+  while [ ! -s "$path" ]; do
+    kill -0 "$pid" 2>/dev/null || die "$what exited; log: $STATE/$what.log"
+    [ "$SECONDS" -lt "$deadline" ] || die "$what not ready after ${READY_TIMEOUT}s; log: $STATE/$what.log"
+    sleep 0.1
+  done
+}
+
+# ---- services --------------------------------------------------------------------------------
+if [ -z "${MONGO_URI:-}" ]; then
+  "$BUILD/tests/fixtures/devmongo/devmongod" --port 0 --port-file "$STATE/devmongod.port" \
+    </dev/null >"$STATE/devmongod.log" 2>&1 &
+  PIDS+=($!); DEVMONGOD_PID=$!
+  wait_file "$STATE/devmongod.port" devmongod "$DEVMONGOD_PID"
+  MONGO_URI="mongodb://127.0.0.1:$(cat "$STATE/devmongod.port")/?replicaSet=rs0"
+  log "devmongod on $MONGO_URI"
+fi
+if [ -z "${KAFKA_BROKERS:-}" ]; then
+  "$BUILD/tests/fixtures/kafka-mock/kafka-mockd" --brokers 1 --topic domain-events:4 \
+    --bootstrap-file "$STATE/kafka.bootstrap" --control "$STATE/kafka.control" \
+    </dev/null >"$STATE/kafka-mockd.log" 2>&1 &
+  PIDS+=($!); KAFKA_MOCKD_PID=$!
+  wait_file "$STATE/kafka.bootstrap" kafka-mockd "$KAFKA_MOCKD_PID"
+  KAFKA_BROKERS=$(head -n1 "$STATE/kafka.bootstrap")
+  log "kafka-mockd on $KAFKA_BROKERS (topic domain-events, 4 partitions)"
+fi
+if [ -z "${AMQP_URL:-}" ]; then
+  RMQ_DIR=$(mktemp -d /tmp/obx-rmq-run.XXXXXX)
+  OBX_RMQ_DIR=$RMQ_DIR scripts/rabbitmq.sh start >"$STATE/rabbitmq.log" 2>&1 ||
+    die "RabbitMQ did not start; log: $STATE/rabbitmq.log"
+  # shellcheck disable=SC1091
+  AMQP_URL=$(. "$RMQ_DIR/env" && echo "$AMQP_URL")
+  log "RabbitMQ on ${AMQP_URL%%/%2F}"
+fi
+export MONGO_URI KAFKA_BROKERS AMQP_URL
+
+# ---- API key, outboxd, pipelines ---------------------------------------------------------------
+"$OUTBOXCTL" apikey new --org demo --perm '*' >"$STATE/apikey.out"
+sed -n 's/^key: *//p' "$STATE/apikey.out" >"$STATE/api-key"
+sed -n 's/^line: *//p' "$STATE/apikey.out" >"$STATE/api-keys"
+rm -f "$STATE/apikey.out"
+chmod 600 "$STATE/api-key"
+API_KEY=$(cat "$STATE/api-key")
+
+"$OUTBOXD" -X "http.port=${HTTP_PORT:-8080}" -X "http.bind=127.0.0.1" -X "api.keys_file=$STATE/api-keys" \
+  </dev/null >"$STATE/outboxd.log" 2>&1 &
+PIDS+=($!); OUTBOXD_PID=$!
+deadline=$((SECONDS + READY_TIMEOUT))
+PORT=""
+while [ -z "$PORT" ]; do
+  kill -0 "$OUTBOXD_PID" 2>/dev/null || die "outboxd exited; log: $STATE/outboxd.log"
+  [ "$SECONDS" -lt "$deadline" ] || die "outboxd did not listen after ${READY_TIMEOUT}s; log: $STATE/outboxd.log"
+  PORT=$(grep '"http listening"' "$STATE/outboxd.log" | sed -n 's/.*"port":"\([0-9]*\)".*/\1/p' | head -n1 || true)
+  [ -n "$PORT" ] || sleep 0.1
+done
+API_URL="http://127.0.0.1:$PORT"
+until curl -fsS -o /dev/null "$API_URL/readyz"; do
+  kill -0 "$OUTBOXD_PID" 2>/dev/null || die "outboxd exited; log: $STATE/outboxd.log"
+  [ "$SECONDS" -lt "$deadline" ] || die "outboxd not ready after ${READY_TIMEOUT}s ($API_URL/readyz); log: $STATE/outboxd.log"
+  sleep 0.2
+done
+"$OUTBOXCTL" pipelines apply "$ROOT/config/pipelines" >"$STATE/pipelines.log" 2>&1 ||
+  die "pipelines apply failed: $(cat "$STATE/pipelines.log")"
+sed 's/^/run.sh: pipelines: /' "$STATE/pipelines.log" >&2
+
+{
+  echo "API_URL=$API_URL"
+  echo "API_KEY_FILE=$STATE/api-key"
+  echo "MONGO_URI='$MONGO_URI'"
+  echo "KAFKA_BROKERS='$KAFKA_BROKERS'"
+  echo "AMQP_URL='$AMQP_URL'"
+  echo "OUTBOXD_PID=$OUTBOXD_PID"
+  echo "DEVMONGOD_PID=${DEVMONGOD_PID:-}"
+  echo "KAFKA_MOCKD_PID=${KAFKA_MOCKD_PID:-}"
+  echo "RMQ_DIR=$RMQ_DIR"
+} >"$STATE/ready.tmp"
+mv "$STATE/ready.tmp" "$STATE/ready"
+
+cat <<EOF
+
+outboxd is running (all roles). Logs: $STATE
+  API        $API_URL   (key for org "demo", every permission: $STATE/api-key)
+  MongoDB    $MONGO_URI
+  Kafka      $KAFKA_BROKERS   (topic domain-events)
+  RabbitMQ   ${AMQP_URL%%/%2F}
+
+Place an order:
+  curl -s -X POST $API_URL/orders -H "Authorization: Bearer $API_KEY" -H 'Content-Type: application/json' \\
+    -d '{"customerEmail": "customer@company.com", "amount": "149.90"}'
+Then look at it:
+  curl -s "$API_URL/api/outbox?limit=5" -H "Authorization: Bearer $API_KEY"
+  MONGO_URI='$MONGO_URI' AMQP_URL='$AMQP_URL' $OUTBOXCTL status
+
+Ctrl-C stops everything.
+EOF
+
+# Waits for outboxd; a signal interrupts the wait and the traps stop everything.
+set +e
+wait "$OUTBOXD_PID"
+rc=$?
+set -e
+log "outboxd exited with status $rc; log: $STATE/outboxd.log"
+exit 1
