@@ -48,6 +48,7 @@
 #include "obx_err.h"
 #include "obx_event.h"
 #include "obx_http.h"
+#include "obx_mongo.h"
 
 /* ---- definitions ------------------------------------------------------------------------ */
 
@@ -213,6 +214,11 @@ bool obx_pipeline_run(const obx_pipeline_t *pipeline, const obx_pipeline_input_t
                       obx_pipeline_result_t *result, obx_err_t *err);
 
 /* ---- store (collection `pipelines`) ------------------------------------------------------ */
+
+/* Creates the indexes of `pipelines` (one enabled pipeline per (orgId, trigger): partial
+ * unique; (orgId, name)) and `pipeline_executions` ((orgId, pipelineId, _id)). Idempotent;
+ * retriable errors while MongoDB is unreachable. */
+bool obx_pipeline_store_ensure_indexes(obx_mongo_t *mongo, obx_err_t *err);
 
 /* Creates a pipeline of org_id from a definition (orgId in the body is ignored, trigger
  * required); validated first. _id is a new UUIDv7, version 1. `saved` (initialised by the

@@ -12,7 +12,8 @@
  *    entries, emitted events, execution document) with the order's session; a FAILED run
  *    rejects the order (terminal: 422; transient: 503) and its execution document is recorded
  *    on its own, since no order transaction follows.
- *  - PIPELINES_DIR: applied at start by a thread that retries while MongoDB is unreachable. */
+ *  - At start a thread creates the pipelines indexes, then applies PIPELINES_DIR, retrying
+ *    both while MongoDB is unreachable. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,8 +32,8 @@ typedef struct {
   obx_mongo_t *mongo;
   obx_egress_t egress;
   char *pipelines_dir;
-  pthread_t loader;
-  bool loader_started, stopping;
+  pthread_t setup;              /* indexes, then PIPELINES_DIR; retries while MongoDB is down */
+  bool setup_started, stopping;
   pthread_mutex_t mu;
   pthread_cond_t cond;
 } pipelines_api_t;
@@ -189,40 +190,56 @@ static bool pre_commit(void *ctx, void *run, mongoc_client_session_t *session, o
 
 static void pre_release(void *ctx, void *run) { obx_pipeline_run_destroy(run); }
 
-/* ---- start-up load ---------------------------------------------------------------------- */
+/* ---- start-up: indexes, then PIPELINES_DIR ---------------------------------------------- */
 
-static void *loader_main(void *arg) {
+/* Waits LOADER_RETRY_MS or until stop; true when stopping. */
+static bool setup_wait(pipelines_api_t *api) {
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += LOADER_RETRY_MS / 1000;
+  pthread_mutex_lock(&api->mu);
+  while (!api->stopping && pthread_cond_timedwait(&api->cond, &api->mu, &deadline) == 0) {
+  }
+  bool stop = api->stopping;
+  pthread_mutex_unlock(&api->mu);
+  return stop;
+}
+
+/* One attempt at applying PIPELINES_DIR; false when it should be retried. */
+static bool apply_dir(pipelines_api_t *api) {
+  obx_err_t err = OBX_ERR_INIT;
+  char *report = NULL;
+  size_t len = 0;
+  FILE *out = open_memstream(&report, &len);
+  mongoc_client_t *client = obx_mongo_pop(api->mongo);
+  bool ok = obx_pipeline_store_apply_path(client, obx_mongo_db_name(api->mongo), api->pipelines_dir, false, out, &err);
+  obx_mongo_push(api->mongo, client);
+  fclose(out);
+  if (ok)
+    obx_info("pipelines applied from %s:\n%s", api->pipelines_dir, report);
+  else if (err.retriable)
+    obx_warn("pipelines from %s: %s; retrying", api->pipelines_dir, err.msg);
+  else
+    obx_error("pipelines from %s: %s\n%s", api->pipelines_dir, err.msg, report);
+  free(report);
+  return ok || !err.retriable;
+}
+
+static void *setup_main(void *arg) {
   pipelines_api_t *api = arg;
   obx_log_set_role("api");
   for (;;) {
     obx_err_t err = OBX_ERR_INIT;
-    char *report = NULL;
-    size_t len = 0;
-    FILE *out = open_memstream(&report, &len);
-    mongoc_client_t *client = obx_mongo_pop(api->mongo);
-    bool ok = obx_pipeline_store_apply_path(client, obx_mongo_db_name(api->mongo), api->pipelines_dir, false, out, &err);
-    obx_mongo_push(api->mongo, client);
-    fclose(out);
-    if (ok || !err.retriable) {
-      if (ok)
-        obx_info("pipelines applied from %s:\n%s", api->pipelines_dir, report);
-      else
-        obx_error("pipelines from %s: %s\n%s", api->pipelines_dir, err.msg, report);
-      free(report);
-      return NULL;
+    if (obx_pipeline_store_ensure_indexes(api->mongo, &err)) break;
+    if (!err.retriable) {
+      obx_error("pipelines indexes: %s", err.msg);
+      break;
     }
-    free(report);
-    obx_warn("pipelines from %s: %s; retrying", api->pipelines_dir, err.msg);
-    pthread_mutex_lock(&api->mu);
-    struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
-    deadline.tv_sec += LOADER_RETRY_MS / 1000;
-    while (!api->stopping && pthread_cond_timedwait(&api->cond, &api->mu, &deadline) == 0) {
-    }
-    bool stop = api->stopping;
-    pthread_mutex_unlock(&api->mu);
-    if (stop) return NULL;
+    if (setup_wait(api)) return NULL;
   }
+  while (api->pipelines_dir && !apply_dir(api))
+    if (setup_wait(api)) return NULL;
+  return NULL;
 }
 
 /* ---- start / stop ----------------------------------------------------------------------- */
@@ -231,10 +248,14 @@ void *obx_pipeline_api_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   pipelines_api_t *api = calloc(1, sizeof *api);
   pthread_mutex_init(&api->mu, NULL);
   pthread_cond_init(&api->cond, NULL);
-  if (!obx_egress_init_conf(&api->egress, conf, err) || !(api->mongo = obx_mongo_new(conf, err))) {
-    obx_pipeline_api_stop(api);
-    return NULL;
+  if (conf->pipelines_dir && *conf->pipelines_dir) api->pipelines_dir = strdup(conf->pipelines_dir);
+  if (!obx_egress_init_conf(&api->egress, conf, err) || !(api->mongo = obx_mongo_new(conf, err))) goto fail;
+  if (pthread_create(&api->setup, NULL, setup_main, api) != 0) {
+    obx_err_set(err, OBX_ERR_SYS, 0, false, "pipelines: cannot start the setup thread");
+    goto fail;
   }
+  api->setup_started = true;
+  /* routes and hook last: once registered, api must live until the server stops */
   obx_http_route(http, "GET", "/api/pipelines", "pipelines:read", pipelines_list, api);
   obx_http_route(http, "POST", "/api/pipelines", "pipelines:write", pipelines_save, api);
   obx_http_route(http, "GET", "/api/pipelines/:id", "pipelines:read", pipelines_get, api);
@@ -242,11 +263,10 @@ void *obx_pipeline_api_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   obx_http_route(http, "GET", "/api/pipelines/:id/executions", "pipelines:read", pipelines_executions, api);
   obx_api_pre_hook_t hook = {pre_execute, pre_commit, pre_release, api};
   obx_api_set_pre_hook(&hook);
-  if (conf->pipelines_dir && *conf->pipelines_dir) {
-    api->pipelines_dir = strdup(conf->pipelines_dir);
-    api->loader_started = pthread_create(&api->loader, NULL, loader_main, api) == 0;
-  }
   return api;
+fail:
+  obx_pipeline_api_stop(api);
+  return NULL;
 }
 
 void obx_pipeline_api_stop(void *state) {
@@ -257,7 +277,7 @@ void obx_pipeline_api_stop(void *state) {
   api->stopping = true;
   pthread_cond_broadcast(&api->cond);
   pthread_mutex_unlock(&api->mu);
-  if (api->loader_started) pthread_join(api->loader, NULL);
+  if (api->setup_started) pthread_join(api->setup, NULL);
   obx_mongo_destroy(api->mongo);
   obx_egress_cleanup(&api->egress);
   free(api->pipelines_dir);

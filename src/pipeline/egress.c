@@ -396,7 +396,8 @@ bool obx_egress_request(const obx_egress_t *egress, const char *method, const ch
   obx_log_curl_attach(curl);
 
   CURLcode rc = curl_easy_perform(curl);
-  if (req.refused) {
+  /* a refused address only matters when no other address of the name answered */
+  if (rc != CURLE_OK && req.refused) {
     obx_counter_inc(refused_total, "address");
     if (err) *err = req.refusal;
     goto done;

@@ -13,6 +13,7 @@
 #include "pipeline_int.h"
 
 #include <stdlib.h>
+#include <assert.h>
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
@@ -110,12 +111,14 @@ static void append_bounded_output(bson_t *step, const bson_t *output) {
   bson_string_free(json, true);
 }
 
-static const char *node_outcome_target(const obx_pipeline_t *pipeline, int n, const char *outcome) {
+/* The outcome whose edges are followed: a tolerated failure with no failure edge continues on
+ * the unbranched edges (NULL). */
+static const char *branch_to_follow(const obx_pipeline_t *pipeline, int n, const char *outcome) {
   if (strcmp(outcome, "failure") != 0) return outcome;
   for (int e = 0; e < pipeline->nedges; e++)
     if (pipeline->edges[e].from == n && pipeline->edges[e].branch && strcmp(pipeline->edges[e].branch, "failure") == 0)
       return outcome;
-  return NULL; /* a tolerated failure with no failure edge continues on the unbranched edges */
+  return NULL;
 }
 
 static bool edge_taken(const obx_pipeline_edge_t *edge, const char *follow) {
@@ -136,7 +139,7 @@ static const char *run_step(obx_node_ctx_t *ctx, int n, bson_t *steps, uint32_t 
   bool ok = obx_template_render_doc(&node->config, ctx->input->context, outputs, &rendered, err) &&
             node->type->run(ctx, &rendered, &output, &outcome, err);
   int64_t duration = mono_ms() - t0;
-  if (ok && !outcome) outcome = "success";
+  assert(!ok || outcome); /* a node type that succeeds names its outcome */
 
   char key[16];
   const char *keyp;
@@ -195,7 +198,7 @@ static void walk(obx_pipeline_run_t *run, const obx_pipeline_t *pipeline, const 
       run->err = err;
       break;
     }
-    const char *follow = node_outcome_target(pipeline, n, outcome);
+    const char *follow = branch_to_follow(pipeline, n, outcome);
     for (int e = 0; e < pipeline->nedges; e++) {
       const obx_pipeline_edge_t *edge = &pipeline->edges[e];
       if (edge->from != n || queued[edge->to] || !edge_taken(edge, follow)) continue;

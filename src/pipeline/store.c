@@ -5,7 +5,8 @@
  * body). Every save parses the document first (obx_pipeline_parse), so what is stored always
  * runs. Updates replace the document with version + 1, guarded by the version read
  * (a concurrent update is OBX_ERR_CONFLICT). At most one enabled pipeline per
- * (orgId, trigger): checked before each save. Executions are read newest first by _id
+ * (orgId, trigger): checked before each save and enforced by a partial unique index (a
+ * concurrent save loses with OBX_ERR_CONFLICT). Executions are read newest first by _id
  * (UUIDv7 ids sort by time), with before/after cursors. */
 #include "pipeline_int.h"
 
@@ -13,6 +14,35 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "obx/obx_mongo.h"
+
+static const obx_mongo_index_t pipeline_indexes[] = {
+  {"pipelines_enabled_trigger", "{\"orgId\": 1, \"trigger\": 1}",
+   "{\"unique\": true, \"partialFilterExpression\": {\"enabled\": true}}"},
+  {"pipelines_org_name", "{\"orgId\": 1, \"name\": 1}", NULL},
+};
+static const obx_mongo_index_t execution_indexes[] = {
+  {"executions_pipeline", "{\"orgId\": 1, \"pipelineId\": 1, \"_id\": -1}", NULL},
+};
+
+bool obx_pipeline_store_ensure_indexes(obx_mongo_t *mongo, obx_err_t *err) {
+  return obx_mongo_create_indexes(mongo, "pipelines", pipeline_indexes,
+                                  (int)(sizeof pipeline_indexes / sizeof pipeline_indexes[0]), err) &&
+         obx_mongo_create_indexes(mongo, "pipeline_executions", execution_indexes,
+                                  (int)(sizeof execution_indexes / sizeof execution_indexes[0]), err);
+}
+
+/* A write that lost the race for the (orgId, trigger) unique index: a conflict. */
+static void write_failed(obx_err_t *err, const bson_error_t *berr, const bson_t *reply, const bson_t *doc) {
+  obx_err_from_bson(err, berr, reply);
+  if (!obx_err_is_duplicate_key(err)) return;
+  bson_iter_t it;
+  const char *trigger = bson_iter_init_find(&it, doc, "trigger") ? bson_iter_utf8(&it, NULL) : "?";
+  obx_err_set(err, OBX_ERR_CONFLICT, 0, false,
+              "another pipeline is already enabled for trigger %s; disable it first (one enabled pipeline per trigger)",
+              trigger);
+}
 
 static const char *const store_fields[] = {"_id", "orgId", "version", "createdAt", "updatedAt", NULL};
 
@@ -115,7 +145,7 @@ bool obx_pipeline_store_create(mongoc_client_t *client, const char *db, const ch
   if (!build_doc(def, id, org_id, 1, obx_time_now_ms(), &doc, err) || !check_unique_enabled(coll, &doc, err))
     goto done;
   if (!mongoc_collection_insert_one(coll, &doc, NULL, &reply, &berr)) {
-    obx_err_from_bson(err, &berr, &reply);
+    write_failed(err, &berr, &reply, &doc);
     bson_destroy(&reply);
     goto done;
   }
@@ -144,7 +174,7 @@ static bool replace(mongoc_collection_t *coll, const bson_t *old, const bson_t *
   if (!build_doc(def, id, org, version + 1, created, &doc, err) || !check_unique_enabled(coll, &doc, err)) goto done;
   bson_destroy(&reply);
   if (!mongoc_collection_replace_one(coll, filter, &doc, NULL, &reply, &berr)) {
-    obx_err_from_bson(err, &berr, &reply);
+    write_failed(err, &berr, &reply, &doc);
     goto done;
   }
   if (bson_iter_init_find(&it, &reply, "matchedCount") && bson_iter_as_int64(&it) == 0) {

@@ -345,6 +345,39 @@ static void test_apply_config_dir(void **state) {
   remove(path);
 }
 
+/* The partial unique index backs the one-enabled-per-trigger rule against racing saves. */
+static void test_unique_enabled_index(void **state) {
+  obx_conf_t conf;
+  obx_err_t err = OBX_ERR_INIT;
+  obx_conf_init(&conf);
+  assert_true(obx_conf_set(&conf, "mongo.uri", g_m.uri, &err));
+  assert_true(obx_conf_set(&conf, "mongo.db", "pl_index", &err));
+  obx_mongo_t *mongo = obx_mongo_new(&conf, &err);
+  assert_non_null(mongo);
+  if (!obx_pipeline_store_ensure_indexes(mongo, &err)) fail_msg("indexes: %s", err.msg);
+  assert_true(obx_pipeline_store_ensure_indexes(mongo, &err)); /* idempotent */
+  static const struct {
+    const char *doc;
+    bool want_ok;
+  } cases[] = {
+    {"{'_id':'p1','orgId':'o','trigger':'order.post','enabled':true}", true},
+    {"{'_id':'p2','orgId':'o','trigger':'order.post','enabled':false}", true},
+    {"{'_id':'p3','orgId':'o','trigger':'order.post','enabled':true}", false},
+    {"{'_id':'p4','orgId':'other','trigger':'order.post','enabled':true}", true},
+  };
+  mongoc_collection_t *coll = mongoc_client_get_collection(g_client, "pl_index", "pipelines");
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    bson_t *doc = obx_test_json(cases[i].doc);
+    bson_error_t berr;
+    bool ok = mongoc_collection_insert_one(coll, doc, NULL, NULL, &berr);
+    if (ok != cases[i].want_ok) fail_msg("case %zu %s: got ok=%d (%s)", i, cases[i].doc, ok, ok ? "" : berr.message);
+    bson_destroy(doc);
+  }
+  mongoc_collection_destroy(coll);
+  obx_mongo_destroy(mongo);
+  obx_conf_cleanup(&conf);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_create_update_scope),
@@ -352,6 +385,7 @@ int main(void) {
     cmocka_unit_test(test_commit_joins_caller_transaction),
     cmocka_unit_test(test_executions_paging),
     cmocka_unit_test(test_apply_config_dir),
+    cmocka_unit_test(test_unique_enabled_index),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
