@@ -18,6 +18,10 @@ static mongoc_client_t *client;
 static char keys_path[300];
 static char key_acme[64], key_globex[64], key_reader[64];
 
+/* Processes a single test starts; stopped by test_teardown even when the test fails. */
+static obx_test_outboxd_t extra_outboxd;
+static obx_test_mongo_t extra_mongo;
+
 static const char seed_body[] = "{\"customerEmail\": \"customer@company.com\", \"amount\": \"149.90\"}";
 
 /* ---- helpers ----------------------------------------------------------------------------- */
@@ -142,6 +146,18 @@ static int group_teardown(void **state) {
   if (client) mongoc_client_destroy(client);
   obx_test_mongo_stop(&mongo);
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+static int test_setup(void **state) {
+  memset(&extra_outboxd, 0, sizeof extra_outboxd);
+  memset(&extra_mongo, 0, sizeof extra_mongo);
+  return 0;
+}
+
+static int test_teardown(void **state) {
+  obx_test_outboxd_stop(&extra_outboxd);
+  obx_test_mongo_stop(&extra_mongo);
+  return 0;
 }
 
 /* ---- tests ------------------------------------------------------------------------------- */
@@ -465,50 +481,48 @@ static bool readyz_503_says(void *ctx) {
 /* outboxd starts and answers /healthz while MongoDB is down; /readyz says why, then turns
  * 200 once MongoDB is up, and orders go through. */
 static void test_mongo_down_then_up(void **state) {
-  obx_test_mongo_t down;
-  assert_true(obx_test_mongo_start(&down, NULL));
-  int port = down.port;
-  char uri[256];
-  snprintf(uri, sizeof uri, "%s", down.uri);
-  obx_test_mongo_stop(&down);
+  obx_test_mongo_t *down = &extra_mongo;
+  assert_true(obx_test_mongo_start(down, NULL));
+  int port = down->port;
+  char uri[64];
+  snprintf(uri, sizeof uri, "mongodb://127.0.0.1:%d/?replicaSet=rs0", port);
+  obx_test_mongo_stop(down);
 
-  obx_test_outboxd_t d;
-  start_outboxd(&d, uri, NULL);
+  obx_test_outboxd_t *d = &extra_outboxd;
+  start_outboxd(d, uri, NULL);
   obx_test_http_resp_t resp;
-  assert_true(obx_test_http(d.port, "GET", "/healthz", NULL, NULL, NULL, &resp));
+  assert_true(obx_test_http(d->port, "GET", "/healthz", NULL, NULL, NULL, &resp));
   expect_status(&resp, 200, "healthz with MongoDB down");
   obx_test_http_resp_cleanup(&resp);
-  probe_t probe = {d.port, "MongoDB unreachable"};
+  probe_t probe = {d->port, "MongoDB unreachable"};
   assert_true(obx_test_wait_for(readyz_503_says, &probe, 20000, 100));
-  assert_true(obx_test_http(d.port, "POST", "/orders", key_acme, seed_body, NULL, &resp));
+  assert_true(obx_test_http(d->port, "POST", "/orders", key_acme, seed_body, NULL, &resp));
   expect_status(&resp, 503, "POST with MongoDB down");
   obx_test_http_resp_cleanup(&resp);
 
-  obx_test_mongo_t up;
   char args[32];
   snprintf(args, sizeof args, "--port %d", port);
-  assert_true(obx_test_mongo_start(&up, args));
-  assert_true(obx_test_wait_for(readyz_ok, &d.port, 60000, 200));
-  assert_true(obx_test_http(d.port, "POST", "/orders", key_acme, seed_body, NULL, &resp));
+  assert_true(obx_test_mongo_start(&extra_mongo, args));
+  assert_true(obx_test_wait_for(readyz_ok, &d->port, 60000, 200));
+  assert_true(obx_test_http(d->port, "POST", "/orders", key_acme, seed_body, NULL, &resp));
   expect_status(&resp, 201, "POST once MongoDB is up");
   obx_test_http_resp_cleanup(&resp);
 
-  int status = obx_test_outboxd_stop(&d);
-  obx_test_mongo_stop(&up);
+  int status = obx_test_outboxd_stop(d);
   assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 /* API_RATE_LIMIT=1: a burst of 2 passes, then 429 with Retry-After; other keys are not
  * affected. */
 static void test_rate_limit(void **state) {
-  obx_test_outboxd_t d;
-  start_outboxd(&d, mongo.uri, "api.rate_limit=1");
+  obx_test_outboxd_t *d = &extra_outboxd;
+  start_outboxd(d, mongo.uri, "api.rate_limit=1");
   long got[10];
   char retry_after[16] = "";
   int limited = 0;
   for (int i = 0; i < 10; i++) {
     obx_test_http_resp_t resp;
-    assert_true(obx_test_http(d.port, "GET", "/orders/none", key_reader, NULL, NULL, &resp));
+    assert_true(obx_test_http(d->port, "GET", "/orders/none", key_reader, NULL, NULL, &resp));
     got[i] = resp.status;
     if (resp.status == 429) {
       limited++;
@@ -522,10 +536,10 @@ static void test_rate_limit(void **state) {
     fail();
   }
   obx_test_http_resp_t other;
-  assert_true(obx_test_http(d.port, "GET", "/orders/none", key_globex, NULL, NULL, &other));
+  assert_true(obx_test_http(d->port, "GET", "/orders/none", key_globex, NULL, NULL, &other));
   expect_status(&other, 404, "another key while the first is limited");
   obx_test_http_resp_cleanup(&other);
-  int status = obx_test_outboxd_stop(&d);
+  int status = obx_test_outboxd_stop(d);
   assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
@@ -540,8 +554,8 @@ int main(void) {
     cmocka_unit_test(test_commit_failure_writes_nothing),
     cmocka_unit_test(test_transient_errors_retried),
     cmocka_unit_test(test_http_errors),
-    cmocka_unit_test(test_rate_limit),
-    cmocka_unit_test(test_mongo_down_then_up),
+    cmocka_unit_test_setup_teardown(test_rate_limit, test_setup, test_teardown),
+    cmocka_unit_test_setup_teardown(test_mongo_down_then_up, test_setup, test_teardown),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -23,7 +23,12 @@ static bool port_known(void *ctx) {
   if (!f) return false;
   while (fgets(line, sizeof line, f)) {
     const char *p;
-    if (strstr(line, "\"http listening\"") && (p = strstr(line, "\"port\":\""))) d->port = atoi(p + 8);
+    char *end;
+    /* The whole number and its closing quote: a line still being written must not count. */
+    if (strstr(line, "\"http listening\"") && (p = strstr(line, "\"port\":\""))) {
+      long port = strtol(p + 8, &end, 10);
+      if (end > p + 8 && *end == '"' && port > 0) d->port = (int)port;
+    }
   }
   fclose(f);
   return d->port > 0 || !obx_test_proc_alive(&d->proc);
