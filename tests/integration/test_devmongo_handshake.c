@@ -3,9 +3,13 @@
  * DESIGN: each test starts its own devmongod (obx_test_mongo_start) and talks to it only
  * through the MongoDB C driver: replicaSet and directConnection URIs, single and pooled
  * clients, the --set-name/--bind flags, admin commands, and 300 simultaneous connections. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "obx_test.h"
 #include "obx_test_mongo.h"
@@ -168,6 +172,43 @@ static void test_300_connections(void **state) {
   obx_test_mongo_stop(&m);
 }
 
+/* Sends raw bytes on a fresh connection and waits until the server closes it. */
+static void send_raw(int port, const uint8_t *bytes, size_t len) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  assert_int_equal(connect(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+  assert_int_equal(write(fd, bytes, len), (ssize_t)len);
+  struct timeval tv = {10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  uint8_t buf[256];
+  assert_int_equal(read(fd, buf, sizeof buf), 0); /* closed by the server, no reply */
+  close(fd);
+}
+
+static void test_malformed_messages(void **state) {
+  obx_test_mongo_t m;
+  assert_true(obx_test_mongo_start(&m, NULL));
+  /* header: length, requestID, responseTo, opCode (little endian) */
+  const uint8_t bad_length[] = {8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0xdd, 7, 0, 0};
+  const uint8_t bad_opcode[] = {16, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0x39, 0x30, 0, 0};
+  const uint8_t bad_section[] = {26, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0xdd, 7, 0, 0,
+                                 0, 0, 0, 0, 0, 99, 0, 0, 0, 0};
+  const uint8_t bad_bson[] = {31, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0xdd, 7, 0, 0, 0, 0, 0, 0,
+                              0, 10, 0, 0, 0, 0x10, 'a', 0, 1, 0, 0};
+  send_raw(m.port, bad_length, sizeof bad_length);
+  send_raw(m.port, bad_opcode, sizeof bad_opcode);
+  send_raw(m.port, bad_section, sizeof bad_section);
+  send_raw(m.port, bad_bson, sizeof bad_bson);
+  mongoc_client_t *client = obx_test_mongo_client(&m, NULL, NULL);
+  bson_t reply;
+  assert_true(run(client, "admin", BCON_NEW("ping", BCON_INT32(1)), &reply));
+  bson_destroy(&reply);
+  mongoc_client_destroy(client);
+  assert_true(obx_test_proc_alive(&m.proc));
+  obx_test_mongo_stop(&m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_replica_set_and_direct),
@@ -175,6 +216,7 @@ int main(void) {
     cmocka_unit_test(test_set_name_and_bind),
     cmocka_unit_test(test_pooled_client),
     cmocka_unit_test(test_300_connections),
+    cmocka_unit_test(test_malformed_messages),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
