@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "ctl/worker_ctl.h"
+#include "obx/obx_log.h"
 #include "obx/obx_ops.h"
 
 static bool sub_doc(const bson_t *doc, const char *name, bson_t *out) {
@@ -84,6 +85,8 @@ int obx_ctl_status(int argc, char **argv) {
     obx_ctl_errorf("status: takes no arguments");
     goto done_args;
   }
+  /* the RabbitMQ client's connection notices would land in the middle of the report */
+  obx_log_set_level(OBX_LOG_WARN);
   worker_ctl_t ctl;
   if ((rc = worker_ctl_open(&ctl, &args, true)) == OBX_CTL_OK) {
     bson_t out = BSON_INITIALIZER;
