@@ -117,13 +117,21 @@ static bool readyz_ok(void *ctx) {
 }
 
 /* extra: one more "key=value" setting, or NULL. */
-static void start_outboxd(obx_test_outboxd_t *d, const char *uri, const char *extra) {
+static bool start_outboxd(obx_test_outboxd_t *d, const char *uri, const char *extra) {
   char mongo_arg[300], keys_arg[340];
   snprintf(mongo_arg, sizeof mongo_arg, "mongo.uri=%s", uri);
   snprintf(keys_arg, sizeof keys_arg, "api.keys_file=%s", keys_path);
   char *args[] = {"--roles", "api", "-X", mongo_arg, "-X", keys_arg, "-X", "http.max_body=4096",
                   extra ? "-X" : NULL, (char *)extra, NULL};
-  assert_true(obx_test_outboxd_start(d, args));
+  return obx_test_outboxd_start(d, args);
+}
+
+static int group_teardown(void **state) {
+  int status = obx_test_outboxd_stop(&outboxd);
+  if (client) mongoc_client_destroy(client);
+  client = NULL;
+  obx_test_mongo_stop(&mongo);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 }
 
 static int group_setup(void **state) {
@@ -133,19 +141,10 @@ static int group_setup(void **state) {
   obx_test_apikey_add(keys_path, "acme", "orders:write,orders:read", key_acme);
   obx_test_apikey_add(keys_path, "globex", "orders:write,orders:read", key_globex);
   obx_test_apikey_add(keys_path, "acme", "orders:read", key_reader);
-  start_outboxd(&outboxd, mongo.uri, NULL);
-  if (!obx_test_wait_for(readyz_ok, &outboxd.port, 60000, 50)) {
-    fprintf(stderr, "outboxd never became ready; log: %s\n", outboxd.proc.log_path);
-    return -1;
-  }
-  return 0;
-}
-
-static int group_teardown(void **state) {
-  int status = obx_test_outboxd_stop(&outboxd);
-  if (client) mongoc_client_destroy(client);
-  obx_test_mongo_stop(&mongo);
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+  if (start_outboxd(&outboxd, mongo.uri, NULL) && obx_test_wait_for(readyz_ok, &outboxd.port, 60000, 50)) return 0;
+  fprintf(stderr, "outboxd never became ready; log: %s\n", outboxd.proc.log_path);
+  group_teardown(state);
+  return -1;
 }
 
 static int test_setup(void **state) {
@@ -489,7 +488,7 @@ static void test_mongo_down_then_up(void **state) {
   obx_test_mongo_stop(down);
 
   obx_test_outboxd_t *d = &extra_outboxd;
-  start_outboxd(d, uri, NULL);
+  assert_true(start_outboxd(d, uri, NULL));
   obx_test_http_resp_t resp;
   assert_true(obx_test_http(d->port, "GET", "/healthz", NULL, NULL, NULL, &resp));
   expect_status(&resp, 200, "healthz with MongoDB down");
@@ -516,7 +515,7 @@ static void test_mongo_down_then_up(void **state) {
  * affected. */
 static void test_rate_limit(void **state) {
   obx_test_outboxd_t *d = &extra_outboxd;
-  start_outboxd(d, mongo.uri, "api.rate_limit=1");
+  assert_true(start_outboxd(d, mongo.uri, "api.rate_limit=1"));
   long got[10];
   char retry_after[16] = "";
   int limited = 0;
