@@ -8,8 +8,9 @@
 
 #define NOW_MS 1700000000000LL
 
-/* Copies src renaming keys that start with '%' to '$': libbson's JSON reader takes a "$type"
- * key for legacy binary syntax, so the tables write the $type operator as "%type". */
+/* Copies src renaming keys that start with '%' to '$': libbson's JSON reader takes "$type",
+ * "$regex" and "$options" keys for legacy extended JSON (binary, regex), so the tables write
+ * those operators as "%type", "%regex" and "%options". */
 static void rename_keys(const bson_t *src, bson_t *dst) {
   bson_iter_t it;
   bson_iter_init(&it, src);
@@ -264,14 +265,14 @@ static const struct {
   {"{\"a\": 5}", "{\"a\": {\"$elemMatch\": {\"$gt\": 1}}}", 0},
   {"{\"a\": [{\"x\": 1}]}", "{\"a\": {\"$elemMatch\": {\"$or\": [{\"x\": 2}, {\"x\": 1}]}}}", 1},
   /* $regex */
-  {"{\"a\": \"Hello\"}", "{\"a\": {\"$regex\": \"^hel\"}}", 0},
-  {"{\"a\": \"Hello\"}", "{\"a\": {\"$regex\": \"^hel\", \"$options\": \"i\"}}", 1},
+  {"{\"a\": \"Hello\"}", "{\"a\": {\"%regex\": \"^hel\"}}", 0},
+  {"{\"a\": \"Hello\"}", "{\"a\": {\"%regex\": \"^hel\", \"%options\": \"i\"}}", 1},
   {"{\"a\": \"Hello\"}", "{\"a\": {\"$regularExpression\": {\"pattern\": \"l+o$\", \"options\": \"\"}}}", 1},
-  {"{\"a\": \"order-42\"}", "{\"a\": {\"$regex\": \"^order-\\\\d+$\"}}", 1},
-  {"{\"a\": \"order-4x\"}", "{\"a\": {\"$regex\": \"^order-\\\\d+$\"}}", 0},
-  {"{\"a\": \"a b\"}", "{\"a\": {\"$regex\": \"a\\\\sb\"}}", 1},
-  {"{\"a\": 12}", "{\"a\": {\"$regex\": \"1\"}}", 0},
-  {"{\"a\": [\"x\", \"yes\"]}", "{\"a\": {\"$regex\": \"^y\"}}", 1},
+  {"{\"a\": \"order-42\"}", "{\"a\": {\"%regex\": \"^order-\\\\d+$\"}}", 1},
+  {"{\"a\": \"order-4x\"}", "{\"a\": {\"%regex\": \"^order-\\\\d+$\"}}", 0},
+  {"{\"a\": \"a b\"}", "{\"a\": {\"%regex\": \"a\\\\sb\"}}", 1},
+  {"{\"a\": 12}", "{\"a\": {\"%regex\": \"1\"}}", 0},
+  {"{\"a\": [\"x\", \"yes\"]}", "{\"a\": {\"%regex\": \"^y\"}}", 1},
   /* $not */
   {"{\"a\": 5}", "{\"a\": {\"$not\": {\"$gt\": 3}}}", 0},
   {"{\"a\": 2}", "{\"a\": {\"$not\": {\"$gt\": 3}}}", 1},
@@ -328,7 +329,7 @@ static void test_match_errors(void **state) {
     {"{\"$and\": {}}", 2, "must be an array"},
     {"{\"a\": {\"%type\": \"nope\"}}", 2, "Unknown type name alias: nope"},
     {"{\"a\": {\"$size\": \"x\"}}", 2, "$size"},
-    {"{\"a\": {\"$regex\": \"(\"}}", 51091, "Regular expression is invalid"},
+    {"{\"a\": {\"%regex\": \"(\"}}", 51091, "Regular expression is invalid"},
     {"{\"a\": {\"$elemMatch\": {\"b\": {\"$bad\": 1}}}}", 2, "unknown operator: $bad"},
     {"{\"x\": {\"$elemMatch\": {\"$gt\": 1, \"$worse\": 1}}}", 2, "unknown operator: $worse"},
     {"{\"a\": {\"$not\": 5}}", 2, "$not"},
@@ -1027,7 +1028,7 @@ static const char *prop_filters[] = {
   "{\"a\": 1}", "{\"a\": null}", "{\"a.c\": 1}", "{\"a.c.d\": {\"$gte\": 2}}", "{\"a\": {\"$exists\": true}}",
   "{\"b\": {\"$in\": [1, \"x\", null]}}", "{\"b\": {\"$nin\": [2.5]}}", "{\"a\": {\"$ne\": 1}}",
   "{\"a\": {\"$size\": 0}}", "{\"a\": {\"%type\": \"array\"}}", "{\"a\": {\"$elemMatch\": {\"c\": {\"$lte\": 1}}}}",
-  "{\"a\": {\"$all\": [1]}}", "{\"a\": {\"$regex\": \"^s\"}}", "{\"a\": {\"$not\": {\"$gt\": 0}}}",
+  "{\"a\": {\"$all\": [1]}}", "{\"a\": {\"%regex\": \"^s\"}}", "{\"a\": {\"$not\": {\"$gt\": 0}}}",
   "{\"$or\": [{\"a\": 1}, {\"b\": 2.5}]}", "{\"b.c\": {\"$lt\": 6}}", "{\"a.1\": [2, 3]}", "{\"a.0.c\": 1}",
   "{\"_id\": {\"$gt\": 3}}", "{\"c\": {\"$exists\": false}}", "{\"a\": {\"$gte\": null}}", "{\"b\": {\"$mod\": [2, 1]}}",
 };
@@ -1161,6 +1162,68 @@ static void test_properties(void **state) {
   for (size_t i = 0; i < nf; i++) bson_destroy(filters[i]);
 }
 
+/* Malformed requests from clients end in an error with a code, never in a crash. */
+static void test_malformed_inputs(void **state) {
+  static const char *filters[] = {
+    "{\"a\": {\"%regex\": 5}}", "{\"a\": {\"%options\": \"i\"}}", "{\"a\": {\"$elemMatch\": 5}}",
+    "{\"a\": {\"$size\": -1}}", "{\"a\": {\"$all\": 5}}", "{\"a\": {\"$mod\": \"x\"}}",
+    "{\"a\": {\"$mod\": [1]}}", "{\"a\": {\"%type\": []}}", "{\"a\": {\"%type\": {}}}", "{\"$and\": [5]}",
+    "{\"$or\": [{}]}", "{\"\": 1}", "{\"a..b\": 1}", "{\"a\": {\"$not\": {}}}", "{\"a\": {\"%regex\": \"[\"}}",
+    "{\"a\": {\"%regex\": \"x\", \"%options\": \"q\"}}", "{\"$expr\": {\"$bogus\": 1}}", "{\"$expr\": \"$a\"}",
+    "{\"a\": {\"$exists\": {}}}", "{\"a\": {\"$in\": [[], {}, null]}}",
+  };
+  static const char *updates[] = {
+    "{\"$push\": {\"a\": {\"$each\": [1], \"$slice\": \"x\"}}}", "{\"$push\": {\"a\": {\"$slice\": 1}}}",
+    "{\"$push\": {\"a\": {\"$each\": [1], \"$sort\": 2}}}", "{\"$push\": {\"a\": {\"$each\": [1], \"$bad\": 1}}}",
+    "{\"$pop\": {\"a\": \"x\"}}", "{\"$currentDate\": {\"a\": 5}}", "{\"$rename\": {\"a\": \"\"}}",
+    "{\"$rename\": {\"a\": \"a.b\"}}", "{\"$rename\": {\"a\": \"a\"}}", "{\"$pullAll\": {\"a\": 1}}", "{\"$set\": {\"a.$\": 1}}",
+    "{\"$set\": {\"a.\": 1}}", "{\"$inc\": {\"a\": {\"$numberDouble\": \"NaN\"}}}", "{\"$mul\": {\"a\": 1e308}}",
+    "{\"$set\": {\"a.99999999\": 1}}", "{\"$unset\": 1}", "{\"$addToSet\": {\"a\": {\"$each\": {}}}}",
+  };
+  static const char *pipelines[] = {
+    "{\"p\": [{\"$group\": {\"_id\": \"$$CURRENT\", \"x\": 5}}]}", "{\"p\": [{\"$unwind\": {}}]}", "{\"p\": [{\"$sort\": {}}]}",
+    "{\"p\": [{\"$replaceRoot\": 5}]}", "{\"p\": [{\"$count\": \"\"}]}", "{\"p\": [{\"$skip\": \"x\"}]}",
+    "{\"p\": [{\"$limit\": 1.5}]}", "{\"p\": [5]}", "{\"p\": [{}]}", "{\"p\": [{\"$project\": {\"a\": \"$$bad\"}}]}",
+    "{\"p\": [{\"$addFields\": {\"x\": {\"$add\": 1, \"$sub\": 2}}}]}", "{\"p\": [{\"$unset\": [1]}]}",
+    "{\"p\": [{\"$group\": {\"_id\": null, \"a.b\": {\"$sum\": 1}}}]}", "{\"p\": [{\"$match\": 5}]}",
+    "{\"p\": [{\"$addFields\": {\"x\": {\"$cond\": {\"if\": true}}}}]}", "{\"p\": [{\"$addFields\": {\"x\": {\"$eq\": [1]}}}]}",
+    "{\"p\": [{\"$unwind\": {\"path\": \"$a\", \"other\": 1}}]}", "{\"p\": [{\"$addFields\": {\"x\": {\"$divide\": [1, 0]}}}]}",
+  };
+  bson_t *doc = json("{\"_id\": 1, \"a\": [1, {\"b\": 2}], \"s\": \"x\"}");
+  for (size_t i = 0; i < sizeof filters / sizeof filters[0]; i++) {
+    bson_t *filter = json(filters[i]);
+    bson_error_t error = {0};
+    int m = dm_match(doc, filter, &error);
+    if (m < -1 || m > 1 || (m == -1 && error.code == 0)) fail_msg("%s: got %d code %u", filters[i], m, error.code);
+    bson_destroy(filter);
+  }
+  for (size_t i = 0; i < sizeof updates / sizeof updates[0]; i++) {
+    bson_t *update = json(updates[i]), out = BSON_INITIALIZER;
+    bson_error_t error = {0};
+    if (!dm_update_apply(doc, update, false, &out, NULL, NOW_MS, &error) && error.code == 0)
+      fail_msg("%s: failed without a code", updates[i]);
+    bson_destroy(&out);
+    bson_destroy(update);
+  }
+  for (size_t i = 0; i < sizeof pipelines / sizeof pipelines[0]; i++) {
+    bson_t *pipeline_doc = json(pipelines[i]), pipeline, **out = NULL, *in[1] = {doc};
+    bson_iter_t it;
+    uint32_t len;
+    const uint8_t *data;
+    size_t nout = 0;
+    bson_error_t error = {0};
+    assert_true(bson_iter_init_find(&it, pipeline_doc, "p"));
+    bson_iter_array(&it, &len, &data);
+    bson_init_static(&pipeline, data, len);
+    if (dm_aggregate(in, 1, &pipeline, &out, &nout, &error))
+      dm_docs_free(out, nout);
+    else if (error.code == 0)
+      fail_msg("%s: failed without a code", pipelines[i]);
+    bson_destroy(pipeline_doc);
+  }
+  bson_destroy(doc);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_value_compare), cmocka_unit_test(test_get_path),
@@ -1170,7 +1233,7 @@ int main(void) {
     cmocka_unit_test(test_sort),          cmocka_unit_test(test_project),
     cmocka_unit_test(test_project_errors), cmocka_unit_test(test_aggregate),
     cmocka_unit_test(test_expressions),   cmocka_unit_test(test_aggregate_errors),
-    cmocka_unit_test(test_properties),
+    cmocka_unit_test(test_properties),    cmocka_unit_test(test_malformed_inputs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
