@@ -391,8 +391,8 @@ bool obx_egress_request(const obx_egress_t *egress, const char *method, const ch
     curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body ? body : "");
     curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(body ? body_len : 0));
   }
-  if (strcasecmp(method, "GET") != 0 && strcasecmp(method, "POST") != 0)
-    curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
+  /* POSTFIELDS implies POST: any other method (GET with a body included) is named explicitly */
+  if (strcasecmp(method, "POST") != 0) curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
   obx_log_curl_attach(curl);
 
   CURLcode rc = curl_easy_perform(curl);

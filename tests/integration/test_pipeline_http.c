@@ -144,6 +144,51 @@ static void test_failure_table(void **state) {
   }
 }
 
+/* Each method reaches the server as configured, with or without a body. */
+static void test_methods(void **state) {
+  static const struct {
+    const char *config; /* inside "config": {...} */
+    const char *want_method, *want_body;
+  } cases[] = {
+    {"\"url\": \"%s\"", "GET", ""},
+    {"\"url\": \"%s\", \"body\": {\"a\": 1}", "POST", "{\"a\":1}"},
+    {"\"url\": \"%s\", \"method\": \"PUT\", \"body\": [1, \"{{orderNumber}}\"]", "PUT", "[1,\"A-1\"]"},
+    {"\"url\": \"%s\", \"method\": \"PATCH\", \"body\": \"{{orderNumber}}\"", "PATCH", "\"A-1\""},
+    {"\"url\": \"%s\", \"method\": \"DELETE\"", "DELETE", ""},
+    {"\"url\": \"%s\", \"method\": \"GET\", \"body\": {\"q\": 1}", "GET", "{\"q\":1}"},
+    {"\"url\": \"%s\", \"method\": \"POST\"", "POST", ""},
+  };
+  obx_test_httpd_route_t route = {.path = "/m", .body = "{}"};
+  obx_test_httpd_route(httpd, &route);
+  obx_egress_t egress;
+  assert_true(obx_egress_init(&egress, "", "127.0.0.0/8", 1000, TIMEOUT_MS, MAX_BYTES, NULL));
+  bson_t *ctx = order_context();
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char config[512], json[1024];
+    snprintf(config, sizeof config, cases[i].config, obx_test_httpd_url(httpd, "/m"));
+    snprintf(json, sizeof json,
+             "{\"nodes\": [{\"id\": \"start\", \"type\": \"start\"}, {\"id\": \"c\", \"type\": \"http-request\","
+             " \"config\": {%s}}], \"edges\": [{\"from\": \"start\", \"to\": \"c\"}]}",
+             config);
+    obx_pipeline_t *pipeline = NULL;
+    obx_err_t err = OBX_ERR_INIT;
+    if (!obx_pipeline_parse_json(json, &pipeline, &err)) fail_msg("case %zu: %s", i, err.msg);
+    obx_pipeline_input_t in = {.context = ctx, .org_id = "o"};
+    int before = obx_test_httpd_nrequests(httpd);
+    obx_pipeline_run_t *run = obx_pipeline_execute(pipeline, &in, &egress);
+    assert_int_equal(obx_pipeline_run_status(run), OBX_PIPELINE_SUCCEEDED);
+    obx_test_httpd_request_t req;
+    assert_true(obx_test_httpd_request(httpd, before, &req));
+    if (strcmp(req.method, cases[i].want_method) != 0 || strcmp(req.body, cases[i].want_body) != 0)
+      fail_msg("case %zu: got %s %s, want %s %s", i, req.method, req.body, cases[i].want_method, cases[i].want_body);
+    obx_test_httpd_request_cleanup(&req);
+    obx_pipeline_run_destroy(run);
+    obx_pipeline_destroy(pipeline);
+  }
+  bson_destroy(ctx);
+  obx_egress_cleanup(&egress);
+}
+
 /* A redirect is never followed: the target path receives no request. */
 static void test_redirect_not_followed(void **state) {
   obx_test_httpd_route_t moved = {.path = "/to-private", .status = 307, .location = "http://169.254.169.254/latest/meta-data/"};
@@ -266,6 +311,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_success),
     cmocka_unit_test(test_failure_table),
+    cmocka_unit_test(test_methods),
     cmocka_unit_test(test_redirect_not_followed),
     cmocka_unit_test(test_loopback_refused_without_allowance),
     cmocka_unit_test(test_continue_takes_failure_branch),
