@@ -49,8 +49,9 @@
 #include "obx/obx_log.h"
 #include "obx/obx_mongo.h"
 #include "obx/obx_ops.h"
-#include "obx/obx_worker.h"
 #include "obx/obx_pipeline.h"
+#include "obx/obx_relay.h"
+#include "obx/obx_worker.h"
 
 #define OUTBOXD_MAX_OVERRIDES 64
 
@@ -63,6 +64,7 @@ typedef struct {
 
 static const outboxd_role_t roles[] = {
   {"api", offsetof(obx_conf_t, api_enabled), obx_api_start, obx_api_stop},
+  {"relay", offsetof(obx_conf_t, relay_enabled), obx_relay_start, obx_relay_stop},
   {"worker", offsetof(obx_conf_t, worker_enabled), obx_worker_start, obx_worker_stop},
 };
 #define NROLES ((int)(sizeof roles / sizeof roles[0]))

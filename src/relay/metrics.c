@@ -1,0 +1,69 @@
+/* metrics.c - the relay's Prometheus metrics
+ *
+ * DESIGN: every number has one writer, the relay thread, through the functions below; each
+ * updates the relay's own counters (obx_relay_t.counters, read by tests) and the process-wide
+ * registry (obx_metrics.h, rendered by GET /metrics). The registry's metrics live for the whole
+ * process, so several relays in one process add to the same series. */
+#include "relay/relay_int.h"
+
+#include "obx/obx_metrics.h"
+
+/* Commit-to-ack latency buckets, seconds: a healthy stream relay acks in milliseconds, the
+ * seed's 2 s poller in seconds, a Kafka outage in minutes. */
+static const double latency_buckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
+
+static struct {
+  obx_counter_t *published, *publish_errors, *failed, *history_lost;
+  obx_gauge_t *inflight, *lag, *leader;
+  obx_histogram_t *latency;
+} m;
+
+void relay_metrics_register(void) {
+  m.published = obx_metrics_counter("outboxd_relay_published_total", "Events acknowledged by Kafka", "topic");
+  m.publish_errors = obx_metrics_counter("outboxd_relay_publish_errors_total",
+                                         "Publish attempts that failed (Kafka error, timeout, malformed event)", "topic");
+  m.failed = obx_metrics_counter("outboxd_relay_failed_total", "Events that became FAILED (attempts exhausted or malformed)", NULL);
+  m.history_lost = obx_metrics_counter("outboxd_relay_history_lost_total",
+                                       "Change stream resumes that failed with ChangeStreamHistoryLost (recovered by a full scan)", NULL);
+  m.inflight = obx_metrics_gauge("outboxd_relay_inflight", "Events produced and not yet recorded after their delivery report", NULL);
+  m.lag = obx_metrics_gauge("outboxd_relay_lag_seconds",
+                            "Age of the checkpoint: cluster time of the oldest change not yet checkpointed vs now; 0 when caught up", NULL);
+  m.leader = obx_metrics_gauge("outboxd_relay_leader", "1 while this process holds the relay lease", NULL);
+  m.latency = obx_metrics_histogram("outboxd_relay_commit_to_ack_seconds",
+                                    "From the event's occurredAt (its commit) to Kafka's acknowledgement",
+                                    NULL, latency_buckets, (int)(sizeof latency_buckets / sizeof latency_buckets[0]));
+}
+
+void relay_metrics_count(obx_relay_t *relay, relay_count_t which) {
+  const char *topic = relay->conf->kafka_topic;
+  switch (which) {
+  case RELAY_COUNT_PUBLISHED:
+    relay->counters.published++;
+    obx_counter_inc(m.published, topic);
+    break;
+  case RELAY_COUNT_PUBLISH_ERROR:
+    relay->counters.publish_errors++;
+    obx_counter_inc(m.publish_errors, topic);
+    break;
+  case RELAY_COUNT_FAILED:
+    relay->counters.failed++;
+    obx_counter_inc(m.failed);
+    break;
+  case RELAY_COUNT_HISTORY_LOST:
+    relay->counters.history_lost++;
+    obx_counter_inc(m.history_lost);
+    break;
+  }
+}
+
+void relay_metrics_observe_ack(obx_relay_t *relay, int64_t ms) {
+  obx_histogram_observe(m.latency, (double)(ms > 0 ? ms : 0) / 1000.0);
+}
+
+void relay_metrics_gauges(obx_relay_t *relay) {
+  relay->counters.leader = relay->leader;
+  relay->counters.inflight = relay_pending(relay);
+  obx_gauge_set(m.leader, relay->leader ? 1 : 0);
+  obx_gauge_set(m.inflight, relay->counters.inflight);
+  obx_gauge_set(m.lag, (double)relay->counters.lag_ms / 1000.0);
+}

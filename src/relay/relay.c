@@ -1,0 +1,527 @@
+/* relay.c - the relay role: lifecycle, leadership, delivery reports, checkpoints
+ *
+ * DESIGN: one thread (relay_main) owns the MongoDB client, the producer, the change stream and
+ * every message; delivery reports are served on it by relay_serve, so no state is locked.
+ * The loop: renew or acquire the lease (stream mode) -> read the change stream up to the
+ * in-flight bound (stream.c) -> serve reports and write their outbox updates in one unordered
+ * bulk -> sweep PENDING events the stream missed (sweeper.c) -> write the checkpoint.
+ *
+ * Leadership (both modes): `leases` {_id:"relay", owner, epoch, expiresAt}. A standby takes the
+ * lease with findAndModify once it expired (the epoch goes up by one); the leader renews every
+ * lease/3 and stops publishing when it could not renew before its own view of the expiry.
+ * Checkpoint writes carry the epoch in their filter (an upsert that collides on _id means a newer
+ * leader exists: step down). One publisher keeps per-key order; the sweeper's claims also keep a
+ * deposed leader that has not noticed yet from publishing what the new one claimed.
+ *
+ * An event leaves PENDING only after its delivery report: PUBLISHED with publishedAt and the
+ * Kafka coordinates; a failed report records attempts, lastError and a backed-off availableAt
+ * (FAILED at OUTBOX_MAX_ATTEMPTS) for the sweeper. Reads relay.*, outbox.*, kafka.* keys. */
+#include "relay/relay_int.h"
+
+#include <librdkafka/rdkafka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "obx/obx_log.h"
+
+#define RELAY_REPORT_BATCH 256
+#define RELAY_REPORT_DELAY_MS 10
+#define RELAY_CE_SOURCE "/outboxd"
+
+/* ---- lists and small helpers -------------------------------------------------------------- */
+
+void relay_list_push(relay_list_t *list, obx_relay_msg_t *msg) {
+  msg->next = NULL;
+  msg->prev = list->tail;
+  if (list->tail) list->tail->next = msg;
+  else list->head = msg;
+  list->tail = msg;
+  list->n++;
+}
+
+void relay_list_remove(relay_list_t *list, obx_relay_msg_t *msg) {
+  if (msg->prev) msg->prev->next = msg->next;
+  else list->head = msg->next;
+  if (msg->next) msg->next->prev = msg->prev;
+  else list->tail = msg->prev;
+  msg->prev = msg->next = NULL;
+  list->n--;
+}
+
+static bool list_has(const relay_list_t *list, const char *id) {
+  for (const obx_relay_msg_t *msg = list->head; msg; msg = msg->next)
+    if (strcmp(msg->id, id) == 0) return true;
+  return false;
+}
+
+bool relay_inflight_has(const obx_relay_t *relay, const char *id, bool stream_too) {
+  return list_has(&relay->inflight_sweep, id) || list_has(&relay->reported, id) ||
+         (stream_too && list_has(&relay->inflight_stream, id));
+}
+
+int relay_pending(const obx_relay_t *relay) {
+  return relay->inflight_stream.n + relay->inflight_sweep.n + relay->reported.n;
+}
+
+int64_t relay_backoff_ms(int32_t attempts) {
+  int64_t ms = 1000;
+  for (int32_t i = 1; i < attempts && ms < 600000; i++) ms *= 2;
+  return ms < 600000 ? ms : 600000;
+}
+
+static void relay_sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* ---- delivery reports --------------------------------------------------------------------- */
+
+static void relay_on_ack(const obx_relay_ack_t *ack, void *ctx) {
+  obx_relay_t *relay = ctx;
+  obx_relay_msg_t *msg = ack->opaque;
+  relay_list_remove(msg->from == RELAY_FROM_STREAM ? &relay->inflight_stream : &relay->inflight_sweep, msg);
+  msg->reported = true;
+  msg->ok = ack->ok;
+  msg->partition = ack->partition;
+  msg->offset = ack->offset;
+  if (ack->ok) {
+    relay_metrics_count(relay, RELAY_COUNT_PUBLISHED);
+    relay_metrics_observe_ack(relay, obx_time_now_ms() - msg->occurred_ms);
+  } else {
+    relay_metrics_count(relay, RELAY_COUNT_PUBLISH_ERROR);
+    snprintf(msg->error, sizeof msg->error, "%s", ack->err.msg);
+    /* A purge (shutdown, stepping down) is not an attempt: the event stays as it was. */
+    msg->purged = ack->err.code == RD_KAFKA_RESP_ERR__PURGE_QUEUE || ack->err.code == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT;
+    obx_log_event(OBX_LOG_WARN, msg->id, NULL, "publish failed: %s", msg->error);
+  }
+  if (!relay->reported.n) relay->first_report_ms = obx_time_now_ms();
+  relay_list_push(&relay->reported, msg);
+}
+
+/* The outbox update for one report, appended to bulk. */
+static void relay_report_update(obx_relay_t *relay, mongoc_bulk_operation_t *bulk,
+                                const obx_relay_msg_t *msg, int64_t now) {
+  bson_t *selector = BCON_NEW("_id", BCON_UTF8(msg->id), "status", BCON_UTF8("PENDING"));
+  bson_t update = BSON_INITIALIZER, set, unset;
+  bson_append_document_begin(&update, "$set", -1, &set);
+  if (msg->ok) {
+    bson_t kafka;
+    BSON_APPEND_UTF8(&set, "status", "PUBLISHED");
+    BSON_APPEND_DATE_TIME(&set, "publishedAt", now);
+    bson_append_document_begin(&set, "kafka", -1, &kafka);
+    BSON_APPEND_UTF8(&kafka, "topic", relay->conf->kafka_topic);
+    BSON_APPEND_INT32(&kafka, "partition", msg->partition);
+    BSON_APPEND_INT64(&kafka, "offset", msg->offset);
+    bson_append_document_end(&set, &kafka);
+  } else {
+    int32_t attempts = msg->attempts + 1;
+    BSON_APPEND_INT32(&set, "attempts", attempts);
+    BSON_APPEND_UTF8(&set, "lastError", msg->error);
+    BSON_APPEND_DATE_TIME(&set, "availableAt", now + relay_backoff_ms(attempts));
+    /* status is written only when it changes: an update that names status PENDING would be
+     * picked up by the change stream at once, defeating the backoff. */
+    if (msg->terminal || attempts >= relay->conf->outbox_max_attempts) BSON_APPEND_UTF8(&set, "status", "FAILED");
+  }
+  bson_append_document_end(&update, &set);
+  bson_append_document_begin(&update, "$unset", -1, &unset);
+  BSON_APPEND_UTF8(&unset, "claimedBy", "");
+  BSON_APPEND_UTF8(&unset, "claimedUntil", "");
+  bson_append_document_end(&update, &unset);
+  bson_error_t berr;
+  if (!mongoc_bulk_operation_update_one_with_opts(bulk, selector, &update, NULL, &berr))
+    obx_error("outbox update for %s: %s", msg->id, berr.message); /* a malformed update is a bug */
+  bson_destroy(&update);
+  bson_destroy(selector);
+}
+
+/* Writes the outbox updates of every report in one unordered bulk; on success the messages
+ * are done (their window slots too). A MongoDB error keeps them for the next call. */
+static bool relay_write_reports(obx_relay_t *relay) {
+  if (!relay->reported.n) return true;
+  bson_t *opts = BCON_NEW("ordered", BCON_BOOL(false));
+  mongoc_bulk_operation_t *bulk = mongoc_collection_create_bulk_operation_with_opts(relay->outbox, opts);
+  int64_t now = obx_time_now_ms();
+  int updates = 0;
+  for (obx_relay_msg_t *msg = relay->reported.head; msg; msg = msg->next) {
+    if (msg->purged) continue;
+    relay_report_update(relay, bulk, msg, now);
+    updates++;
+  }
+  bool ok = true;
+  if (updates) {
+    bson_t reply;
+    bson_error_t berr;
+    ok = mongoc_bulk_operation_execute(bulk, &reply, &berr) != 0;
+    if (!ok) {
+      obx_err_t err = OBX_ERR_INIT;
+      obx_err_from_bson(&err, &berr, &reply);
+      obx_warn("outbox updates after %d delivery reports: %s (will retry)", updates, err.msg);
+    }
+    bson_destroy(&reply);
+  }
+  mongoc_bulk_operation_destroy(bulk);
+  bson_destroy(opts);
+  if (!ok) return false;
+  while (relay->reported.head) {
+    obx_relay_msg_t *msg = relay->reported.head;
+    relay_list_remove(&relay->reported, msg);
+    if (!msg->ok && !msg->purged && (msg->terminal || msg->attempts + 1 >= relay->conf->outbox_max_attempts)) {
+      relay_metrics_count(relay, RELAY_COUNT_FAILED);
+      obx_log_event(OBX_LOG_ERROR, msg->id, NULL, "event FAILED after %d attempts: %s", msg->attempts + 1, msg->error);
+    }
+    if (msg->from == RELAY_FROM_STREAM) relay_window_done(relay, msg->seq);
+    free(msg);
+  }
+  return true;
+}
+
+/* ---- leadership --------------------------------------------------------------------------- */
+
+static void relay_lease_step_down(obx_relay_t *relay, const char *why);
+
+/* findAndModify on `leases`; *value receives a copy of the returned document (or stays empty).
+ * Returns false on an error other than a duplicate key (a lost upsert race). */
+static bool relay_lease_modify(obx_relay_t *relay, const bson_t *query, const bson_t *update, bool upsert,
+                               bson_t *value) {
+  mongoc_find_and_modify_opts_t *opts = mongoc_find_and_modify_opts_new();
+  mongoc_find_and_modify_opts_set_update(opts, update);
+  mongoc_find_and_modify_opts_set_flags(opts, MONGOC_FIND_AND_MODIFY_RETURN_NEW |
+                                              (upsert ? MONGOC_FIND_AND_MODIFY_UPSERT : 0));
+  bson_t reply;
+  bson_error_t berr;
+  bson_iter_t it;
+  bool ok = mongoc_collection_find_and_modify_with_opts(relay->leases, query, opts, &reply, &berr);
+  if (ok && bson_iter_init_find(&it, &reply, "value") && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+    uint32_t len;
+    const uint8_t *data;
+    bson_iter_document(&it, &len, &data);
+    bson_t doc;
+    if (bson_init_static(&doc, data, len)) bson_copy_to_excluding_noinit(&doc, value, "", NULL);
+  } else if (!ok) {
+    obx_err_t err = OBX_ERR_INIT;
+    obx_err_from_bson(&err, &berr, &reply);
+    if (obx_err_is_duplicate_key(&err)) ok = true;
+    else obx_warn("lease: %s", err.msg);
+  }
+  bson_destroy(&reply);
+  mongoc_find_and_modify_opts_destroy(opts);
+  return ok;
+}
+
+static void relay_lease_acquire(obx_relay_t *relay) {
+  int64_t now = obx_time_now_ms(), lease = relay->conf->relay_lease;
+  bson_t *query = BCON_NEW("_id", RELAY_LEASE_ID, "$or", "[",
+                           "{", "expiresAt", "{", "$lte", BCON_DATE_TIME(now), "}", "}",
+                           "{", "owner", BCON_UTF8(relay->owner), "}", "]");
+  bson_t *update = BCON_NEW("$set", "{", "owner", BCON_UTF8(relay->owner), "expiresAt",
+                            BCON_DATE_TIME(now + lease), "}", "$inc", "{", "epoch", BCON_INT64(1), "}");
+  bson_t value = BSON_INITIALIZER;
+  bson_iter_t it;
+  if (relay_lease_modify(relay, query, update, true, &value) && bson_iter_init_find(&it, &value, "epoch") &&
+      BSON_ITER_HOLDS_NUMBER(&it)) {
+    relay->epoch = bson_iter_as_int64(&it);
+    relay->leader = true;
+    relay->lease_until_ms = now + lease;
+    relay_metrics_gauges(relay);
+    obx_info("relay is the leader (epoch %lld, owner %s)", (long long)relay->epoch, relay->owner);
+  }
+  bson_destroy(&value);
+  bson_destroy(update);
+  bson_destroy(query);
+}
+
+static void relay_lease_renew(obx_relay_t *relay) {
+  int64_t now = obx_time_now_ms(), lease = relay->conf->relay_lease;
+  bson_t *query = BCON_NEW("_id", RELAY_LEASE_ID, "owner", BCON_UTF8(relay->owner), "epoch", BCON_INT64(relay->epoch));
+  bson_t *update = BCON_NEW("$set", "{", "expiresAt", BCON_DATE_TIME(now + lease), "}");
+  bson_t value = BSON_INITIALIZER;
+  bool ok = relay_lease_modify(relay, query, update, false, &value);
+  if (ok && !bson_empty(&value)) relay->lease_until_ms = now + lease;
+  else if (ok) relay_lease_step_down(relay, "the lease was taken over");
+  else if (now >= relay->lease_until_ms - lease / 10) relay_lease_step_down(relay, "the lease could not be renewed in time");
+  bson_destroy(&value);
+  bson_destroy(update);
+  bson_destroy(query);
+}
+
+static void relay_lease_release(obx_relay_t *relay) {
+  bson_t *query = BCON_NEW("_id", RELAY_LEASE_ID, "owner", BCON_UTF8(relay->owner), "epoch", BCON_INT64(relay->epoch));
+  bson_t *update = BCON_NEW("$set", "{", "expiresAt", BCON_DATE_TIME(0), "}");
+  bson_t value = BSON_INITIALIZER;
+  relay_lease_modify(relay, query, update, false, &value);
+  bson_destroy(&value);
+  bson_destroy(update);
+  bson_destroy(query);
+}
+
+/* Stops publishing: closes the stream, waits briefly for the reports of what is in flight and
+ * writes them, forgets the window (a new leader resumes from the checkpoint). */
+static void relay_lease_step_down(obx_relay_t *relay, const char *why) {
+  obx_warn("relay steps down: %s", why);
+  relay->leader = false;
+  relay->led = false;
+  relay_metrics_gauges(relay);
+  relay_stream_close(relay);
+  obx_relay_producer_flush(relay->producer, 2000);
+  relay_write_reports(relay);
+  relay_window_reset(relay);
+}
+
+static void relay_lease_tick(obx_relay_t *relay) {
+  int64_t now = obx_time_now_ms(), lease = relay->conf->relay_lease;
+  if (now < relay->next_lease_ms) return;
+  if (relay->leader) relay_lease_renew(relay);
+  else relay_lease_acquire(relay);
+  relay->next_lease_ms = now + (relay->leader ? lease / 3 : lease / 10);
+}
+
+/* ---- checkpoint --------------------------------------------------------------------------- */
+
+static void relay_checkpoint_load(obx_relay_t *relay) {
+  bson_t *filter = BCON_NEW("_id", RELAY_CHECKPOINT_ID);
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(relay->checkpoints, filter, NULL, NULL);
+  const bson_t *doc;
+  bson_iter_t it;
+  bson_destroy(relay->ckpt_token);
+  relay->ckpt_token = NULL;
+  if (mongoc_cursor_next(cursor, &doc)) {
+    if (bson_iter_init_find(&it, doc, "resumeToken") && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+      uint32_t len;
+      const uint8_t *data;
+      bson_iter_document(&it, &len, &data);
+      relay->ckpt_token = bson_new_from_data(data, len);
+    }
+    if (bson_iter_init_find(&it, doc, "clusterTime") && BSON_ITER_HOLDS_NUMBER(&it))
+      relay->ckpt_cluster_s = bson_iter_as_int64(&it);
+  }
+  mongoc_cursor_destroy(cursor);
+  bson_destroy(filter);
+}
+
+/* Writes the checkpoint if it moved, fenced by our epoch. */
+static void relay_checkpoint_write(obx_relay_t *relay) {
+  if (!relay->ckpt_dirty || !relay->ckpt_token || !relay->leader) return;
+  bson_t *selector = BCON_NEW("_id", RELAY_CHECKPOINT_ID, "epoch", "{", "$lte", BCON_INT64(relay->epoch), "}");
+  bson_t *update = BCON_NEW("$set", "{", "resumeToken", BCON_DOCUMENT(relay->ckpt_token), "clusterTime",
+                            BCON_INT64(relay->ckpt_cluster_s), "epoch", BCON_INT64(relay->epoch), "owner",
+                            BCON_UTF8(relay->owner), "updatedAt", BCON_DATE_TIME(obx_time_now_ms()), "}");
+  bson_t *opts = BCON_NEW("upsert", BCON_BOOL(true));
+  bson_t reply;
+  bson_error_t berr;
+  if (mongoc_collection_update_one(relay->checkpoints, selector, update, opts, &reply, &berr)) {
+    relay->ckpt_dirty = false;
+  } else {
+    obx_err_t err = OBX_ERR_INIT;
+    obx_err_from_bson(&err, &berr, &reply);
+    if (obx_err_is_duplicate_key(&err)) relay_lease_step_down(relay, "a newer epoch wrote the checkpoint");
+    else obx_warn("checkpoint: %s", err.msg);
+  }
+  bson_destroy(&reply);
+  bson_destroy(opts);
+  bson_destroy(update);
+  bson_destroy(selector);
+}
+
+static void relay_update_lag(obx_relay_t *relay) {
+  relay_window_t *window = &relay->window;
+  bool idle = window->first == window->end && relay->caught_up && !relay->ckpt_dirty;
+  int64_t lag = 0;
+  if (!idle && relay->ckpt_cluster_s > 0) lag = obx_time_now_ms() - relay->ckpt_cluster_s * 1000;
+  relay->counters.lag_ms = lag > 0 ? lag : 0;
+}
+
+/* ---- publishing ----------------------------------------------------------------------------- */
+
+bool relay_publish(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg) {
+  obx_event_t ev;
+  obx_kafka_record_t rec;
+  obx_err_t err = OBX_ERR_INIT;
+  bson_iter_t it;
+  bool sent = false;
+  obx_event_init(&ev);
+  memset(&rec, 0, sizeof rec);
+  if (bson_iter_init_find(&it, doc, "_id") && BSON_ITER_HOLDS_UTF8(&it))
+    snprintf(msg->id, sizeof msg->id, "%s", bson_iter_utf8(&it, NULL));
+  if (bson_iter_init_find(&it, doc, "attempts") && BSON_ITER_HOLDS_NUMBER(&it))
+    msg->attempts = (int32_t)bson_iter_as_int64(&it);
+  msg->occurred_ms = obx_time_now_ms();
+
+  if (!obx_event_from_outbox(&ev, doc, &err) || !obx_event_to_kafka(&ev, RELAY_CE_SOURCE, &rec, &err)) {
+    msg->terminal = true; /* a malformed event never becomes publishable by retrying */
+    goto failed;
+  }
+  msg->occurred_ms = ev.occurred_at_ms;
+  if (!obx_relay_producer_send(relay->producer, relay->conf->kafka_topic, &rec, msg, &err)) goto failed;
+  relay_list_push(msg->from == RELAY_FROM_STREAM ? &relay->inflight_stream : &relay->inflight_sweep, msg);
+  sent = true;
+  goto done;
+
+failed:
+  obx_log_event(OBX_LOG_WARN, msg->id, ev.correlation_id, "cannot publish: %s", err.msg);
+  msg->reported = true;
+  snprintf(msg->error, sizeof msg->error, "%s", err.msg);
+  relay_metrics_count(relay, RELAY_COUNT_PUBLISH_ERROR);
+  if (!relay->reported.n) relay->first_report_ms = obx_time_now_ms();
+  relay_list_push(&relay->reported, msg);
+done:
+  obx_kafka_record_cleanup(&rec);
+  obx_event_cleanup(&ev);
+  return sent;
+}
+
+void relay_serve(obx_relay_t *relay, int timeout_ms, bool force) {
+  obx_relay_producer_poll(relay->producer, timeout_ms);
+  int64_t now = obx_time_now_ms();
+  if (relay->reported.n && (force || relay->reported.n >= RELAY_REPORT_BATCH ||
+                            now - relay->first_report_ms >= RELAY_REPORT_DELAY_MS))
+    relay_write_reports(relay);
+  relay_lease_tick(relay);
+  relay_metrics_gauges(relay);
+}
+
+/* ---- set-up and the loop ------------------------------------------------------------------ */
+
+static bool relay_ensure_indexes(obx_relay_t *relay) {
+  char ttl[160];
+  snprintf(ttl, sizeof ttl, "{\"expireAfterSeconds\": %lld, \"partialFilterExpression\": {\"status\": \"PUBLISHED\"}}",
+           (long long)(relay->conf->outbox_retention / 1000));
+  const obx_mongo_index_t indexes[] = {
+    {"status_1_availableAt_1", "{\"status\": 1, \"availableAt\": 1}", NULL},
+    {"orgId_1_status_1_occurredAt_-1", "{\"orgId\": 1, \"status\": 1, \"occurredAt\": -1}", NULL},
+    {"publishedAt_1", "{\"publishedAt\": 1}", ttl},
+  };
+  obx_err_t err = OBX_ERR_INIT;
+  if (obx_mongo_create_indexes(relay->mongo, "outbox", indexes, 3, &err)) return true;
+  obx_warn("outbox indexes: %s", err.msg);
+  return false;
+}
+
+/* Becoming the leader: resume from the checkpoint, or (none yet) start from now and publish
+ * every PENDING event first. */
+static void relay_lead_begin(obx_relay_t *relay) {
+  relay_checkpoint_load(relay);
+  bson_destroy(relay->read_token);
+  relay->read_token = relay->ckpt_token ? bson_copy(relay->ckpt_token) : NULL;
+  relay->ckpt_dirty = false;
+  relay_stream_open(relay);
+  if (!relay->ckpt_token) {
+    obx_info("no checkpoint: publishing PENDING events, then following the stream from now");
+    relay_sweep_all(relay);
+  }
+}
+
+static void *relay_main(void *arg) {
+  obx_relay_t *relay = arg;
+  const obx_conf_t *conf = relay->conf;
+  obx_log_set_role("relay");
+  relay->client = obx_mongo_pop(relay->mongo);
+  relay->outbox = obx_mongo_collection(relay->mongo, relay->client, "outbox");
+  relay->checkpoints = obx_mongo_collection(relay->mongo, relay->client, "relay_checkpoints");
+  relay->leases = obx_mongo_collection(relay->mongo, relay->client, "leases");
+
+  while (!relay->stopping && !relay_ensure_indexes(relay)) relay_sleep_ms(1000);
+
+  while (!relay->stopping) {
+    relay_lease_tick(relay);
+    if (!relay->leader) {
+      relay_serve(relay, 50, true); /* reports of what was in flight when we stepped down */
+      continue;
+    }
+    if (!relay->poll_mode && !relay->led) {
+      relay->led = true;
+      relay_lead_begin(relay);
+      continue;
+    }
+
+    bool busy = !relay->poll_mode && relay_stream_step(relay);
+    relay_serve(relay, busy ? 0 : 20, false);
+
+    int64_t now = obx_time_now_ms();
+    bool stream_behind = relay->stream && !relay->caught_up;
+    if (now >= relay->next_sweep_ms && !stream_behind && relay_pending(relay) < conf->relay_max_inflight) {
+      int claimed = relay_sweep(relay, relay->poll_mode ? 0 : conf->outbox_poll_interval);
+      bool more = relay->poll_mode && claimed == conf->outbox_batch_size;
+      relay->next_sweep_ms = more ? now : now + conf->outbox_poll_interval;
+    }
+    if (!relay->poll_mode && now >= relay->next_ckpt_ms) {
+      relay_write_reports(relay);
+      relay_checkpoint_write(relay);
+      relay->next_ckpt_ms = now + conf->relay_checkpoint_interval;
+    }
+    relay_update_lag(relay);
+  }
+
+  /* Shutdown: intake stopped; finish what is in flight, record it, checkpoint, hand over. */
+  relay_stream_close(relay);
+  obx_relay_producer_flush(relay->producer, 5000);
+  relay_write_reports(relay);
+  relay_checkpoint_write(relay);
+  if (relay->leader) relay_lease_release(relay);
+  relay->leader = false;
+  relay_metrics_gauges(relay);
+  mongoc_collection_destroy(relay->leases);
+  mongoc_collection_destroy(relay->checkpoints);
+  mongoc_collection_destroy(relay->outbox);
+  return NULL;
+}
+
+static void relay_destroy(obx_relay_t *relay) {
+  if (!relay) return;
+  obx_relay_producer_destroy(relay->producer); /* purges: reports of the rest are dropped below */
+  while (relay->reported.head) {
+    obx_relay_msg_t *msg = relay->reported.head;
+    relay_list_remove(&relay->reported, msg);
+    free(msg);
+  }
+  if (relay->client) obx_mongo_push(relay->mongo, relay->client);
+  obx_mongo_destroy(relay->mongo);
+  relay_window_cleanup(&relay->window);
+  bson_destroy(relay->read_token);
+  bson_destroy(relay->ckpt_token);
+  free(relay);
+}
+
+static obx_relay_t *relay_new(const obx_conf_t *conf, obx_err_t *err) {
+  obx_relay_t *relay = calloc(1, sizeof *relay);
+  char host[64] = "localhost";
+  if (!relay) abort();
+  relay->conf = conf;
+  relay->poll_mode = strcmp(conf->relay_mode, "poll") == 0;
+  gethostname(host, sizeof host - 1);
+  static atomic_uint serial;
+  snprintf(relay->owner, sizeof relay->owner, "%s:%d:%u", host, (int)getpid(), ++serial);
+  relay_window_init(&relay->window, (size_t)conf->relay_max_inflight * 4 + 8);
+  relay->mongo = obx_mongo_new(conf, err);
+  if (!relay->mongo) goto fail;
+  relay->producer = obx_relay_producer_new(conf, relay_on_ack, relay, err);
+  if (!relay->producer) goto fail;
+  return relay;
+fail:
+  relay_destroy(relay);
+  return NULL;
+}
+
+void *obx_relay_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err) {
+  obx_relay_t *relay = relay_new(conf, err);
+  if (!relay) return NULL;
+  relay_metrics_register();
+  if (pthread_create(&relay->thread, NULL, relay_main, relay) != 0) {
+    obx_err_set(err, OBX_ERR_SYS, 0, false, "relay: cannot start its thread");
+    relay_destroy(relay);
+    return NULL;
+  }
+  obx_info("relay started (mode %s, topic %s, owner %s)", conf->relay_mode, conf->kafka_topic, relay->owner);
+  return relay;
+}
+
+void obx_relay_stop(void *handle) {
+  obx_relay_t *relay = handle;
+  if (!relay) return;
+  relay->stopping = true;
+  pthread_join(relay->thread, NULL);
+  relay_destroy(relay);
+  obx_info("relay stopped");
+}

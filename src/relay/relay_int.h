@@ -1,0 +1,160 @@
+/* relay_int.h - state shared by the relay's files (relay.c, stream.c, sweeper.c)
+ *
+ * DESIGN: everything here is owned by the relay thread; nothing is locked except the counters
+ * read by /metrics (atomics). A published event is an obx_relay_msg_t from send to the end of
+ * its bookkeeping: in flight (sent, no report) -> reported (report in, outbox not yet updated)
+ * -> done (outbox updated, freed). Stream messages also hold a slot of the checkpoint window:
+ * an ordered ring of resume tokens, one per change read (and one per empty batch, carrying the
+ * postBatchResumeToken); the checkpoint only moves over a prefix of done slots. */
+#ifndef OBX_RELAY_INT_H
+#define OBX_RELAY_INT_H
+
+#include <mongoc/mongoc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "obx/obx_conf.h"
+#include "obx/obx_event.h"
+#include "obx/obx_http.h"
+#include "obx/obx_mongo.h"
+#include "obx/obx_relay.h"
+
+#define RELAY_LEASE_ID "relay"
+#define RELAY_CHECKPOINT_ID "outbox"
+
+typedef enum { RELAY_FROM_STREAM, RELAY_FROM_SWEEP } relay_from_t;
+
+typedef struct obx_relay_msg {
+  char id[OBX_UUID_LEN + 1];
+  relay_from_t from;
+  uint64_t seq;         /* stream: window slot */
+  int32_t attempts;     /* attempts recorded before this publish */
+  int64_t occurred_ms;  /* commit time used for the commit-to-ack latency */
+  bool reported, ok;
+  bool terminal;        /* malformed: FAILED at once */
+  bool purged;          /* dropped by a purge (shutdown, step-down): not an attempt */
+  int32_t partition;
+  int64_t offset;
+  char error[256];
+  struct obx_relay_msg *prev, *next; /* in `inflight` until reported, then in `reported` */
+} obx_relay_msg_t;
+
+typedef struct {
+  obx_relay_msg_t *head, *tail;
+  int n;
+} relay_list_t;
+
+typedef enum { SLOT_INFLIGHT, SLOT_DONE } relay_slot_state_t;
+
+typedef struct {
+  bson_t *token;
+  int64_t cluster_s;    /* cluster time (seconds) of the change, or of the batch end */
+  relay_slot_state_t state;
+} relay_slot_t;
+
+typedef struct {
+  relay_slot_t *slots;
+  size_t cap;
+  uint64_t first, end;  /* slots [first, end) are live; slot of seq s is slots[s % cap] */
+} relay_window_t;
+
+/* The relay's own copy of its metrics (tests read them; metrics.c writes them). */
+typedef struct {
+  atomic_uint_fast64_t published, publish_errors, history_lost, failed;
+  atomic_int inflight;
+  atomic_int leader;
+  atomic_int_fast64_t lag_ms;
+} relay_counters_t;
+
+typedef struct obx_relay {
+  const obx_conf_t *conf; /* borrowed from the caller for the life of the relay */
+  char owner[128];      /* host:pid:random, written into leases and claims */
+  bool poll_mode;
+
+  pthread_t thread;
+  atomic_bool stopping;
+
+  obx_mongo_t *mongo;
+  mongoc_client_t *client;
+  mongoc_collection_t *outbox, *checkpoints, *leases;
+  obx_relay_producer_t *producer;
+
+  /* leadership */
+  bool leader;
+  bool led;                 /* relay_lead_begin ran for this leadership */
+  int64_t epoch;
+  int64_t lease_until_ms;   /* our own view: stop publishing after this */
+  int64_t next_lease_ms;
+
+  /* change stream */
+  mongoc_change_stream_t *stream;
+  bson_t *read_token;       /* newest token read from the stream (owned) */
+  bool caught_up;           /* the last read returned an empty batch */
+  int64_t next_stream_open_ms;
+  relay_window_t window;
+
+  /* checkpoint */
+  bson_t *ckpt_token;       /* newest token whose window prefix is done (owned) */
+  int64_t ckpt_cluster_s;
+  bool ckpt_dirty;
+  int64_t next_ckpt_ms;
+
+  /* messages */
+  relay_list_t inflight_stream, inflight_sweep, reported;
+  int64_t first_report_ms;
+
+  int64_t next_sweep_ms;
+  relay_counters_t counters;
+} obx_relay_t;
+
+/* relay.c */
+void relay_list_push(relay_list_t *list, obx_relay_msg_t *msg);
+void relay_list_remove(relay_list_t *list, obx_relay_msg_t *msg);
+bool relay_inflight_has(const obx_relay_t *relay, const char *id, bool stream_too);
+/* Produces the outbox document `doc` (status PENDING). On success the message is in flight
+ * (ownership of msg passes to the relay lists); on failure the failed attempt is recorded in
+ * the outbox and msg is freed; false only when even that record failed. */
+bool relay_publish(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg);
+/* Serves delivery reports and writes their outbox updates (force: now, else when batched). */
+void relay_serve(obx_relay_t *relay, int timeout_ms, bool force);
+int relay_pending(const obx_relay_t *relay);
+int64_t relay_backoff_ms(int32_t attempts);
+
+/* stream.c */
+void relay_window_init(relay_window_t *window, size_t cap);
+void relay_window_cleanup(relay_window_t *window);
+void relay_window_done(obx_relay_t *relay, uint64_t seq);
+/* Forgets every slot (stepping down, lost history); later reports of them are ignored. */
+void relay_window_reset(obx_relay_t *relay);
+/* Opens the stream after relay->read_token (or from now); false when it failed. */
+bool relay_stream_open(obx_relay_t *relay);
+void relay_stream_close(obx_relay_t *relay);
+/* One step of the stream: opens it when due, reads up to the in-flight bound; true when
+ * it read a change. */
+bool relay_stream_step(obx_relay_t *relay);
+
+/* metrics.c */
+typedef enum {
+  RELAY_COUNT_PUBLISHED,
+  RELAY_COUNT_PUBLISH_ERROR,
+  RELAY_COUNT_FAILED,
+  RELAY_COUNT_HISTORY_LOST,
+} relay_count_t;
+
+/* Registers the relay's metrics in the process registry (idempotent). */
+void relay_metrics_register(void);
+void relay_metrics_count(obx_relay_t *relay, relay_count_t which);
+/* One commit-to-ack latency, in ms. */
+void relay_metrics_observe_ack(obx_relay_t *relay, int64_t ms);
+/* Sets the leader, in-flight and lag gauges from the relay's state. */
+void relay_metrics_gauges(obx_relay_t *relay);
+
+/* sweeper.c */
+/* Claims up to OUTBOX_BATCH_SIZE PENDING events due since `grace_ms` and publishes them;
+ * returns how many were claimed, -1 on a MongoDB error. */
+int relay_sweep(obx_relay_t *relay, int64_t grace_ms);
+/* Publishes every PENDING event that is due, waiting for each batch's reports (recovery:
+ * first start, lost history). False when stopped or on an error. */
+bool relay_sweep_all(obx_relay_t *relay);
+
+#endif

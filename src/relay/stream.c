@@ -1,0 +1,236 @@
+/* stream.c - the relay's change stream on `outbox` and its checkpoint window
+ *
+ * DESIGN: the stream matches inserts, replacements and updates that set status to PENDING
+ * (a reprocessed FAILED event), with fullDocument updateLookup; an update whose looked-up
+ * document is no longer PENDING (published meanwhile, deleted) is skipped. It is read only while
+ * fewer than relay.max_inflight events are unacknowledged and the window has room: when Kafka is
+ * down the relay stops reading and memory stays flat.
+ *
+ * The window holds one slot per change read, in stream order; a slot is done when its event's
+ * outcome is written to the outbox (or it was skipped). The checkpoint moves to the token of
+ * the last slot of the done prefix, never further. An empty batch adds a done slot with the
+ * postBatchResumeToken, so an idle relay keeps its checkpoint (and lag) current. Consecutive
+ * done slots collapse into the newest one.
+ *
+ * Errors: the driver resumes once by itself on resumable errors; anything else closes the
+ * stream and it reopens (from the newest token read) a second later. ChangeStreamHistoryLost
+ * (286: the resume point left the oplog) opens a fresh stream from now, publishes every PENDING
+ * event, and goes on: nothing is lost. */
+#include "relay/relay_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "obx/obx_log.h"
+
+#define RELAY_STREAM_READS_PER_STEP 256
+#define RELAY_HISTORY_LOST 286
+
+void relay_window_init(relay_window_t *window, size_t cap) {
+  window->slots = calloc(cap, sizeof *window->slots);
+  if (!window->slots) abort();
+  window->cap = cap;
+  window->first = window->end = 0;
+}
+
+void relay_window_cleanup(relay_window_t *window) {
+  for (uint64_t s = window->first; s < window->end; s++) bson_destroy(window->slots[s % window->cap].token);
+  free(window->slots);
+  window->slots = NULL;
+}
+
+void relay_window_reset(obx_relay_t *relay) {
+  relay_window_t *window = &relay->window;
+  for (; window->first < window->end; window->first++) {
+    relay_slot_t *slot = &window->slots[window->first % window->cap];
+    bson_destroy(slot->token);
+    slot->token = NULL;
+  }
+}
+
+static bool window_full(const relay_window_t *window) {
+  return window->end - window->first + 1 >= window->cap;
+}
+
+static void window_checkpoint_to(obx_relay_t *relay, bson_t *token, int64_t cluster_s) {
+  bson_destroy(relay->ckpt_token);
+  relay->ckpt_token = token;
+  relay->ckpt_cluster_s = cluster_s;
+  relay->ckpt_dirty = true;
+}
+
+/* Moves the checkpoint over the done prefix. */
+static void window_advance(obx_relay_t *relay) {
+  relay_window_t *window = &relay->window;
+  while (window->first < window->end) {
+    relay_slot_t *slot = &window->slots[window->first % window->cap];
+    if (slot->state != SLOT_DONE) break;
+    window_checkpoint_to(relay, slot->token, slot->cluster_s);
+    slot->token = NULL;
+    window->first++;
+  }
+}
+
+/* Appends a slot (token is taken); returns its sequence number. A done slot on an empty window
+ * is the checkpoint at once; a done slot after a done tail replaces it. */
+static uint64_t window_push(obx_relay_t *relay, bson_t *token, int64_t cluster_s, relay_slot_state_t state) {
+  relay_window_t *window = &relay->window;
+  if (state == SLOT_DONE && window->first == window->end) {
+    window_checkpoint_to(relay, token, cluster_s);
+    return window->end;
+  }
+  if (state == SLOT_DONE) {
+    relay_slot_t *tail = &window->slots[(window->end - 1) % window->cap];
+    if (tail->state == SLOT_DONE) {
+      bson_destroy(tail->token);
+      tail->token = token;
+      tail->cluster_s = cluster_s;
+      return window->end - 1;
+    }
+  }
+  BSON_ASSERT(!window_full(window));
+  relay_slot_t *slot = &window->slots[window->end % window->cap];
+  slot->token = token;
+  slot->cluster_s = cluster_s;
+  slot->state = state;
+  return window->end++;
+}
+
+void relay_window_done(obx_relay_t *relay, uint64_t seq) {
+  relay_window_t *window = &relay->window;
+  if (seq < window->first || seq >= window->end) return; /* from before a reset */
+  window->slots[seq % window->cap].state = SLOT_DONE;
+  window_advance(relay);
+}
+
+/* ---- the stream ------------------------------------------------------------------------- */
+
+void relay_stream_close(obx_relay_t *relay) {
+  mongoc_change_stream_destroy(relay->stream);
+  relay->stream = NULL;
+  relay->caught_up = false;
+}
+
+static void relay_stream_failed(obx_relay_t *relay, const bson_error_t *berr, const bson_t *reply);
+
+bool relay_stream_open(obx_relay_t *relay) {
+  bson_t *pipeline = BCON_NEW(
+    "pipeline", "[", "{", "$match", "{", "$or", "[",
+    "{", "operationType", "insert", "}",
+    "{", "operationType", "replace", "fullDocument.status", "PENDING", "}",
+    "{", "operationType", "update", "updateDescription.updatedFields.status", "PENDING", "}",
+    "]", "}", "}", "]");
+  int32_t batch = relay->conf->relay_max_inflight < 1000 ? (int32_t)relay->conf->relay_max_inflight : 1000;
+  bson_t *opts = BCON_NEW("fullDocument", "updateLookup", "maxAwaitTimeMS", BCON_INT64(100), "batchSize", BCON_INT32(batch));
+  if (relay->read_token) BSON_APPEND_DOCUMENT(opts, "resumeAfter", relay->read_token);
+  relay_stream_close(relay);
+  relay->stream = mongoc_collection_watch(relay->outbox, pipeline, opts);
+  bson_destroy(opts);
+  bson_destroy(pipeline);
+
+  bson_error_t berr;
+  const bson_t *reply = NULL;
+  if (mongoc_change_stream_error_document(relay->stream, &berr, &reply)) {
+    relay_stream_failed(relay, &berr, reply);
+    return relay->stream != NULL;
+  }
+  obx_info("change stream on outbox opened (%s)", relay->read_token ? "resuming" : "from now");
+  return true;
+}
+
+static void relay_stream_history_lost(obx_relay_t *relay) {
+  relay_metrics_count(relay, RELAY_COUNT_HISTORY_LOST);
+  obx_error("change stream history lost (the checkpoint is older than the oplog): publishing every "
+            "PENDING event and following the stream from now");
+  relay_stream_close(relay);
+  relay_window_reset(relay);
+  bson_destroy(relay->read_token);
+  relay->read_token = NULL;
+  if (relay_stream_open(relay)) relay_sweep_all(relay);
+}
+
+static void relay_stream_failed(obx_relay_t *relay, const bson_error_t *berr, const bson_t *reply) {
+  obx_err_t err = OBX_ERR_INIT;
+  obx_err_from_bson(&err, berr, reply);
+  relay_stream_close(relay);
+  if (berr->code == RELAY_HISTORY_LOST) {
+    if (relay->read_token) relay_stream_history_lost(relay);
+    return;
+  }
+  obx_warn("change stream: %s (reopening)", err.msg);
+  relay->next_stream_open_ms = obx_time_now_ms() + 1000;
+}
+
+static void relay_stream_handle(obx_relay_t *relay, const bson_t *change) {
+  bson_iter_t it, doc_it;
+  bson_t *token = NULL;
+  int64_t cluster_s = obx_time_now_ms() / 1000;
+  uint32_t len;
+  const uint8_t *data;
+
+  if (bson_iter_init_find(&it, change, "_id") && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+    bson_iter_document(&it, &len, &data);
+    token = bson_new_from_data(data, len);
+  }
+  if (!token) return; /* the server always sends one; without it the change cannot be resumed from */
+  bson_destroy(relay->read_token);
+  relay->read_token = bson_copy(token);
+  if (bson_iter_init_find(&it, change, "clusterTime") && BSON_ITER_HOLDS_TIMESTAMP(&it)) {
+    uint32_t t, i;
+    bson_iter_timestamp(&it, &t, &i);
+    cluster_s = t;
+  }
+
+  bson_t doc;
+  bool pending = false;
+  if (bson_iter_init_find(&it, change, "fullDocument") && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+    bson_iter_document(&it, &len, &data);
+    if (bson_init_static(&doc, data, len) && bson_iter_init_find(&doc_it, &doc, "status") &&
+        BSON_ITER_HOLDS_UTF8(&doc_it) && strcmp(bson_iter_utf8(&doc_it, NULL), "PENDING") == 0 &&
+        bson_iter_init_find(&doc_it, &doc, "_id") && BSON_ITER_HOLDS_UTF8(&doc_it))
+      pending = !relay_inflight_has(relay, bson_iter_utf8(&doc_it, NULL), false);
+  }
+  if (!pending) {
+    window_push(relay, token, cluster_s, SLOT_DONE);
+    return;
+  }
+  obx_relay_msg_t *msg = calloc(1, sizeof *msg);
+  if (!msg) abort();
+  msg->from = RELAY_FROM_STREAM;
+  msg->seq = window_push(relay, token, cluster_s, SLOT_INFLIGHT);
+  relay_publish(relay, &doc, msg);
+}
+
+bool relay_stream_step(obx_relay_t *relay) {
+  if (!relay->stream) {
+    if (obx_time_now_ms() < relay->next_stream_open_ms) return false;
+    if (!relay_stream_open(relay)) return false;
+  }
+  int read = 0;
+  while (read < RELAY_STREAM_READS_PER_STEP && !relay->stopping && relay->stream) {
+    if (relay_pending(relay) >= relay->conf->relay_max_inflight || window_full(&relay->window)) break;
+    const bson_t *change;
+    if (mongoc_change_stream_next(relay->stream, &change)) {
+      relay->caught_up = false;
+      relay_stream_handle(relay, change);
+      read++;
+      relay_serve(relay, 0, false);
+      continue;
+    }
+    bson_error_t berr;
+    const bson_t *reply = NULL;
+    if (mongoc_change_stream_error_document(relay->stream, &berr, &reply)) {
+      relay_stream_failed(relay, &berr, reply);
+      break;
+    }
+    const bson_t *pbrt = mongoc_change_stream_get_resume_token(relay->stream);
+    if (pbrt && (!relay->read_token || !bson_equal(pbrt, relay->read_token))) {
+      bson_destroy(relay->read_token);
+      relay->read_token = bson_copy(pbrt);
+      window_push(relay, bson_copy(pbrt), obx_time_now_ms() / 1000, SLOT_DONE);
+    }
+    relay->caught_up = true;
+    break;
+  }
+  return read > 0;
+}

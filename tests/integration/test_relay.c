@@ -1,0 +1,540 @@
+/* test_relay.c - the relay against devmongod and kafka-mockd
+ *
+ * DESIGN: one devmongod and one kafka-mockd for the whole file; each test uses its own database
+ * and topic, so relays of one test never see another's events. Relays run in this process
+ * (obx_relay_start) except where a crash is the point: there the real outboxd runs with
+ * --roles relay and is killed with SIGKILL. What reaches Kafka is read back with a consumer. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mongoc/mongoc.h>
+
+#include "obx/obx_conf.h"
+#include "obx/obx_event.h"
+#include "obx/obx_relay.h"
+#include "obx_test.h"
+#include "obx_test_kafka.h"
+#include "obx_test_mongo.h"
+#include "../../src/relay/relay_int.h"
+
+static obx_test_mongo_t g_mongo;
+static obx_test_kafka_t g_kafka;
+static mongoc_client_t *g_client;
+
+/* ---- per-test context ------------------------------------------------------------------ */
+
+#define MAX_EVENTS 12000
+
+typedef struct {
+  char db[64], topic[64];
+  obx_conf_t conf;
+  mongoc_client_t *client;
+  mongoc_collection_t *outbox;
+  int n;                         /* events inserted */
+  char (*ids)[OBX_UUID_LEN + 1]; /* in insertion (= commit) order */
+  int *key_of;                   /* key index of each event */
+} ctx_t;
+
+static void ctx_init(ctx_t *ctx, const char *name, const obx_test_mongo_t *mongo, const char *const *settings) {
+  static int serial;
+  memset(ctx, 0, sizeof *ctx);
+  snprintf(ctx->db, sizeof ctx->db, "relay_%s_%d", name, ++serial);
+  snprintf(ctx->topic, sizeof ctx->topic, "events-%s-%d", name, serial);
+  obx_conf_init(&ctx->conf);
+  obx_err_t err = OBX_ERR_INIT;
+  const char *base[] = {"mongo.uri", mongo->uri, "mongo.db", ctx->db, "kafka.brokers", g_kafka.bootstrap,
+                        "kafka.topic", ctx->topic, "relay.lease", "2s", "outbox.poll_interval", "300",
+                        "relay.checkpoint_interval", "100", "log.level", "warn", NULL};
+  for (int i = 0; base[i]; i += 2)
+    if (!obx_conf_set(&ctx->conf, base[i], base[i + 1], &err)) fail_msg("conf %s: %s", base[i], err.msg);
+  for (int i = 0; settings && settings[i]; i += 2)
+    if (!obx_conf_set(&ctx->conf, settings[i], settings[i + 1], &err)) fail_msg("conf %s: %s", settings[i], err.msg);
+  ctx->client = obx_test_mongo_client(mongo, NULL, "relay-test");
+  ctx->outbox = mongoc_client_get_collection(ctx->client, ctx->db, "outbox");
+  ctx->ids = calloc(MAX_EVENTS, sizeof *ctx->ids);
+  ctx->key_of = calloc(MAX_EVENTS, sizeof *ctx->key_of);
+}
+
+static void ctx_cleanup(ctx_t *ctx) {
+  mongoc_collection_destroy(ctx->outbox);
+  mongoc_client_destroy(ctx->client);
+  obx_conf_cleanup(&ctx->conf);
+  free(ctx->ids);
+  free(ctx->key_of);
+}
+
+/* Inserts n PENDING events spread over nkeys partition keys, in batches. */
+static void insert_events(ctx_t *ctx, int n, int nkeys) {
+  mongoc_bulk_operation_t *bulk = NULL;
+  for (int i = 0; i < n; i++) {
+    int k = ctx->n % nkeys;
+    obx_event_t ev;
+    obx_event_init(&ev);
+    ev.event_type = strdup("OrderConfirmed");
+    ev.org_id = strdup("org-1");
+    ev.aggregate_type = strdup("Order");
+    char agg[32];
+    snprintf(agg, sizeof agg, "ORD-%04d", k);
+    ev.aggregate_id = strdup(agg);
+    BSON_APPEND_INT32(&ev.payload, "seq", ctx->n);
+    obx_err_t err = OBX_ERR_INIT;
+    bson_t doc = BSON_INITIALIZER;
+    if (!obx_event_finalize(&ev, &err) || !obx_event_to_outbox(&ev, &doc, &err)) fail_msg("event: %s", err.msg);
+    memcpy(ctx->ids[ctx->n], ev.id, sizeof ctx->ids[0]);
+    ctx->key_of[ctx->n] = k;
+    ctx->n++;
+    if (!bulk) bulk = mongoc_collection_create_bulk_operation_with_opts(ctx->outbox, NULL);
+    mongoc_bulk_operation_insert(bulk, &doc);
+    bson_destroy(&doc);
+    obx_event_cleanup(&ev);
+    if ((i + 1) % 500 == 0 || i + 1 == n) {
+      bson_error_t berr;
+      if (!mongoc_bulk_operation_execute(bulk, NULL, &berr)) fail_msg("insert: %s", berr.message);
+      mongoc_bulk_operation_destroy(bulk);
+      bulk = NULL;
+    }
+  }
+}
+
+static int64_t count_docs(mongoc_collection_t *coll, const char *json) {
+  bson_error_t berr;
+  bson_t *filter = bson_new_from_json((const uint8_t *)json, -1, &berr);
+  assert_non_null(filter);
+  int64_t n = mongoc_collection_count_documents(coll, filter, NULL, NULL, NULL, &berr);
+  if (n < 0) print_message("count %s: %s\n", json, berr.message);
+  bson_destroy(filter);
+  return n;
+}
+
+typedef struct {
+  ctx_t *ctx;
+  const char *filter;
+  int64_t want;
+} count_wait_t;
+
+static bool count_reached(void *arg) {
+  count_wait_t *w = arg;
+  return count_docs(w->ctx->outbox, w->filter) >= w->want;
+}
+
+static void wait_published(ctx_t *ctx, int64_t want, int timeout_ms) {
+  count_wait_t w = {ctx, "{\"status\": \"PUBLISHED\"}", want};
+  if (!obx_test_wait_for(count_reached, &w, timeout_ms, 100))
+    fail_msg("PUBLISHED: got %lld want %lld", (long long)count_docs(ctx->outbox, w.filter), (long long)want);
+}
+
+static obx_relay_t *relay_start(ctx_t *ctx) {
+  obx_err_t err = OBX_ERR_INIT;
+  obx_relay_t *relay = obx_relay_start(&ctx->conf, NULL, &err);
+  if (!relay) fail_msg("relay start: %s", err.msg);
+  return relay;
+}
+
+/* ---- reading Kafka back ---------------------------------------------------------------- */
+
+typedef struct {
+  ctx_t *ctx;
+  int *seen;          /* per event: times received */
+  int *last_of_key;   /* per key: highest event index received first-time so far */
+  int records, unknown, order_errors, header_errors;
+  int32_t *partition; /* per event: partition of its first copy */
+  int64_t *offset;
+} kafka_read_t;
+
+static int event_index(const ctx_t *ctx, const char *id) {
+  for (int i = 0; i < ctx->n; i++)
+    if (strcmp(ctx->ids[i], id) == 0) return i;
+  return -1;
+}
+
+static void on_record(const rd_kafka_message_t *rkm, void *arg) {
+  kafka_read_t *r = arg;
+  char id[64], type[64], pkey[64], spec[16];
+  r->records++;
+  if (!obx_test_kafka_header(rkm, "ce_id", id, sizeof id)) {
+    r->header_errors++;
+    return;
+  }
+  int i = event_index(r->ctx, id);
+  if (i < 0) {
+    r->unknown++;
+    return;
+  }
+  char want_key[32];
+  snprintf(want_key, sizeof want_key, "ORD-%04d", r->ctx->key_of[i]);
+  if (!obx_test_kafka_header(rkm, "ce_type", type, sizeof type) || strcmp(type, "OrderConfirmed") ||
+      !obx_test_kafka_header(rkm, "ce_partitionkey", pkey, sizeof pkey) || strcmp(pkey, want_key) ||
+      !obx_test_kafka_header(rkm, "ce_specversion", spec, sizeof spec) || strcmp(spec, "1.0") ||
+      rkm->key_len != strlen(want_key) || memcmp(rkm->key, want_key, rkm->key_len) != 0)
+    r->header_errors++;
+  if (r->seen[i]++ == 0) {
+    /* first copy of an event: events of one key must arrive in commit order */
+    int k = r->ctx->key_of[i];
+    if (i < r->last_of_key[k]) r->order_errors++;
+    r->last_of_key[k] = i;
+    r->partition[i] = rkm->partition;
+    r->offset[i] = rkm->offset;
+  }
+}
+
+/* Reads the topic until every event arrived at least once (or timeout); checks headers, keys
+ * and per-key order; returns the number of records (duplicates included). */
+static int kafka_check(ctx_t *ctx, int timeout_ms, bool exactly_once) {
+  kafka_read_t r;
+  memset(&r, 0, sizeof r);
+  r.ctx = ctx;
+  r.seen = calloc((size_t)ctx->n, sizeof *r.seen);
+  r.last_of_key = calloc(MAX_EVENTS, sizeof *r.last_of_key);
+  r.partition = calloc((size_t)ctx->n, sizeof *r.partition);
+  r.offset = calloc((size_t)ctx->n, sizeof *r.offset);
+  for (int k = 0; k < MAX_EVENTS; k++) r.last_of_key[k] = -1;
+  /* one consumer group per check; each round resumes after the records already read */
+  static int serial;
+  char group[128];
+  snprintf(group, sizeof group, "check-%s-%d", ctx->topic, ++serial);
+  int64_t deadline = obx_test_now_ms() + timeout_ms;
+  int missing = ctx->n;
+  while (missing > 0 && obx_test_now_ms() < deadline) {
+    int got = obx_test_kafka_consume_all(g_kafka.bootstrap, ctx->topic, group, missing,
+                                         (int)(deadline - obx_test_now_ms()), on_record, &r);
+    if (got < 0) fail_msg("consumer failed");
+    missing = 0;
+    for (int i = 0; i < ctx->n; i++) missing += r.seen[i] == 0;
+  }
+  if (missing) fail_msg("%d of %d events never reached Kafka (%d records read)", missing, ctx->n, r.records);
+  if (exactly_once && obx_test_kafka_consume_all(g_kafka.bootstrap, ctx->topic, group, 1, 2000, on_record, &r) != 0)
+    fail_msg("records: got more than %d (duplicates)", ctx->n);
+  if (r.unknown) fail_msg("%d records with unknown ids", r.unknown);
+  if (r.header_errors) fail_msg("%d records with wrong key or CloudEvents headers", r.header_errors);
+  if (r.order_errors) fail_msg("%d records out of per-key commit order", r.order_errors);
+  if (exactly_once && r.records != ctx->n) fail_msg("records: got %d want %d (duplicates)", r.records, ctx->n);
+
+  /* The outbox records the Kafka coordinates of each published event. */
+  for (int i = 0; i < ctx->n && exactly_once; i += 97) {
+    bson_t *filter = BCON_NEW("_id", BCON_UTF8(ctx->ids[i]));
+    mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(ctx->outbox, filter, NULL, NULL);
+    const bson_t *doc;
+    bson_iter_t it;
+    assert_true(mongoc_cursor_next(cursor, &doc));
+    assert_true(bson_iter_init_find(&it, doc, "kafka.partition") || bson_iter_init(&it, doc));
+    bson_iter_t kit;
+    if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, "kafka.partition", &kit) ||
+        bson_iter_as_int64(&kit) != r.partition[i])
+      fail_msg("event %d: kafka.partition in the outbox differs from the record's %d", i, r.partition[i]);
+    if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, "kafka.offset", &kit) ||
+        bson_iter_as_int64(&kit) != r.offset[i])
+      fail_msg("event %d: kafka.offset in the outbox differs from the record's %lld", i, (long long)r.offset[i]);
+    if (!bson_iter_init_find(&it, doc, "publishedAt") || !BSON_ITER_HOLDS_DATE_TIME(&it))
+      fail_msg("event %d: no publishedAt", i);
+    mongoc_cursor_destroy(cursor);
+    bson_destroy(filter);
+  }
+  free(r.seen);
+  free(r.last_of_key);
+  free(r.partition);
+  free(r.offset);
+  return r.records;
+}
+
+/* ---- tests ------------------------------------------------------------------------------ */
+
+static void test_stream_publishes_in_order_and_checkpoints(void **state) {
+  ctx_t ctx;
+  ctx_init(&ctx, "stream", &g_mongo, NULL);
+  insert_events(&ctx, 50, 5); /* before the first start: found by the initial scan */
+  obx_relay_t *relay = relay_start(&ctx);
+  wait_published(&ctx, 50, 30000);
+  insert_events(&ctx, 300, 7); /* through the change stream */
+  wait_published(&ctx, 350, 30000);
+  assert_int_equal(count_docs(ctx.outbox, "{\"status\": \"PENDING\"}"), 0);
+
+  /* checkpoint written, fenced by the leader's epoch */
+  mongoc_collection_t *ckpt = mongoc_client_get_collection(ctx.client, ctx.db, "relay_checkpoints");
+  assert_true(count_docs(ckpt, "{\"_id\": \"outbox\", \"resumeToken\": {\"$exists\": true}, \"epoch\": {\"$gte\": 1}}") == 1);
+  mongoc_collection_destroy(ckpt);
+
+  /* outbox indexes, including the partial TTL on PUBLISHED documents */
+  mongoc_cursor_t *cursor = mongoc_collection_find_indexes_with_opts(ctx.outbox, NULL);
+  const bson_t *index;
+  bool ttl = false, status = false;
+  while (mongoc_cursor_next(cursor, &index)) {
+    bson_iter_t it;
+    if (bson_iter_init_find(&it, index, "expireAfterSeconds") && bson_iter_as_int64(&it) == 7 * 86400 &&
+        bson_iter_init(&it, index) && bson_iter_find_descendant(&it, "partialFilterExpression.status", &it))
+      ttl = true;
+    if (bson_iter_init_find(&it, index, "name") && strcmp(bson_iter_utf8(&it, NULL), "status_1_availableAt_1") == 0)
+      status = true;
+  }
+  mongoc_cursor_destroy(cursor);
+  assert_true(ttl);
+  assert_true(status);
+
+  obx_relay_stop(relay);
+  kafka_check(&ctx, 60000, true);
+
+  /* restart: resumes from the checkpoint, publishes only what is new */
+  insert_events(&ctx, 40, 3);
+  relay = relay_start(&ctx);
+  wait_published(&ctx, 390, 30000);
+  obx_relay_stop(relay);
+  kafka_check(&ctx, 60000, true);
+  ctx_cleanup(&ctx);
+}
+
+static void test_failed_publish_backs_off_then_fails_then_reprocess(void **state) {
+  const char *settings[] = {"kafka.message.timeout.ms", "400", "outbox.max_attempts", "2", NULL};
+  ctx_t ctx;
+  ctx_init(&ctx, "failing", &g_mongo, settings);
+  assert_true(obx_test_kafka_cmd(&g_kafka, "broker down all"));
+  obx_relay_t *relay = relay_start(&ctx);
+  insert_events(&ctx, 3, 3);
+
+  /* first failure: attempts 1, lastError, availableAt in the future, still PENDING */
+  count_wait_t once = {&ctx, "{\"status\": \"PENDING\", \"attempts\": 1, \"lastError\": {\"$type\": \"string\"}}", 3};
+  if (!obx_test_wait_for(count_reached, &once, 30000, 50))
+    fail_msg("after one failed publish: got %lld events with attempts 1", (long long)count_docs(ctx.outbox, once.filter));
+  /* the sweeper retries after the backoff; at OUTBOX_MAX_ATTEMPTS the event is FAILED */
+  count_wait_t failed = {&ctx, "{\"status\": \"FAILED\", \"attempts\": 2}", 3};
+  if (!obx_test_wait_for(count_reached, &failed, 30000, 100))
+    fail_msg("FAILED after 2 attempts: got %lld want 3", (long long)count_docs(ctx.outbox, failed.filter));
+
+  /* Kafka back; an operator reprocesses (FAILED -> PENDING): the stream picks the update up */
+  assert_true(obx_test_kafka_cmd(&g_kafka, "broker up all"));
+  bson_t *filter = BCON_NEW("status", "FAILED");
+  bson_t *update = BCON_NEW("$set", "{", "status", "PENDING", "attempts", BCON_INT32(0), "availableAt",
+                            BCON_DATE_TIME(obx_time_now_ms()), "}");
+  bson_error_t berr;
+  assert_true(mongoc_collection_update_many(ctx.outbox, filter, update, NULL, NULL, &berr));
+  wait_published(&ctx, 3, 30000);
+  obx_relay_stop(relay);
+  kafka_check(&ctx, 30000, false);
+  bson_destroy(update);
+  bson_destroy(filter);
+  ctx_cleanup(&ctx);
+}
+
+static void test_poll_mode_claims_with_two_relays(void **state) {
+  const char *settings[] = {"relay.mode", "poll", "outbox.poll_interval", "100", "outbox.batch_size", "50", NULL};
+  ctx_t ctx;
+  ctx_init(&ctx, "poll", &g_mongo, settings);
+  insert_events(&ctx, 1000, 20);
+  obx_relay_t *a = relay_start(&ctx), *b = relay_start(&ctx);
+  wait_published(&ctx, 1000, 60000);
+  assert_int_equal(count_docs(ctx.outbox, "{\"claimedBy\": {\"$exists\": true}}"), 0);
+  /* one of them leads; the other takes over when it stops */
+  assert_int_equal(a->counters.leader + b->counters.leader, 1);
+  obx_relay_t *standby = a->counters.leader ? b : a;
+  obx_relay_stop(a->counters.leader ? a : b);
+  insert_events(&ctx, 200, 20);
+  wait_published(&ctx, 1200, 60000);
+  assert_int_equal(standby->counters.leader, 1);
+  obx_relay_stop(standby);
+  /* claims and a single publisher: nothing twice, per-key order kept */
+  kafka_check(&ctx, 60000, true);
+  ctx_cleanup(&ctx);
+}
+
+typedef struct {
+  obx_relay_t *relay;
+} leader_wait_t;
+
+static bool is_leader(void *arg) {
+  return ((leader_wait_t *)arg)->relay->counters.leader == 1;
+}
+
+static void test_lease_one_leader_and_takeover(void **state) {
+  ctx_t ctx;
+  ctx_init(&ctx, "lease", &g_mongo, NULL);
+  obx_relay_t *a = relay_start(&ctx);
+  leader_wait_t wa = {a};
+  assert_true(obx_test_wait_for(is_leader, &wa, 20000, 50));
+  obx_relay_t *b = relay_start(&ctx);
+  leader_wait_t wb = {b};
+  insert_events(&ctx, 200, 10);
+  wait_published(&ctx, 200, 30000);
+  assert_false(is_leader(&wb)); /* exactly one publishes */
+
+  obx_relay_stop(a); /* releases the lease */
+  int64_t t0 = obx_test_now_ms();
+  assert_true(obx_test_wait_for(is_leader, &wb, 20000, 20));
+  int64_t takeover = obx_test_now_ms() - t0;
+  if (takeover > 2000 + 500) fail_msg("takeover took %lld ms, lease is 2000 ms", (long long)takeover);
+  insert_events(&ctx, 200, 10);
+  wait_published(&ctx, 400, 30000);
+  obx_relay_stop(b);
+  /* b resumed from a's checkpoint: nothing twice */
+  kafka_check(&ctx, 60000, true);
+  ctx_cleanup(&ctx);
+}
+
+static void test_kafka_down_20s_backpressure(void **state) {
+  const char *settings[] = {"relay.max_inflight", "50", NULL};
+  ctx_t ctx;
+  ctx_init(&ctx, "down", &g_mongo, settings);
+  obx_relay_t *relay = relay_start(&ctx);
+  leader_wait_t w = {relay};
+  assert_true(obx_test_wait_for(is_leader, &w, 20000, 50));
+  insert_events(&ctx, 20, 4);
+  wait_published(&ctx, 20, 30000);
+
+  assert_true(obx_test_kafka_cmd(&g_kafka, "broker down all"));
+  insert_events(&ctx, 1000, 10);
+  int64_t until = obx_test_now_ms() + 20000;
+  int max_inflight = 0;
+  uint64_t max_window = 0;
+  while (obx_test_now_ms() < until) {
+    int inflight = relay->counters.inflight;
+    uint64_t window = relay->window.end - relay->window.first; /* read racily: a gauge */
+    if (inflight > max_inflight) max_inflight = inflight;
+    if (window > max_window) max_window = window;
+    struct timespec ts = {0, 50 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  int64_t published = count_docs(ctx.outbox, "{\"status\": \"PUBLISHED\"}");
+  if (max_inflight > 50) fail_msg("in flight while Kafka was down: got %d want <= 50", max_inflight);
+  if (max_window > 50 * 4 + 8) fail_msg("window while Kafka was down: got %llu slots", (unsigned long long)max_window);
+  if (published != 20) fail_msg("published while Kafka was down: got %lld want 20", (long long)published);
+
+  assert_true(obx_test_kafka_cmd(&g_kafka, "broker up all"));
+  wait_published(&ctx, 1020, 60000);
+  obx_relay_stop(relay);
+  kafka_check(&ctx, 60000, false);
+  ctx_cleanup(&ctx);
+}
+
+static void fail_point(const char *json) {
+  bson_error_t berr;
+  bson_t *cmd = bson_new_from_json((const uint8_t *)json, -1, &berr);
+  assert_non_null(cmd);
+  if (!mongoc_client_command_simple(g_client, "admin", cmd, NULL, NULL, &berr))
+    fail_msg("configureFailPoint: %s", berr.message);
+  bson_destroy(cmd);
+}
+
+static void test_getmore_faults(void **state) {
+  static const char *const faults[] = {
+    "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 2},"
+    " \"data\": {\"appName\": \"outboxd\", \"failCommands\": [\"getMore\"], \"closeConnection\": true}}",
+    "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 2},"
+    " \"data\": {\"appName\": \"outboxd\", \"failCommands\": [\"getMore\"], \"errorCode\": 10107}}",
+    "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1},"
+    " \"data\": {\"appName\": \"outboxd\", \"failCommands\": [\"getMore\"], \"errorCode\": 2}}",
+  };
+  ctx_t ctx;
+  ctx_init(&ctx, "getmore", &g_mongo, NULL);
+  obx_relay_t *relay = relay_start(&ctx);
+  leader_wait_t w = {relay};
+  assert_true(obx_test_wait_for(is_leader, &w, 20000, 50));
+  int total = 0;
+  for (size_t f = 0; f < sizeof faults / sizeof faults[0]; f++) {
+    insert_events(&ctx, 20, 4);
+    total += 20;
+    wait_published(&ctx, total, 30000);
+    fail_point(faults[f]);
+    insert_events(&ctx, 100, 4);
+    total += 100;
+    wait_published(&ctx, total, 30000);
+    fail_point("{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}");
+  }
+  obx_relay_stop(relay);
+  kafka_check(&ctx, 60000, false);
+  ctx_cleanup(&ctx);
+}
+
+static void test_history_lost_recovers_everything(void **state) {
+  obx_test_mongo_t small;
+  memset(&small, 0, sizeof small);
+  if (!obx_test_mongo_start(&small, "--oplog-size 64")) fail_msg("devmongod with a small oplog did not start");
+  ctx_t ctx;
+  ctx_init(&ctx, "lost", &small, NULL);
+  obx_relay_t *relay = relay_start(&ctx);
+  insert_events(&ctx, 10, 2);
+  wait_published(&ctx, 10, 30000);
+  obx_relay_stop(relay);
+  insert_events(&ctx, 300, 5); /* the checkpoint falls out of the 64-entry oplog */
+  relay = relay_start(&ctx);
+  wait_published(&ctx, 310, 60000);
+  if (relay->counters.history_lost < 1) fail_msg("history lost: got %d want >= 1", (int)relay->counters.history_lost);
+  insert_events(&ctx, 20, 5); /* the fresh stream follows new events */
+  wait_published(&ctx, 330, 30000);
+  obx_relay_stop(relay);
+  kafka_check(&ctx, 60000, false);
+  ctx_cleanup(&ctx);
+  obx_test_mongo_stop(&small);
+}
+
+static bool has_leader(void *arg) {
+  ctx_t *ctx = arg;
+  mongoc_collection_t *leases = mongoc_client_get_collection(ctx->client, ctx->db, "leases");
+  bson_t *filter = BCON_NEW("_id", "relay", "expiresAt", "{", "$gt", BCON_DATE_TIME(obx_time_now_ms()), "}");
+  char *json = bson_as_relaxed_extended_json(filter, NULL);
+  int64_t n = count_docs(leases, json);
+  bson_free(json);
+  bson_destroy(filter);
+  mongoc_collection_destroy(leases);
+  return n == 1;
+}
+
+static void outboxd_spawn(ctx_t *ctx, obx_test_proc_t *proc) {
+  char uri[300], db[100], brokers[600], topic[100];
+  snprintf(uri, sizeof uri, "MONGO_URI=%s", g_mongo.uri);
+  snprintf(db, sizeof db, "MONGO_DB=%s", ctx->db);
+  snprintf(brokers, sizeof brokers, "KAFKA_BROKERS=%s", g_kafka.bootstrap);
+  snprintf(topic, sizeof topic, "KAFKA_TOPIC=%s", ctx->topic);
+  char *const env[] = {uri, db, brokers, topic, "HTTP_PORT=0", "HTTP_BIND=127.0.0.1", "RELAY_LEASE=2s",
+                       "OUTBOX_POLL_INTERVAL_MS=500", "LOG_LEVEL=info", NULL};
+  char *const argv[] = {(char *)obx_test_build_path("outboxd"), "--roles", "relay", NULL};
+  if (!obx_test_spawn(proc, argv, env)) fail_msg("outboxd did not start");
+}
+
+static void test_kill_9_mid_run_loses_nothing(void **state) {
+  ctx_t ctx;
+  ctx_init(&ctx, "kill", &g_mongo, NULL);
+  obx_test_proc_t proc;
+  memset(&proc, 0, sizeof proc);
+  outboxd_spawn(&ctx, &proc);
+  if (!obx_test_wait_for(has_leader, &ctx, 30000, 50)) fail_msg("outboxd never took the lease (log: %s)", proc.log_path);
+  insert_events(&ctx, 3000, 200);
+  count_wait_t some = {&ctx, "{\"status\": \"PUBLISHED\"}", 1500};
+  assert_true(obx_test_wait_for(count_reached, &some, 60000, 10));
+  insert_events(&ctx, 2000, 200);
+  obx_test_proc_stop(&proc, SIGKILL, 5000); /* mid-run: events in flight, checkpoint behind */
+  insert_events(&ctx, 5000, 200);
+  outboxd_spawn(&ctx, &proc); /* takes over once the dead one's lease expires */
+  wait_published(&ctx, 10000, 120000);
+  obx_test_proc_stop(&proc, SIGTERM, 10000);
+  int records = kafka_check(&ctx, 120000, false);
+  print_message("kill -9: %d records for %d events\n", records, ctx.n);
+  ctx_cleanup(&ctx);
+}
+
+static int group_setup(void **state) {
+  if (!obx_test_mongo_start(&g_mongo, NULL)) return -1;
+  if (!obx_test_kafka_start(&g_kafka, 1, NULL)) return -1;
+  g_client = obx_test_mongo_client(&g_mongo, NULL, "relay-test-admin");
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  mongoc_client_destroy(g_client);
+  obx_test_kafka_stop(&g_kafka);
+  obx_test_mongo_stop(&g_mongo);
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_stream_publishes_in_order_and_checkpoints),
+    cmocka_unit_test(test_failed_publish_backs_off_then_fails_then_reprocess),
+    cmocka_unit_test(test_poll_mode_claims_with_two_relays),
+    cmocka_unit_test(test_lease_one_leader_and_takeover),
+    cmocka_unit_test(test_getmore_faults),
+    cmocka_unit_test(test_history_lost_recovers_everything),
+    cmocka_unit_test(test_kafka_down_20s_backpressure),
+    cmocka_unit_test(test_kill_9_mid_run_loses_nothing),
+  };
+  if (getenv("OBX_TEST_FILTER")) cmocka_set_test_filter(getenv("OBX_TEST_FILTER"));
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
