@@ -64,6 +64,9 @@ static bool parse_node(obx_pipeline_t *pipeline, int i, bson_iter_t *it, obx_err
       !*bson_iter_utf8(&f, NULL))
     return fail(err, "node %d: \"id\" must be a non-empty string", i);
   const char *id = bson_iter_utf8(&f, NULL);
+  for (const char *p = id; *p; p++) /* ids are path segments of steps.<id>.output... */
+    if (!isalnum((unsigned char)*p) && *p != '_' && *p != '-')
+      return fail(err, "node \"%s\": id may hold letters, digits, '_' and '-' only", id);
   if (node_index(pipeline, id) >= 0) return fail(err, "node \"%s\": duplicate node id", id);
   node->id = bson_strdup(id);
 

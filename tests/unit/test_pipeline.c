@@ -40,6 +40,8 @@ static void test_validation_table(void **state) {
      "node \"s2\": second start node (\"start\" is already the start)"},
     {"{'nodes':[" START ",{'id':'start','type':'log','config':{'message':'m'}}]}", "node \"start\": duplicate node id"},
     {"{'nodes':[" START ",{'type':'log'}]}", "node 1: \"id\" must be a non-empty string"},
+    {"{'nodes':[" START ",{'id':'a.b','type':'log','config':{'message':'m'}}]}",
+     "node \"a.b\": id may hold letters, digits, '_' and '-' only"},
     {"{'nodes':[" START "],'edges':[{'from':'start','to':'nowhere'}]}",
      "edge 0 (start -> nowhere): unknown node \"nowhere\""},
     {"{'nodes':[" START "],'edges':[{'from':'ghost','to':'start'}]}", "edge 0 (ghost -> start): unknown node \"ghost\""},
