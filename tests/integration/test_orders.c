@@ -435,22 +435,24 @@ static void test_http_errors(void **state) {
   big[sizeof big - 1] = '\0';
   big[0] = '{';
   big[sizeof big - 2] = '}';
+  static const char *const chunked[] = {"Transfer-Encoding: chunked", NULL};
   static const struct {
     const char *name, *method, *path;
-    bool big;
+    bool big, chunked; /* chunked: no Content-Length, the limit applies while reading */
     long want;
     const char *allow;
   } cases[] = {
-    {"body over http.max_body", "POST", "/orders", true, 413, NULL},
-    {"unknown path", "GET", "/nope", false, 404, NULL},
-    {"wrong method", "DELETE", "/orders", false, 405, "POST"},
-    {"wrong method on a pattern", "POST", "/orders/abc", false, 405, "GET"},
-    {"healthz", "GET", "/healthz", false, 200, NULL},
+    {"body over http.max_body", "POST", "/orders", true, false, 413, NULL},
+    {"chunked body over http.max_body", "POST", "/orders", true, true, 413, NULL},
+    {"unknown path", "GET", "/nope", false, false, 404, NULL},
+    {"wrong method", "DELETE", "/orders", false, false, 405, "POST"},
+    {"wrong method on a pattern", "POST", "/orders/abc", false, false, 405, "GET"},
+    {"healthz", "GET", "/healthz", false, false, 200, NULL},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     obx_test_http_resp_t resp;
-    assert_true(obx_test_http(outboxd.port, cases[i].method, cases[i].path, key_acme, cases[i].big ? big : NULL, NULL,
-                              &resp));
+    assert_true(obx_test_http(outboxd.port, cases[i].method, cases[i].path, key_acme, cases[i].big ? big : NULL,
+                              cases[i].chunked ? chunked : NULL, &resp));
     char allow[64] = "";
     obx_test_http_header(&resp, "Allow", allow, sizeof allow);
     if (resp.status != cases[i].want || (cases[i].allow && strcmp(allow, cases[i].allow) != 0)) {
