@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run.sh - run the whole system locally on the embedded defaults, until Ctrl-C.
 #
-#   scripts/run.sh [--no-build] [--state-dir DIR]
+#   scripts/run.sh [--demo] [--no-build] [--state-dir DIR]
 #
 # Installs the Debian packages that are missing (scripts/install-deps.sh), builds, then starts
 #   devmongod     in-memory MongoDB replica set        unless MONGO_URI is set
@@ -16,6 +16,11 @@
 # STATE (--state-dir, default a fresh /tmp/outboxd-run.XXXXXX) holds the logs of every process
 # and, once everything is ready, `ready`: shell assignments (API_URL, API_KEY_FILE, MONGO_URI,
 # KAFKA_BROKERS, AMQP_URL and the PIDs of what was started) for scripts and tests.
+#   --demo       once ready, drive a short scenario and print each stage: an order integrated by
+#                an order.post pipeline calling a local stub ERP (scripts/demo-stub.py), one whose
+#                ERP call fails twice and recovers through the retry ladder, one that fails
+#                terminally, is parked in the DLQ and redriven once the ERP is fixed. Retry tiers
+#                are 1s,2s,4s and pipelines may call 127.0.0.0/8 in this mode.
 #   --no-build   skip install-deps and the build (the binaries must be in OBX_BUILD_DIR)
 # OBX_BUILD_DIR: build directory (default ./build).
 set -euo pipefail
@@ -23,14 +28,16 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 BUILD=${OBX_BUILD_DIR:-$ROOT/build}
 BUILD_ON=1
+DEMO=0
 STATE=""
 READY_TIMEOUT=${OBX_RUN_READY_TIMEOUT:-120}
 
 while [ $# -gt 0 ]; do
   case "$1" in
+    --demo) DEMO=1 ;;
     --no-build) BUILD_ON=0 ;;
     --state-dir) STATE=$2; shift ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -69,7 +76,10 @@ stop_all() {
     if kill -0 "$pid" 2>/dev/null; then log "pid $pid did not stop in 15 s: SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; fi
     wait "$pid" 2>/dev/null || true
   done
-  if [ -n "$RMQ_DIR" ]; then OBX_RMQ_DIR=$RMQ_DIR scripts/rabbitmq.sh stop >/dev/null 2>&1 || log "RabbitMQ stop failed (see $RMQ_DIR/log)"; fi
+  if [ -n "$RMQ_DIR" ]; then
+    if OBX_RMQ_DIR=$RMQ_DIR scripts/rabbitmq.sh stop >/dev/null 2>&1; then rm -rf "$RMQ_DIR"
+    else log "RabbitMQ stop failed (its logs: $RMQ_DIR/log)"; fi
+  fi
   log "stopped (logs in $STATE)"
 }
 trap 'stop_all; exit 130' INT
@@ -122,8 +132,21 @@ rm -f "$STATE/apikey.out"
 chmod 600 "$STATE/api-key"
 API_KEY=$(cat "$STATE/api-key")
 
+DEMO_ARGS=()
+if [ "$DEMO" = 1 ]; then
+  python3 "$ROOT/scripts/demo-stub.py" "$STATE/demo-stub.port" </dev/null >"$STATE/demo-stub.log" 2>&1 &
+  PIDS+=($!)
+  wait_file "$STATE/demo-stub.port" demo-stub "$!"
+  STUB_URL="http://127.0.0.1:$(cat "$STATE/demo-stub.port")"
+  "$OUTBOXCTL" apikey new --org demo-e2e --perm '*' >"$STATE/apikey.out"
+  DEMO_KEY=$(sed -n 's/^key: *//p' "$STATE/apikey.out")
+  sed -n 's/^line: *//p' "$STATE/apikey.out" >>"$STATE/api-keys"
+  rm -f "$STATE/apikey.out"
+  DEMO_ARGS=(-X egress.allow_networks=127.0.0.0/8 -X worker.retry_ladder=1s,2s,4s)
+fi
+
 "$OUTBOXD" -X "http.port=${HTTP_PORT:-8080}" -X "http.bind=127.0.0.1" -X "api.keys_file=$STATE/api-keys" \
-  </dev/null >"$STATE/outboxd.log" 2>&1 &
+  "${DEMO_ARGS[@]}" </dev/null >"$STATE/outboxd.log" 2>&1 &
 PIDS+=($!); OUTBOXD_PID=$!
 deadline=$((SECONDS + READY_TIMEOUT))
 PORT=""
@@ -173,6 +196,12 @@ Then look at it:
 
 Ctrl-C stops everything.
 EOF
+
+if [ "$DEMO" = 1 ]; then
+  # shellcheck source=scripts/demo.sh
+  . "$ROOT/scripts/demo.sh"
+  demo_run || die "demo failed; logs in $STATE"
+fi
 
 # Waits for outboxd; a signal interrupts the wait and the traps stop everything.
 set +e
