@@ -558,6 +558,7 @@ struct obx_ladder {
   pthread_mutex_t mu;
   names_t names;
   conn_t c;
+  int64_t last_warn_ms; /* tick's reconnect warnings: at most one per 30 s */
 };
 
 obx_ladder_t *obx_ladder_new(const obx_ladder_opts_t *opts, obx_err_t *err) {
@@ -609,8 +610,11 @@ void obx_ladder_tick(obx_ladder_t *ladder) {
   pthread_mutex_lock(&ladder->mu);
   if (!ladder->c.conn) {
     obx_err_t err = OBX_ERR_INIT;
-    if (mono_ms() >= ladder->c.next_try_ms && !ladder_open(ladder, &err))
-      obx_warn("RabbitMQ: %s", err.msg);
+    if (mono_ms() >= ladder->c.next_try_ms && !ladder_open(ladder, &err) &&
+        mono_ms() - ladder->last_warn_ms >= 30000) {
+      ladder->last_warn_ms = mono_ms();
+      obx_warn("RabbitMQ unavailable (%s); retrying in the background", err.msg);
+    }
   } else {
     struct timeval zero = {0, 0};
     amqp_frame_t frame;
