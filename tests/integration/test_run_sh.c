@@ -1,0 +1,183 @@
+/* test_run_sh.c - README's run command, non-interactively
+ *
+ * Starts `scripts/run.sh --no-build` (the binaries of this build; HTTP_PORT=0; AMQP_URL is used
+ * when set, else run.sh starts its own RabbitMQ) with a state directory of its own, waits for
+ * its `ready` file, places an order with the printed key, reads the event back from Kafka
+ * (the kafka-mockd run.sh started) and sees the outbox say PUBLISHED. Then it sends SIGINT to
+ * run.sh, as Ctrl-C would, and checks that run.sh and every process it started are gone.
+ * test_run_sh_demo does the same with --demo and checks the stages it printed: integrated at
+ * once, recovered through the ladder after two 503s, DEAD then redriven to DONE. */
+#include "obx_test.h"
+#include "obx_test_kafka.h"
+#include "obx_test_outboxd.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#define READY_MS 240000
+#define FLOW_MS 60000
+#define DEMO_MS 240000
+
+typedef struct {
+  char api_url[128], key_file[256], kafka[256];
+  int port;
+  pid_t pids[3]; /* outboxd, devmongod, kafka-mockd */
+} ready_t;
+
+/* Copies the value of `NAME=value` (quotes removed) from the ready file. */
+static bool ready_value(const char *path, const char *name, char *out, size_t outlen) {
+  FILE *f = fopen(path, "r");
+  char line[512];
+  size_t n = strlen(name);
+  bool found = false;
+  while (f && !found && fgets(line, sizeof line, f)) {
+    if (strncmp(line, name, n) != 0 || line[n] != '=') continue;
+    char *v = line + n + 1;
+    v[strcspn(v, "\n")] = '\0';
+    if (*v == '\'') {
+      v++;
+      v[strcspn(v, "'")] = '\0';
+    }
+    snprintf(out, outlen, "%s", v);
+    found = true;
+  }
+  if (f) fclose(f);
+  return found;
+}
+
+static void read_ready(const char *path, ready_t *r) {
+  char v[64];
+  static const char *const pid_names[] = {"OUTBOXD_PID", "DEVMONGOD_PID", "KAFKA_MOCKD_PID"};
+  if (!ready_value(path, "API_URL", r->api_url, sizeof r->api_url) ||
+      !ready_value(path, "API_KEY_FILE", r->key_file, sizeof r->key_file) ||
+      !ready_value(path, "KAFKA_BROKERS", r->kafka, sizeof r->kafka))
+    fail_msg("%s lacks API_URL, API_KEY_FILE or KAFKA_BROKERS", path);
+  const char *colon = strrchr(r->api_url, ':');
+  r->port = colon ? atoi(colon + 1) : 0;
+  assert_true(r->port > 0);
+  for (int i = 0; i < 3; i++) {
+    if (!ready_value(path, pid_names[i], v, sizeof v) || atoi(v) <= 0) fail_msg("%s: no %s", path, pid_names[i]);
+    r->pids[i] = (pid_t)atoi(v);
+  }
+}
+
+typedef struct {
+  const char *id;
+  bool seen;
+  char type[64];
+} record_ctx_t;
+
+static void on_record(const rd_kafka_message_t *rkm, void *p) {
+  record_ctx_t *c = p;
+  char id[64];
+  if (obx_test_kafka_header(rkm, "ce_id", id, sizeof id) && strcmp(id, c->id) == 0) {
+    c->seen = true;
+    obx_test_kafka_header(rkm, "ce_type", c->type, sizeof c->type);
+  }
+}
+
+typedef struct {
+  int port;
+  const char *key, *id;
+} published_ctx_t;
+
+static bool outbox_published(void *p) {
+  published_ctx_t *c = p;
+  obx_test_http_resp_t resp;
+  bool ok = obx_test_http(c->port, "GET", "/api/outbox?status=PUBLISHED", c->key, NULL, NULL, &resp) &&
+            resp.status == 200 && strstr(resp.body, c->id);
+  obx_test_http_resp_cleanup(&resp);
+  return ok;
+}
+
+/* Starts run.sh with `mode` ("" or "--demo") and a state dir named `name`; waits for ready. */
+static void run_start(obx_test_proc_t *run, const char *name, const char *mode, ready_t *r, char *ready_path,
+                      size_t rplen) {
+  char dir[300], script[512], build_env[512];
+  snprintf(dir, sizeof dir, "%s/%s", obx_test_tmpdir(), name);
+  snprintf(ready_path, rplen, "%s/ready", dir);
+  snprintf(script, sizeof script, "%s/scripts/run.sh", OBX_SOURCE_DIR);
+  snprintf(build_env, sizeof build_env, "OBX_BUILD_DIR=%s", OBX_BUILD_DIR);
+  char *argv[] = {"/bin/bash", script, "--no-build", "--state-dir", dir, *mode ? (char *)mode : NULL, NULL};
+  char *env[] = {build_env, "HTTP_PORT=0", NULL};
+  /* run.sh must see SIGINT as a terminal's Ctrl-C delivers it, even when this test was started
+   * in the background (where SIGINT is ignored and a shell could not trap it) */
+  signal(SIGINT, SIG_DFL);
+  assert_true(obx_test_spawn(run, argv, env));
+  if (!obx_test_file_contains(ready_path, "RMQ_DIR=", READY_MS)) {
+    obx_test_proc_stop(run, SIGTERM, 60000);
+    fail_msg("run.sh not ready in %d s; its output: %s", READY_MS / 1000, run->log_path);
+  }
+  read_ready(ready_path, r);
+}
+
+/* Ctrl-C: run.sh exits 130 after stopping everything it started. */
+static void run_interrupt(obx_test_proc_t *run, const ready_t *r, const char *ready_path) {
+  int status = obx_test_proc_stop(run, SIGINT, 90000);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 130)
+    fail_msg("run.sh after SIGINT: status 0x%x, want exit 130; output: %s", status, run->log_path);
+  assert_true(obx_test_file_contains(run->log_path, "run.sh: stopped", 1000));
+  for (int i = 0; i < 3; i++)
+    if (kill(r->pids[i], 0) == 0 || errno != ESRCH) fail_msg("pid %d started by run.sh still runs", (int)r->pids[i]);
+  assert_false(obx_test_file_contains(ready_path, "API_URL", 0)); /* removed on stop */
+}
+
+static void test_run_sh(void **state) {
+  (void)state;
+  char ready_path[400], key[128] = "";
+  obx_test_proc_t run;
+  ready_t r;
+  run_start(&run, "run-sh", "", &r, ready_path, sizeof ready_path);
+  assert_true(obx_test_read_first_line(r.key_file, key, sizeof key, 1000));
+  assert_true(obx_test_file_contains(run.log_path, "curl -s -X POST http://127.0.0.1:", 1000));
+
+  obx_test_http_resp_t resp;
+  assert_true(obx_test_http(r.port, "POST", "/orders", key,
+                            "{\"customerEmail\": \"customer@company.com\", \"amount\": \"149.90\"}", NULL, &resp));
+  if (resp.status != 201) fail_msg("POST /orders: got HTTP %ld %s, want 201", resp.status, resp.body);
+  bson_iter_t it, ids;
+  char event_id[64] = "";
+  if (bson_iter_init_find(&it, &resp.json, "eventIds") && bson_iter_recurse(&it, &ids) && bson_iter_next(&ids) &&
+      BSON_ITER_HOLDS_UTF8(&ids))
+    snprintf(event_id, sizeof event_id, "%s", bson_iter_utf8(&ids, NULL));
+  obx_test_http_resp_cleanup(&resp);
+  assert_true(event_id[0]);
+
+  record_ctx_t rec = {.id = event_id};
+  obx_test_kafka_consume_all(r.kafka, "domain-events", NULL, 1, FLOW_MS, on_record, &rec);
+  if (!rec.seen) fail_msg("event %s not in Kafka topic domain-events at %s", event_id, r.kafka);
+  assert_string_equal(rec.type, "OrderConfirmed");
+  published_ctx_t pc = {r.port, key, event_id};
+  if (!obx_test_wait_for(outbox_published, &pc, FLOW_MS, 100)) fail_msg("outbox event %s never PUBLISHED", event_id);
+
+  run_interrupt(&run, &r, ready_path);
+}
+
+static void test_run_sh_demo(void **state) {
+  (void)state;
+  char ready_path[400];
+  obx_test_proc_t run;
+  ready_t r;
+  run_start(&run, "run-sh-demo", "--demo", &r, ready_path, sizeof ready_path);
+  if (!obx_test_file_contains(run.log_path, "demo: done", DEMO_MS)) {
+    obx_test_proc_stop(&run, SIGTERM, 60000);
+    fail_msg("demo did not finish in %d s; its output: %s", DEMO_MS / 1000, run.log_path);
+  }
+  static const char *const stages[] = {
+    "1/3 an order integrated at once", "worker: inbox DONE, ERP called 1 time(s)",
+    "worker: inbox RETRYING, last error: node \"notify\": HTTP 503", "worker: inbox DONE after 3 ERP calls",
+    "DLQ: terminal: node \"notify\": HTTP 400", "{\"moved\":1,", "worker: inbox DONE after the redrive",
+  };
+  for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++)
+    if (!obx_test_file_contains(run.log_path, stages[i], 0)) fail_msg("demo output lacks \"%s\": %s", stages[i], run.log_path);
+  run_interrupt(&run, &r, ready_path);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_run_sh), cmocka_unit_test(test_run_sh_demo)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
