@@ -1,7 +1,7 @@
 /* worker.c - the worker role: Kafka / work queue / HTTP sink -> inbox -> pipeline -> ladder
  *
  * DESIGN: see include/obx/obx_worker.h. The Kafka thread owns the consumer and the per-partition
- * offset trackers; the work-queue thread owns the AMQP consumer and settles its messages; lane
+ * offset bookkeeping (offsets.c); the work-queue thread owns the AMQP consumer and settles its messages; lane
  * threads own nothing but their queue and run events (handle()). Every source turns its input
  * into an obx_ladder_msg_t (the CloudEvent in binary form), so the retry tiers, the DLQ and the
  * inbox see one shape. Reads mongo.*, kafka.*, amqp.url, worker.*, inbox.retention, egress.*. */
@@ -53,15 +53,6 @@ typedef struct {
   int n;
 } lane_t;
 
-/* Offsets handed to a partition, in order; done[] set by completions. */
-typedef struct {
-  int32_t partition;
-  int64_t *offsets;
-  bool *done;
-  int start, n, cap;
-  int64_t committed;        /* last committed offset (next to read), -1 none */
-} tracker_t;
-
 struct obx_worker {
   const obx_conf_t *conf;
   const char *consumer;     /* inbox consumer name = WORKER_GROUP */
@@ -80,8 +71,7 @@ struct obx_worker {
   rd_kafka_t *rk;
   pthread_t kafka_thread;
   bool kafka_running;
-  tracker_t *trackers;      /* Kafka thread only */
-  int ntrackers;
+  worker_offsets_t offsets; /* Kafka thread only */
   uint64_t generation;      /* bumped on every rebalance; Kafka thread writes, lanes copy via job */
 
   obx_ladder_consumer_t *wq;
@@ -558,76 +548,7 @@ done:
 
 /* ---- Kafka ------------------------------------------------------------------------------- */
 
-static tracker_t *tracker_find(obx_worker_t *w, int32_t partition, bool create) {
-  for (int i = 0; i < w->ntrackers; i++)
-    if (w->trackers[i].partition == partition) return &w->trackers[i];
-  if (!create) return NULL;
-  w->trackers = realloc(w->trackers, (size_t)(w->ntrackers + 1) * sizeof *w->trackers);
-  assert(w->trackers);
-  tracker_t *t = &w->trackers[w->ntrackers++];
-  memset(t, 0, sizeof *t);
-  t->partition = partition;
-  t->committed = -1;
-  return t;
-}
-
-static void tracker_add(tracker_t *t, int64_t offset) {
-  if (t->start > 0 && t->start + t->n == t->cap) { /* compact */
-    memmove(t->offsets, t->offsets + t->start, (size_t)t->n * sizeof *t->offsets);
-    memmove(t->done, t->done + t->start, (size_t)t->n * sizeof *t->done);
-    t->start = 0;
-  }
-  if (t->start + t->n == t->cap) {
-    t->cap = t->cap ? t->cap * 2 : 64;
-    t->offsets = realloc(t->offsets, (size_t)t->cap * sizeof *t->offsets);
-    t->done = realloc(t->done, (size_t)t->cap * sizeof *t->done);
-    assert(t->offsets && t->done);
-  }
-  t->offsets[t->start + t->n] = offset;
-  t->done[t->start + t->n] = false;
-  t->n++;
-}
-
-static void tracker_mark(tracker_t *t, int64_t offset) {
-  int lo = t->start, hi = t->start + t->n - 1;
-  while (lo <= hi) {
-    int mid = (lo + hi) / 2;
-    if (t->offsets[mid] == offset) {
-      t->done[mid] = true;
-      return;
-    }
-    if (t->offsets[mid] < offset) lo = mid + 1;
-    else hi = mid - 1;
-  }
-}
-
-/* Pops the done prefix; returns the offset to commit (next to read) or -1 when unchanged. */
-static int64_t tracker_advance(tracker_t *t) {
-  int64_t next = -1;
-  while (t->n > 0 && t->done[t->start]) {
-    next = t->offsets[t->start] + 1;
-    t->start++;
-    t->n--;
-  }
-  if (t->n == 0) t->start = 0;
-  if (next > t->committed) {
-    t->committed = next;
-    return next;
-  }
-  return -1;
-}
-
-static void trackers_clear(obx_worker_t *w) {
-  for (int i = 0; i < w->ntrackers; i++) {
-    free(w->trackers[i].offsets);
-    free(w->trackers[i].done);
-  }
-  free(w->trackers);
-  w->trackers = NULL;
-  w->ntrackers = 0;
-}
-
-/* Takes the lanes' completions, advances the trackers and commits contiguous offsets. */
+/* Takes the lanes' completions and commits the contiguous finished offsets. */
 static void kafka_commit_done(obx_worker_t *w, bool sync) {
   pthread_mutex_lock(&w->done_mu);
   job_t *list = w->kafka_done;
@@ -635,26 +556,21 @@ static void kafka_commit_done(obx_worker_t *w, bool sync) {
   pthread_mutex_unlock(&w->done_mu);
   for (job_t *job = list, *next; job; job = next) {
     next = job->next;
-    tracker_t *t = job->generation == w->generation ? tracker_find(w, job->partition, false) : NULL;
-    if (t && job->outcome != WORKER_INFRA) tracker_mark(t, job->offset);
+    if (job->generation == w->generation && job->outcome != WORKER_INFRA)
+      worker_offsets_done(&w->offsets, job->partition, job->offset);
     job_free(job);
   }
-  rd_kafka_topic_partition_list_t *offsets = rd_kafka_topic_partition_list_new(w->ntrackers ? w->ntrackers : 1);
-  for (int i = 0; i < w->ntrackers; i++) {
-    int64_t next = tracker_advance(&w->trackers[i]);
-    if (next >= 0) rd_kafka_topic_partition_list_add(offsets, w->conf->kafka_topic, w->trackers[i].partition)->offset = next;
-  }
+  int max = w->offsets.n ? w->offsets.n : 1;
+  int32_t parts[max];
+  int64_t next[max];
+  int n = worker_offsets_advance(&w->offsets, parts, next, max);
+  rd_kafka_topic_partition_list_t *offsets = rd_kafka_topic_partition_list_new(max);
+  for (int i = 0; i < n; i++) rd_kafka_topic_partition_list_add(offsets, w->conf->kafka_topic, parts[i])->offset = next[i];
   if (offsets->cnt > 0) {
     rd_kafka_resp_err_t rerr = rd_kafka_commit(w->rk, offsets, sync ? 0 : 1);
     if (rerr) obx_warn("offset commit failed: %s", rd_kafka_err2str(rerr));
   }
   rd_kafka_topic_partition_list_destroy(offsets);
-}
-
-static bool trackers_idle(obx_worker_t *w) {
-  for (int i = 0; i < w->ntrackers; i++)
-    if (w->trackers[i].n > 0) return false;
-  return true;
 }
 
 static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t rerr, rd_kafka_topic_partition_list_t *parts, void *opaque) {
@@ -664,16 +580,16 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t rerr, rd_kafka_topi
     int64_t deadline = obx_time_now_ms() + REVOKE_DRAIN_MS;
     for (;;) {
       kafka_commit_done(w, true);
-      if (trackers_idle(w) || atomic_load(&w->stop) || obx_time_now_ms() > deadline) break;
+      if (worker_offsets_idle(&w->offsets) || atomic_load(&w->stop) || obx_time_now_ms() > deadline) break;
       struct timespec ts = {0, 20 * 1000000L};
       nanosleep(&ts, NULL);
     }
-    trackers_clear(w);
+    worker_offsets_clear(&w->offsets);
     w->generation++;
     rd_kafka_assign(rk, NULL);
     obx_info("partitions revoked (%d)", parts->cnt);
   } else if (rerr == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
-    trackers_clear(w);
+    worker_offsets_clear(&w->offsets);
     w->generation++;
     rd_kafka_assign(rk, parts);
     obx_info("partitions assigned (%d)", parts->cnt);
@@ -720,7 +636,7 @@ static void kafka_dispatch(obx_worker_t *w, const rd_kafka_message_t *rkm) {
   snprintf(src, sizeof src, "%s/%" PRId32 "/%" PRId64, w->conf->kafka_topic, rkm->partition, rkm->offset);
   job->msg.source = strdup(src);
   count_consumed(w, WORKER_SOURCE_KAFKA);
-  tracker_add(tracker_find(w, rkm->partition, true), rkm->offset);
+  worker_offsets_add(&w->offsets, rkm->partition, rkm->offset);
   if (!lane_push(w, job)) job_free(job); /* stopping: not committed, redelivered later */
 }
 
@@ -935,7 +851,7 @@ void obx_worker_destroy(obx_worker_t *w) {
     rd_kafka_consumer_close(w->rk);
     rd_kafka_destroy(w->rk);
   }
-  trackers_clear(w);
+  worker_offsets_clear(&w->offsets);
   if (w->wq) wq_settle(w);
   for (int i = 0; i < w->nlanes; i++) {
     for (job_t *job = w->lanes[i].head, *next; job; job = next) {

@@ -33,6 +33,31 @@ typedef struct {
 
 typedef struct worker_http_wait worker_http_wait_t;
 
+/* Offsets handed to lanes, per partition, in order (offsets.c). */
+typedef struct {
+  int32_t partition;
+  int64_t *offsets;
+  bool *done;
+  int start, n, cap;
+  int64_t committed; /* last commit point handed out (next offset to read), -1 none */
+} worker_partition_offsets_t;
+
+typedef struct {
+  worker_partition_offsets_t *parts;
+  int n;
+} worker_offsets_t; /* zero-initialised; worker_offsets_clear frees */
+
+/* Records an offset handed to a lane (increasing per partition; going back starts over). */
+void worker_offsets_add(worker_offsets_t *offsets, int32_t partition, int64_t offset);
+/* Marks an offset finished; unknown partitions or offsets are ignored. */
+void worker_offsets_done(worker_offsets_t *offsets, int32_t partition, int64_t offset);
+/* Fills up to max (partition, next offset to commit) pairs whose contiguous finished prefix
+ * grew since the last call; returns how many. */
+int worker_offsets_advance(worker_offsets_t *offsets, int32_t *partitions, int64_t *next, int max);
+/* True when every handed-out offset is finished (and advanced past). */
+bool worker_offsets_idle(const worker_offsets_t *offsets);
+void worker_offsets_clear(worker_offsets_t *offsets);
+
 /* Runs one event end to end (see obx_worker.h); msg may be updated (attempts, reason).
  * partition/offset: the Kafka position (-1 otherwise). */
 worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladder_msg_t *msg, int32_t partition,
