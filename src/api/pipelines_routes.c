@@ -15,6 +15,7 @@
  *  - At start a thread creates the pipelines indexes, then applies PIPELINES_DIR, retrying
  *    both while MongoDB is unreachable. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -40,11 +41,22 @@ typedef struct {
 
 /* ---- routes ----------------------------------------------------------------------------- */
 
+/* 422 for an invalid definition, with the node or edge at fault as the error's field
+ * ("nodes.<id>", "edges.<index>", else "definition"). */
 static void reply_store_err(obx_http_resp_t *resp, const obx_err_t *err) {
-  if (err->domain == OBX_ERR_PIPELINE)
-    obx_http_reply_problem(resp, 422, "Invalid pipeline", err->msg, NULL);
-  else
+  if (err->domain != OBX_ERR_PIPELINE) {
     obx_http_reply_err(resp, err);
+    return;
+  }
+  char name[96], field[112] = "definition";
+  int index;
+  if (sscanf(err->msg, "node \"%95[^\"]\"", name) == 1)
+    snprintf(field, sizeof field, "nodes.%s", name);
+  else if (sscanf(err->msg, "edge %d ", &index) == 1)
+    snprintf(field, sizeof field, "edges.%d", index);
+  bson_t *errors = BCON_NEW("0", "{", "field", BCON_UTF8(field), "message", BCON_UTF8(err->msg), "}");
+  obx_http_reply_problem(resp, 422, "Invalid pipeline", err->msg, errors);
+  bson_destroy(errors);
 }
 
 static bson_t *parse_body(obx_http_req_t *req, obx_http_resp_t *resp) {

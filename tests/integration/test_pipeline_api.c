@@ -113,7 +113,14 @@ static void test_routes(void **state) {
           "{\"trigger\": \"order.post\", \"nodes\": [{\"id\": \"start\", \"type\": \"start\"}, {\"id\": \"x\", \"type\": \"teleport\"}]}",
           422, &resp);
   assert_non_null(strstr(resp.body, "node \\\"x\\\": unknown type \\\"teleport\\\""));
+  assert_string_equal(obx_test_doc_str(&resp.json, "errors.0.field"), "nodes.x");
   assert_non_null(strstr(resp.headers, "application/problem+json"));
+  obx_test_http_resp_cleanup(&resp);
+  request("POST", "/api/pipelines", key_acme,
+          "{\"trigger\": \"order.post\", \"nodes\": [{\"id\": \"start\", \"type\": \"start\"}],"
+          " \"edges\": [{\"from\": \"start\", \"to\": \"gone\"}]}",
+          422, &resp);
+  assert_string_equal(obx_test_doc_str(&resp.json, "errors.0.field"), "edges.0");
   obx_test_http_resp_cleanup(&resp);
   request("POST", "/api/pipelines", key_acme, "{not json", 400, &resp);
   obx_test_http_resp_cleanup(&resp);
