@@ -1,7 +1,8 @@
 /* node_http_request.c - calls an external HTTP endpoint under the egress guard
  *
  * DESIGN: config { url, method (POST with a body, GET without), headers { name: value },
- * body (any JSON value, sent as JSON) }, all templated. The call goes through
+ * body (any JSON value, sent as JSON), timeoutMs (shorter than HTTP_TIMEOUT_MS only) }, all
+ * templated. The call goes through
  * obx_egress_request (egress.c). Outcome "success" on 2xx with output { status, body } (the
  * body parsed when it is JSON, else text). Failures: 3xx (redirects are not followed) and
  * 4xx other than 408/429 are terminal; 5xx, 408, 429, network and timeouts transient;
@@ -43,6 +44,11 @@ static bool http_validate(const bson_t *config, obx_err_t *err) {
                   method);
       return false;
     }
+  }
+  if (bson_iter_init_find(&it, config, "timeoutMs") &&
+      (!BSON_ITER_HOLDS_INT(&it) || bson_iter_as_int64(&it) < 1 || bson_iter_as_int64(&it) > 300000)) {
+    obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "config.timeoutMs: an integer from 1 to 300000");
+    return false;
   }
   if (bson_iter_init_find(&it, config, "headers")) {
     bson_iter_t h;
@@ -122,7 +128,12 @@ static bool http_run(obx_node_ctx_t *ctx, const bson_t *config, bson_t *output, 
     body = bson_string_new(NULL);
     obx_json_append_value(body, &body_it);
   }
-  if (!obx_egress_request(ctx->egress, method, url, (const char *const *)headers, body ? body->str : NULL,
+  /* the node may only shorten the policy's total timeout */
+  obx_egress_t egress = *ctx->egress;
+  if (bson_iter_init_find(&it, config, "timeoutMs") && BSON_ITER_HOLDS_INT(&it) &&
+      bson_iter_as_int64(&it) < egress.timeout_ms)
+    egress.timeout_ms = bson_iter_as_int64(&it);
+  if (!obx_egress_request(&egress, method, url, (const char *const *)headers, body ? body->str : NULL,
                           body ? body->len : 0, &resp, err))
     goto done;
   if (resp.status >= 300 && resp.status < 400) {

@@ -189,6 +189,43 @@ static void test_methods(void **state) {
   obx_egress_cleanup(&egress);
 }
 
+/* timeoutMs shortens the policy's total timeout, never lengthens it. */
+static void test_node_timeout(void **state) {
+  static const struct {
+    int node_timeout_ms;
+    int64_t max_elapsed_ms, min_elapsed_ms;
+  } cases[] = {
+    {200, TIMEOUT_MS - 100, 150},            /* shorter: wins */
+    {60000, TIMEOUT_MS + 8000, TIMEOUT_MS - 100}, /* longer: the policy's TIMEOUT_MS still applies */
+  };
+  obx_test_httpd_route_t route = {.path = "/stall", .delay_ms = 30000};
+  obx_test_httpd_route(httpd, &route);
+  obx_egress_t egress;
+  assert_true(obx_egress_init(&egress, "", "127.0.0.0/8", 1000, TIMEOUT_MS, MAX_BYTES, NULL));
+  bson_t ctx = BSON_INITIALIZER;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"nodes\": [{\"id\": \"start\", \"type\": \"start\"}, {\"id\": \"c\", \"type\": \"http-request\","
+             " \"config\": {\"url\": \"%s\", \"timeoutMs\": %d}}], \"edges\": [{\"from\": \"start\", \"to\": \"c\"}]}",
+             obx_test_httpd_url(httpd, "/stall"), cases[i].node_timeout_ms);
+    obx_pipeline_t *pipeline = NULL;
+    obx_err_t err = OBX_ERR_INIT;
+    if (!obx_pipeline_parse_json(json, &pipeline, &err)) fail_msg("case %zu: %s", i, err.msg);
+    obx_pipeline_input_t in = {.context = &ctx, .org_id = "o"};
+    int64_t t0 = obx_test_now_ms();
+    obx_pipeline_run_t *run = obx_pipeline_execute(pipeline, &in, &egress);
+    int64_t elapsed = obx_test_now_ms() - t0;
+    assert_int_equal(obx_pipeline_run_failure_class(run), OBX_FAILURE_TRANSIENT);
+    if (elapsed > cases[i].max_elapsed_ms || elapsed < cases[i].min_elapsed_ms)
+      fail_msg("case %zu: timeoutMs %d gave up after %lld ms, want %lld..%lld", i, cases[i].node_timeout_ms,
+               (long long)elapsed, (long long)cases[i].min_elapsed_ms, (long long)cases[i].max_elapsed_ms);
+    obx_pipeline_run_destroy(run);
+    obx_pipeline_destroy(pipeline);
+  }
+  obx_egress_cleanup(&egress);
+}
+
 /* A redirect is never followed: the target path receives no request. */
 static void test_redirect_not_followed(void **state) {
   obx_test_httpd_route_t moved = {.path = "/to-private", .status = 307, .location = "http://169.254.169.254/latest/meta-data/"};
@@ -312,6 +349,7 @@ int main(void) {
     cmocka_unit_test(test_success),
     cmocka_unit_test(test_failure_table),
     cmocka_unit_test(test_methods),
+    cmocka_unit_test(test_node_timeout),
     cmocka_unit_test(test_redirect_not_followed),
     cmocka_unit_test(test_loopback_refused_without_allowance),
     cmocka_unit_test(test_continue_takes_failure_branch),

@@ -64,6 +64,8 @@ static void test_validation_table(void **state) {
      "node \"n\" (http-request): config.url: egress refused: scheme \"file\""},
     {"{'nodes':[" START ",{'id':'n','type':'http-request','config':{'url':'http://x/','method':'TRACE'}}]}",
      "config.method: \"TRACE\""},
+    {"{'nodes':[" START ",{'id':'n','type':'http-request','config':{'url':'http://x/','timeoutMs':0}}]}",
+     "config.timeoutMs: an integer from 1 to 300000"},
     {"{'nodes':[" START ",{'id':'n','type':'http-request','config':{'url':'http://x/','headers':{'X-A':1}}}]}",
      "config.headers.X-A: a header name with a string value"},
     {"{'nodes':[" START ",{'id':'n','type':'set-status','config':{'name':'x'}}]}",
