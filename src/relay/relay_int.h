@@ -123,6 +123,12 @@ int64_t relay_backoff_ms(int32_t attempts);
 /* stream.c */
 void relay_window_init(relay_window_t *window, size_t cap);
 void relay_window_cleanup(relay_window_t *window);
+/* Appends a slot (token is taken); returns its sequence number. A done slot on an empty window
+ * is the checkpoint at once; a done slot after a done tail replaces it. The window must not be
+ * full (relay_window_full). */
+uint64_t relay_window_push(obx_relay_t *relay, bson_t *token, int64_t cluster_s, relay_slot_state_t state);
+bool relay_window_full(const relay_window_t *window);
+/* Marks the slot of seq done and moves the checkpoint over the done prefix. */
 void relay_window_done(obx_relay_t *relay, uint64_t seq);
 /* Forgets every slot (stepping down, lost history); later reports of them are ignored. */
 void relay_window_reset(obx_relay_t *relay);

@@ -48,7 +48,7 @@ void relay_window_reset(obx_relay_t *relay) {
   }
 }
 
-static bool window_full(const relay_window_t *window) {
+bool relay_window_full(const relay_window_t *window) {
   return window->end - window->first + 1 >= window->cap;
 }
 
@@ -71,9 +71,7 @@ static void window_advance(obx_relay_t *relay) {
   }
 }
 
-/* Appends a slot (token is taken); returns its sequence number. A done slot on an empty window
- * is the checkpoint at once; a done slot after a done tail replaces it. */
-static uint64_t window_push(obx_relay_t *relay, bson_t *token, int64_t cluster_s, relay_slot_state_t state) {
+uint64_t relay_window_push(obx_relay_t *relay, bson_t *token, int64_t cluster_s, relay_slot_state_t state) {
   relay_window_t *window = &relay->window;
   if (state == SLOT_DONE && window->first == window->end) {
     window_checkpoint_to(relay, token, cluster_s);
@@ -88,7 +86,7 @@ static uint64_t window_push(obx_relay_t *relay, bson_t *token, int64_t cluster_s
       return window->end - 1;
     }
   }
-  BSON_ASSERT(!window_full(window));
+  BSON_ASSERT(!relay_window_full(window));
   relay_slot_t *slot = &window->slots[window->end % window->cap];
   slot->token = token;
   slot->cluster_s = cluster_s;
@@ -191,13 +189,13 @@ static void relay_stream_handle(obx_relay_t *relay, const bson_t *change) {
       pending = !relay_inflight_has(relay, bson_iter_utf8(&doc_it, NULL), false);
   }
   if (!pending) {
-    window_push(relay, token, cluster_s, SLOT_DONE);
+    relay_window_push(relay, token, cluster_s, SLOT_DONE);
     return;
   }
   obx_relay_msg_t *msg = calloc(1, sizeof *msg);
   if (!msg) abort();
   msg->from = RELAY_FROM_STREAM;
-  msg->seq = window_push(relay, token, cluster_s, SLOT_INFLIGHT);
+  msg->seq = relay_window_push(relay, token, cluster_s, SLOT_INFLIGHT);
   relay_publish(relay, &doc, msg);
 }
 
@@ -208,7 +206,7 @@ bool relay_stream_step(obx_relay_t *relay) {
   }
   int read = 0;
   while (read < RELAY_STREAM_READS_PER_STEP && !relay->stopping && relay->stream) {
-    if (relay_pending(relay) >= relay->conf->relay_max_inflight || window_full(&relay->window)) break;
+    if (relay_pending(relay) >= relay->conf->relay_max_inflight || relay_window_full(&relay->window)) break;
     const bson_t *change;
     if (mongoc_change_stream_next(relay->stream, &change)) {
       relay->caught_up = false;
@@ -227,7 +225,7 @@ bool relay_stream_step(obx_relay_t *relay) {
     if (pbrt && (!relay->read_token || !bson_equal(pbrt, relay->read_token))) {
       bson_destroy(relay->read_token);
       relay->read_token = bson_copy(pbrt);
-      window_push(relay, bson_copy(pbrt), obx_time_now_ms() / 1000, SLOT_DONE);
+      relay_window_push(relay, bson_copy(pbrt), obx_time_now_ms() / 1000, SLOT_DONE);
     }
     relay->caught_up = true;
     break;

@@ -13,6 +13,7 @@
 
 #include "obx/obx_conf.h"
 #include "obx/obx_event.h"
+#include "obx/obx_metrics.h"
 #include "obx/obx_relay.h"
 #include "obx_test.h"
 #include "obx_test_kafka.h"
@@ -271,6 +272,16 @@ static void test_stream_publishes_in_order_and_checkpoints(void **state) {
   assert_true(ttl);
   assert_true(status);
 
+  /* metrics: the process registry that GET /metrics renders */
+  char *text = obx_metrics_render(NULL), want[160];
+  snprintf(want, sizeof want, "outboxd_relay_published_total{topic=\"%s\"} 350", ctx.topic);
+  if (!strstr(text, want)) fail_msg("/metrics lacks \"%s\"", want);
+  static const char *const names[] = {"outboxd_relay_commit_to_ack_seconds_bucket", "outboxd_relay_lag_seconds",
+                                      "outboxd_relay_inflight", "outboxd_relay_leader 1", "outboxd_relay_history_lost_total",
+                                      "outboxd_relay_publish_errors_total"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!strstr(text, names[i])) fail_msg("/metrics lacks %s", names[i]);
+  free(text);
   obx_relay_stop(relay);
   kafka_check(&ctx, 60000, true);
 
@@ -369,6 +380,10 @@ static void test_lease_one_leader_and_takeover(void **state) {
   ctx_cleanup(&ctx);
 }
 
+static bool lag_zero(void *arg) {
+  return ((obx_relay_t *)arg)->counters.lag_ms == 0;
+}
+
 static void test_kafka_down_20s_backpressure(void **state) {
   const char *settings[] = {"relay.max_inflight", "50", NULL};
   ctx_t ctx;
@@ -393,24 +408,34 @@ static void test_kafka_down_20s_backpressure(void **state) {
     nanosleep(&ts, NULL);
   }
   int64_t published = count_docs(ctx.outbox, "{\"status\": \"PUBLISHED\"}");
+  /* the checkpoint is stuck behind the unacknowledged events: lag grows */
+  if (relay->counters.lag_ms < 10000) fail_msg("lag after 20 s down: got %lld ms want >= 10000", (long long)relay->counters.lag_ms);
   if (max_inflight > 50) fail_msg("in flight while Kafka was down: got %d want <= 50", max_inflight);
   if (max_window > 50 * 4 + 8) fail_msg("window while Kafka was down: got %llu slots", (unsigned long long)max_window);
   if (published != 20) fail_msg("published while Kafka was down: got %lld want 20", (long long)published);
 
   assert_true(obx_test_kafka_cmd(&g_kafka, "broker up all"));
   wait_published(&ctx, 1020, 60000);
+  /* caught up and idle: lag returns to 0 (postBatchResumeToken checkpoints) */
+  assert_true(obx_test_wait_for(lag_zero, relay, 20000, 50));
   obx_relay_stop(relay);
   kafka_check(&ctx, 60000, false);
   ctx_cleanup(&ctx);
 }
 
-static void fail_point(const char *json) {
+/* Configures a fail point; returns how often the previous configuration fired. */
+static int64_t fail_point(const char *json) {
   bson_error_t berr;
+  bson_t reply;
+  bson_iter_t it;
   bson_t *cmd = bson_new_from_json((const uint8_t *)json, -1, &berr);
   assert_non_null(cmd);
-  if (!mongoc_client_command_simple(g_client, "admin", cmd, NULL, NULL, &berr))
+  if (!mongoc_client_command_simple(g_client, "admin", cmd, NULL, &reply, &berr))
     fail_msg("configureFailPoint: %s", berr.message);
+  int64_t fired = bson_iter_init_find(&it, &reply, "count") ? bson_iter_as_int64(&it) : -1;
+  bson_destroy(&reply);
   bson_destroy(cmd);
+  return fired;
 }
 
 static void test_getmore_faults(void **state) {
@@ -436,7 +461,8 @@ static void test_getmore_faults(void **state) {
     insert_events(&ctx, 100, 4);
     total += 100;
     wait_published(&ctx, total, 30000);
-    fail_point("{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}");
+    int64_t fired = fail_point("{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}");
+    if (fired < 1) fail_msg("fault %zu: the relay's getMore never hit it (fired %lld times)", f, (long long)fired);
   }
   obx_relay_stop(relay);
   kafka_check(&ctx, 60000, false);
