@@ -528,6 +528,8 @@ static void test_update_errors(void **state) {
     {"{\"_id\": 1}", "{\"$set\": {\"\": 1}}", 56, "empty update path"},
     {"{\"_id\": 1}", "{\"$set\": {\"a..b\": 1}}", 56, "empty update path"},
     {"{\"_id\": 1, \"a\": [1]}", "{\"$pop\": {\"a\": 2}}", 9, "$pop"},
+    {"{\"_id\": 1, \"a\": [1]}", "{\"$set\": {\"a.99999999\": 1}}", 2, "can't backfill more than 1500000 elements"},
+    {"{\"_id\": 1, \"a\": [1]}", "{\"$inc\": {\"a.99999999.b\": 1}}", 2, "can't backfill"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     bson_t *doc = json(cases[i].doc), *update = json(cases[i].update);
