@@ -1,13 +1,15 @@
 /* test_ops_api.c - the operators' API (DESIGN.md §7) through the real outboxd binary
  *
- * One devmongod, `outboxd --roles api` and, when AMQP_URL is set (scripts/test.sh sets it),
+ * One devmongod, one kafka-mockd, `outboxd --roles api,relay` and, when AMQP_URL is set (scripts/test.sh sets it),
  * RabbitMQ queues under a private prefix (deleted at the end). Two orgs: acme and globex, each
  * with a FAILED outbox event, a DEAD inbox entry and a DLQ message. The table runs every route
  * with {no key -> 401, a key with every permission but the route's -> 403, globex's key on
  * acme's data -> 404 for an id / a list without acme's items, acme's key with only the route's
  * permission -> 2xx} and checks what the allowed call did (queue depths, documents, audit_log).
- * DLQ cells and the replay need RabbitMQ; without AMQP_URL they are skipped with a message. */
+ * DLQ cells and the replay need RabbitMQ; without AMQP_URL they are skipped with a message.
+ * A reprocessed event goes back to the relay: it is published to Kafka and becomes PUBLISHED. */
 #include "obx_test.h"
+#include "obx_test_kafka.h"
 #include "obx_test_mongo.h"
 #include "obx_test_outboxd.h"
 #include "worker_test.h"
@@ -24,6 +26,7 @@
 #define CONSUMER "outboxd-worker" /* WORKER_GROUP default: the inbox consumer outboxd reads */
 
 static obx_test_mongo_t mongo;
+static obx_test_kafka_t kafka;
 static obx_test_outboxd_t outboxd;
 static mongoc_client_t *client;
 static obx_ladder_t *ladder; /* NULL without AMQP_URL */
@@ -124,7 +127,7 @@ static bool readyz_ok(void *ctx) {
 
 static int group_setup(void **state) {
   (void)state;
-  if (!obx_test_mongo_start(&mongo, NULL)) return -1;
+  if (!obx_test_mongo_start(&mongo, NULL) || !obx_test_kafka_start(&kafka, 1, "domain-events:2")) return -1;
   client = obx_test_mongo_client(&mongo, NULL, "test_ops_api");
   snprintf(keys_path, sizeof keys_path, "%s/ops-api-keys", obx_test_tmpdir());
   obx_test_apikey_add(keys_path, "globex", "*", key_globex);
@@ -152,13 +155,14 @@ static int group_setup(void **state) {
 }
 
 static void start_outboxd(void) {
-  char mongo_arg[300], keys_arg[340], amqp_arg[600], prefix_arg[100];
+  char mongo_arg[300], keys_arg[340], amqp_arg[600], prefix_arg[100], kafka_arg[600];
+  snprintf(kafka_arg, sizeof kafka_arg, "kafka.brokers=%s", kafka.bootstrap);
   snprintf(mongo_arg, sizeof mongo_arg, "mongo.uri=%s", mongo.uri);
   snprintf(keys_arg, sizeof keys_arg, "api.keys_file=%s", keys_path);
   snprintf(amqp_arg, sizeof amqp_arg, "amqp.url=%s",
            getenv("AMQP_URL") ? getenv("AMQP_URL") : "amqp://guest:guest@127.0.0.1:1/");
   snprintf(prefix_arg, sizeof prefix_arg, "worker.queue_prefix=%s", prefix);
-  char *args[] = {"--roles", "api", "-X", mongo_arg, "-X", keys_arg, "-X", amqp_arg, "-X", prefix_arg, NULL};
+  char *args[] = {"--roles", "api,relay", "-X", kafka_arg, "-X", mongo_arg, "-X", keys_arg, "-X", amqp_arg, "-X", prefix_arg, NULL};
   if (!obx_test_outboxd_start(&outboxd, args)) fail_msg("outboxd did not start");
   if (!obx_test_wait_for(readyz_ok, &outboxd.port, 60000, 50))
     fail_msg("outboxd never became ready; log: %s", outboxd.proc.log_path);
@@ -173,6 +177,7 @@ static int group_teardown(void **state) {
   }
   if (client) mongoc_client_destroy(client);
   obx_test_mongo_stop(&mongo);
+  obx_test_kafka_stop(&kafka);
   return !outboxd.proc.pid || (WIFEXITED(status) && WEXITSTATUS(status) == 0) ? 0 : -1;
 }
 
@@ -223,6 +228,11 @@ static uint32_t depth(const char *queue) {
   obx_err_t err = OBX_ERR_INIT;
   if (!obx_ladder_queue_depth(ladder, queue, &n, &err)) fail_msg("depth %s: %s", queue, err.msg);
   return n;
+}
+
+static bool queues_settled(void *ctx) {
+  (void)ctx;
+  return depth(obx_ladder_work_queue(ladder)) == 2 && depth(obx_ladder_dlq_queue(ladder)) == 1;
 }
 
 /* ---- the route table --------------------------------------------------------------------- */
@@ -299,7 +309,7 @@ static void test_route_table(void **state) {
   bson_t doc = BSON_INITIALIZER;
   bson_t *filter = BCON_NEW("_id", BCON_UTF8(acme_out));
   assert_true(find_one("outbox", filter, &doc));
-  assert_string_equal(str_at(&doc, "status"), "PENDING");
+  assert_string_not_equal(str_at(&doc, "status"), "FAILED"); /* PENDING, or PUBLISHED already */
   bson_destroy(filter);
   bson_reinit(&doc);
   filter = BCON_NEW("_id", BCON_UTF8(globex_out));
@@ -313,14 +323,37 @@ static void test_route_table(void **state) {
     assert_int_equal(audit_count("inbox.replay", acme_in), 1);
     assert_int_equal(audit_count("inbox.replay", globex_in), 0);
     /* the replayed event and the redriven message wait on the work queue; globex's stays parked */
-    uint32_t work = depth(obx_ladder_work_queue(ladder)), dlq = depth(obx_ladder_dlq_queue(ladder));
-    if (work != 2 || dlq != 1) fail_msg("queues: got work %u dlq %u, want work 2 dlq 1", work, dlq);
+    /* (browsed messages return to the quorum DLQ when the browsing channel closes: poll) */
+    if (!obx_test_wait_for(queues_settled, NULL, 30000, 100))
+      fail_msg("queues: got work %u dlq %u, want work 2 dlq 1", depth(obx_ladder_work_queue(ladder)),
+               depth(obx_ladder_dlq_queue(ladder)));
     assert_int_equal(audit_count("dlq.redrive", acme_dlq), 1);
   }
 }
 
+typedef struct {
+  const char *id;
+  bool seen;
+} record_ctx_t;
+
+static void on_record(const rd_kafka_message_t *rkm, void *p) {
+  record_ctx_t *c = p;
+  char id[64];
+  if (obx_test_kafka_header(rkm, "ce_id", id, sizeof id) && strcmp(id, c->id) == 0) c->seen = true;
+}
+
+static bool outbox_published(void *id) {
+  bson_t doc = BSON_INITIALIZER;
+  bson_t *filter = BCON_NEW("_id", BCON_UTF8(id), "status", BCON_UTF8("PUBLISHED"));
+  bool found = find_one("outbox", filter, &doc);
+  bson_destroy(filter);
+  bson_destroy(&doc);
+  return found;
+}
+
 /* A FAILED event reprocessed through the API: PENDING with attempts reset, due now, its last
- * error kept in history, an audit_log entry; a second reprocess is a conflict. */
+ * error kept in history, an audit_log entry; the relay publishes it again; a second reprocess
+ * is a conflict. */
 static void test_reprocess(void **state) {
   (void)state;
   char id[OBX_UUID_LEN + 1], path[128];
@@ -329,37 +362,43 @@ static void test_reprocess(void **state) {
   int64_t before = obx_time_now_ms();
   obx_test_http_resp_t resp;
   request("POST", path, key_reprocess, NULL, 200, &resp);
+  /* the answer is the document as the reprocess left it */
   assert_string_equal(obx_test_http_json_str(&resp, "status"), "PENDING");
+  assert_int_equal(int_at(&resp.json, "attempts"), 0);
+  assert_string_equal(str_at(&resp.json, "history.0.lastError"), "Local: Message timed out");
+  assert_int_equal(int_at(&resp.json, "history.0.attempts"), 10);
+  bson_iter_t it;
+  assert_true(bson_iter_init_find(&it, &resp.json, "lastError") && BSON_ITER_HOLDS_NULL(&it));
   obx_test_http_resp_cleanup(&resp);
 
   bson_t doc = BSON_INITIALIZER;
-  bson_t *filter = BCON_NEW("_id", BCON_UTF8(id));
-  assert_true(find_one("outbox", filter, &doc));
-  assert_string_equal(str_at(&doc, "status"), "PENDING");
-  assert_int_equal(int_at(&doc, "attempts"), 0);
-  assert_string_equal(str_at(&doc, "history.0.lastError"), "Local: Message timed out");
-  assert_int_equal(int_at(&doc, "history.0.attempts"), 10);
-  bson_iter_t it;
-  assert_true(bson_iter_init_find(&it, &doc, "lastError") && BSON_ITER_HOLDS_NULL(&it));
-  assert_true(bson_iter_init_find(&it, &doc, "availableAt") && BSON_ITER_HOLDS_DATE_TIME(&it));
-  if (bson_iter_date_time(&it) < before - 1000) fail_msg("availableAt %lld, want >= %lld", (long long)bson_iter_date_time(&it), (long long)before);
-  bson_destroy(filter);
-  bson_reinit(&doc);
-
-  filter = BCON_NEW("action", BCON_UTF8("outbox.reprocess"), "target", BCON_UTF8(id));
+  bson_t *filter = BCON_NEW("action", BCON_UTF8("outbox.reprocess"), "target", BCON_UTF8(id));
   assert_true(find_one("audit_log", filter, &doc));
   assert_string_equal(str_at(&doc, "orgId"), "acme");
   assert_non_null(str_at(&doc, "who"));
   assert_memory_equal(str_at(&doc, "who"), "apikey:", 7);
   assert_string_equal(str_at(&doc, "details.lastError"), "Local: Message timed out");
+  assert_true(bson_iter_init_find(&it, &doc, "when") && BSON_ITER_HOLDS_DATE_TIME(&it));
+  if (bson_iter_date_time(&it) < before - 1000) fail_msg("audit when %lld, want >= %lld", (long long)bson_iter_date_time(&it), (long long)before);
   bson_destroy(filter);
   bson_destroy(&doc);
 
-  /* listed as PENDING now */
-  request("GET", "/api/outbox?status=PENDING&limit=1000", key_reprocess, NULL, 200, &resp);
-  assert_non_null(strstr(resp.body, id));
-  obx_test_http_resp_cleanup(&resp);
+  /* picked up by the relay: published to Kafka, PUBLISHED, history kept */
+  if (!obx_test_wait_for(outbox_published, id, 60000, 100)) fail_msg("reprocessed event %s never PUBLISHED", id);
+  record_ctx_t rec = {.id = id};
+  /* the topic holds two events by now: acme's reprocessed by test_route_table, and this one */
+  obx_test_kafka_consume_all(kafka.bootstrap, "domain-events", NULL, 2, 60000, on_record, &rec);
+  if (!rec.seen) fail_msg("reprocessed event %s not in Kafka", id);
+  doc = (bson_t)BSON_INITIALIZER;
+  filter = BCON_NEW("_id", BCON_UTF8(id));
+  assert_true(find_one("outbox", filter, &doc));
+  assert_string_equal(str_at(&doc, "history.0.lastError"), "Local: Message timed out");
+  bson_destroy(filter);
+  bson_destroy(&doc);
 
+  request("GET", "/api/outbox?status=FAILED&limit=1000", key_reprocess, NULL, 200, &resp);
+  assert_null(strstr(resp.body, id));
+  obx_test_http_resp_cleanup(&resp);
   request("POST", path, key_reprocess, NULL, 409, &resp);
   assert_non_null(strstr(resp.headers, "application/problem+json"));
   obx_test_http_resp_cleanup(&resp);
