@@ -615,7 +615,11 @@ static void orders_post(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
       goto done;
     }
     build_order(&r);
-    if (attempt == 1 && !run_pre_hook(&r, resp)) goto done;
+    if (r.run) { /* a new order number: the pre pipeline sees the order as it will be stored */
+      r.hook.release(r.hook.ctx, r.run);
+      r.run = NULL;
+    }
+    if (!run_pre_hook(&r, resp)) goto done;
     if (obx_mongo_transaction(api->mongo, order_txn, &r, &err)) break;
     if (!obx_err_is_duplicate_key(&err)) {
       obx_http_reply_err(resp, &err);
