@@ -441,11 +441,58 @@ static void test_outboxctl_reprocess(void **state) {
   if (strstr(out, id) || !strstr(out, globex_out)) fail_msg("outbox list FAILED: got %s, want %s gone and %s listed", out, id, globex_out);
 }
 
+/* Runs outboxctl with args and the test's MongoDB, RabbitMQ and queue prefix; stdout into out. */
+static int outboxctl(const char *args, char *out, size_t outlen) {
+  char cmd[2048], line[1024];
+  snprintf(cmd, sizeof cmd, "%s %s -X 'mongo.uri=%s' -X 'worker.queue_prefix=%s' -X 'amqp.url=%s'",
+           obx_test_build_path("outboxctl"), args, mongo.uri, prefix,
+           getenv("AMQP_URL") ? getenv("AMQP_URL") : "amqp://guest:guest@127.0.0.1:1/");
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  out[0] = '\0';
+  while (fgets(line, sizeof line, p)) snprintf(out + strlen(out), outlen - strlen(out), "%s", line);
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* outboxctl status --json: the relay of this outboxd leads, counts match the seeded data. */
+static bool status_has_checkpoint(void *out) {
+  return outboxctl("status --json", out, 8192) == 0 && strstr(out, "\"checkpointAgeMs\" : ") &&
+         !strstr(out, "\"checkpointAgeMs\" : null");
+}
+
+static void test_outboxctl_status(void **state) {
+  (void)state;
+  char out[8192];
+  /* the relay writes its checkpoint every RELAY_CHECKPOINT_INTERVAL once it has published */
+  obx_test_wait_for(status_has_checkpoint, out, 30000, 200);
+  int rc = outboxctl("status --json", out, sizeof out);
+  if (rc != 0) fail_msg("outboxctl status: exit %d: %s", rc, out);
+  bson_error_t berr;
+  bson_t *doc = bson_new_from_json((const uint8_t *)out, -1, &berr);
+  if (!doc) fail_msg("outboxctl status --json: not JSON (%s): %s", berr.message, out);
+  if (!str_at(doc, "relay.leader")) fail_msg("no relay leader: %s", out);
+  if (int_at(doc, "relay.checkpointAgeMs") < 0) fail_msg("no checkpoint age: %s", out);
+  assert_int_equal(int_at(doc, "relay.pending") >= 0, 1);
+  assert_true(int_at(doc, "outbox.FAILED") >= 1); /* globex's */
+  assert_true(int_at(doc, "outbox.PUBLISHED") >= 1);
+  assert_int_equal(int_at(doc, "inbox.DEAD"), 2); /* no worker runs here: acme's replay waits on the work queue */
+  assert_int_equal(int_at(doc, "parkedKeys"), 0);
+  if (ladder) assert_int_equal(int_at(doc, "dlq.depth"), 1);
+  else if (!str_at(doc, "dlq.error")) fail_msg("dlq depth without RabbitMQ should be unknown with a reason: %s", out);
+  bson_destroy(doc);
+
+  rc = outboxctl("status", out, sizeof out);
+  if (rc != 0 || !strstr(out, "leader ") || !strstr(out, "FAILED=") || !strstr(out, "parked keys"))
+    fail_msg("outboxctl status: exit %d: %s", rc, out);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_route_table),
     cmocka_unit_test(test_reprocess),
     cmocka_unit_test(test_outboxctl_reprocess),
+    cmocka_unit_test(test_outboxctl_status),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
