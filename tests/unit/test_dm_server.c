@@ -255,6 +255,43 @@ static void test_snapshot_reads(void **state) {
   bson_destroy(&res.reply);
 }
 
+static void test_unique_key_conflict_between_transactions(void **state) {
+  const char *c1 = "\"lsid\": {\"id\": {\"$binary\": {\"base64\": \"AAAAAAAAAAAAAAAAAAAADA==\", \"subType\": \"04\"}}}";
+  const char *c2 = "\"lsid\": {\"id\": {\"$binary\": {\"base64\": \"AAAAAAAAAAAAAAAAAAAADQ==\", \"subType\": \"04\"}}}";
+  char cmd[512];
+  result_t res;
+  expect_done("u8", "{\"createIndexes\": \"c\", \"indexes\": [{\"key\": {\"k\": 1}, \"name\": \"k_1\", "
+                    "\"unique\": true}]}", 0);
+  snprintf(cmd, sizeof cmd, "{\"insert\": \"c\", \"documents\": [{\"_id\": 1, \"k\": \"x\"}], %s, "
+           "\"txnNumber\": 1, \"startTransaction\": true, \"autocommit\": false}", c1);
+  expect_done("u8", cmd, 0);
+  /* a different _id with the same unique key: the second transaction conflicts at once */
+  snprintf(cmd, sizeof cmd, "{\"insert\": \"c\", \"documents\": [{\"_id\": 2, \"k\": \"x\"}], %s, "
+           "\"txnNumber\": 1, \"startTransaction\": true, \"autocommit\": false}", c2);
+  expect("u8", cmd, 112, &res);
+  assert_string_equal(str_at(&res.reply, "errorLabels.0"), "TransientTransactionError");
+  bson_destroy(&res.reply);
+  snprintf(cmd, sizeof cmd, "{\"commitTransaction\": 1, %s, \"txnNumber\": 1, \"autocommit\": false}", c1);
+  expect_done("admin", cmd, 0);
+  /* retried after the commit: now a plain duplicate key */
+  snprintf(cmd, sizeof cmd, "{\"insert\": \"c\", \"documents\": [{\"_id\": 2, \"k\": \"x\"}], %s, "
+           "\"txnNumber\": 2, \"startTransaction\": true, \"autocommit\": false}", c2);
+  expect("u8", cmd, 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "writeErrors.0.code"), 11000);
+  bson_destroy(&res.reply);
+  /* an aborted transaction releases its key locks */
+  snprintf(cmd, sizeof cmd, "{\"insert\": \"c\", \"documents\": [{\"_id\": 3, \"k\": \"y\"}], %s, "
+           "\"txnNumber\": 3, \"startTransaction\": true, \"autocommit\": false}", c2);
+  expect_done("u8", cmd, 0);
+  snprintf(cmd, sizeof cmd, "{\"abortTransaction\": 1, %s, \"txnNumber\": 3, \"autocommit\": false}", c2);
+  expect_done("admin", cmd, 0);
+  snprintf(cmd, sizeof cmd, "{\"insert\": \"c\", \"documents\": [{\"_id\": 4, \"k\": \"y\"}], %s, "
+           "\"txnNumber\": 2, \"startTransaction\": true, \"autocommit\": false}", c1);
+  expect_done("u8", cmd, 0);
+  snprintf(cmd, sizeof cmd, "{\"commitTransaction\": 1, %s, \"txnNumber\": 2, \"autocommit\": false}", c1);
+  expect_done("admin", cmd, 0);
+}
+
 static void test_change_stream_and_park(void **state) {
   result_t res;
   expect("u4", "{\"aggregate\": \"c\", \"pipeline\": [{\"$changeStream\": {}}, "
@@ -353,6 +390,7 @@ int main(void) {
     cmocka_unit_test(test_unique_index),
     cmocka_unit_test(test_transaction_and_conflict),
     cmocka_unit_test(test_snapshot_reads),
+    cmocka_unit_test(test_unique_key_conflict_between_transactions),
     cmocka_unit_test(test_change_stream_and_park),
     cmocka_unit_test(test_fail_command),
     cmocka_unit_test(test_ttl_pass),
