@@ -40,14 +40,32 @@ cleanup() {
   fi
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+# ctest carries on with the next test when one is interrupted: it runs in its own process
+# group, and an interrupt of this script ends that whole group (tests and their servers).
+child=""
+on_signal() {
+  if [ -n "$child" ]; then
+    kill -TERM -- "-$child" 2>/dev/null || true
+    wait "$child" 2>/dev/null || true
+  fi
+  exit 130
+}
+trap on_signal INT TERM
+run_group() {
+  local rc=0
+  setsid "$@" &
+  child=$!
+  wait "$child" || rc=$?
+  child=""
+  return "$rc"
+}
 scripts/rabbitmq.sh start
 # shellcheck disable=SC1091
 source "$OBX_RMQ_DIR/env"   # exports AMQP_URL for the tests
 
 status=0
-ctest --test-dir "$BUILD" -L unit --output-on-failure -j "$JOBS" || status=1
-ctest --test-dir "$BUILD" -L integration --output-on-failure || status=1
+run_group ctest --test-dir "$BUILD" -L unit --output-on-failure -j "$JOBS" || status=1
+run_group ctest --test-dir "$BUILD" -L integration --output-on-failure || status=1
 scripts/rabbitmq.sh stop   # the sanitizer pass runs unit tests only
 
 if [ "$QUICK" = 0 ]; then
@@ -55,7 +73,7 @@ if [ "$QUICK" = 0 ]; then
   cmake -S . -B "$ASAN_BUILD" -DCMAKE_BUILD_TYPE=Debug -DOBX_WERROR=ON -DOBX_SANITIZE=ON >/dev/null
   cmake --build "$ASAN_BUILD" -j "$JOBS"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir "$ASAN_BUILD" -L unit --output-on-failure -j "$JOBS" || status=1
+    run_group ctest --test-dir "$ASAN_BUILD" -L unit --output-on-failure -j "$JOBS" || status=1
 fi
 
 if [ "$status" = 0 ]; then echo "test.sh: all tests passed"; else echo "test.sh: FAILED"; fi
