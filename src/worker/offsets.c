@@ -82,6 +82,16 @@ int worker_offsets_advance(worker_offsets_t *o, int32_t *partitions, int64_t *ne
   return k;
 }
 
+int worker_offsets_points(const worker_offsets_t *o, int32_t *partitions, int64_t *next, int max) {
+  int k = 0;
+  for (int i = 0; i < o->n && k < max; i++)
+    if (o->parts[i].committed >= 0) {
+      partitions[k] = o->parts[i].partition;
+      next[k++] = o->parts[i].committed;
+    }
+  return k;
+}
+
 bool worker_offsets_idle(const worker_offsets_t *o) {
   for (int i = 0; i < o->n; i++)
     if (o->parts[i].n > 0) return false;

@@ -548,6 +548,15 @@ done:
 
 /* ---- Kafka ------------------------------------------------------------------------------- */
 
+static void kafka_commit(obx_worker_t *w, const int32_t *parts, const int64_t *next, int n, bool sync) {
+  if (n == 0) return;
+  rd_kafka_topic_partition_list_t *offsets = rd_kafka_topic_partition_list_new(n);
+  for (int i = 0; i < n; i++) rd_kafka_topic_partition_list_add(offsets, w->conf->kafka_topic, parts[i])->offset = next[i];
+  rd_kafka_resp_err_t rerr = rd_kafka_commit(w->rk, offsets, sync ? 0 : 1);
+  if (rerr) obx_warn("offset commit failed: %s", rd_kafka_err2str(rerr));
+  rd_kafka_topic_partition_list_destroy(offsets);
+}
+
 /* Takes the lanes' completions and commits the contiguous finished offsets. */
 static void kafka_commit_done(obx_worker_t *w, bool sync) {
   pthread_mutex_lock(&w->done_mu);
@@ -564,13 +573,7 @@ static void kafka_commit_done(obx_worker_t *w, bool sync) {
   int32_t parts[max];
   int64_t next[max];
   int n = worker_offsets_advance(&w->offsets, parts, next, max);
-  rd_kafka_topic_partition_list_t *offsets = rd_kafka_topic_partition_list_new(max);
-  for (int i = 0; i < n; i++) rd_kafka_topic_partition_list_add(offsets, w->conf->kafka_topic, parts[i])->offset = next[i];
-  if (offsets->cnt > 0) {
-    rd_kafka_resp_err_t rerr = rd_kafka_commit(w->rk, offsets, sync ? 0 : 1);
-    if (rerr) obx_warn("offset commit failed: %s", rd_kafka_err2str(rerr));
-  }
-  rd_kafka_topic_partition_list_destroy(offsets);
+  kafka_commit(w, parts, next, n, sync);
 }
 
 static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t rerr, rd_kafka_topic_partition_list_t *parts, void *opaque) {
@@ -644,7 +647,7 @@ static void *kafka_main(void *arg) {
   obx_worker_t *w = arg;
   pthread_setname_np(pthread_self(), "obx-kafka");
   obx_log_set_role("worker");
-  int64_t last_tick = 0, last_lag = 0;
+  int64_t last_tick = 0, last_lag = 0, last_recommit = obx_time_now_ms();
   while (!atomic_load(&w->stop)) {
     rd_kafka_message_t *rkm = rd_kafka_consumer_poll(w->rk, 100);
     if (rkm) {
@@ -662,6 +665,14 @@ static void *kafka_main(void *arg) {
     if (now - last_lag >= 2000) {
       kafka_update_lag(w);
       last_lag = now;
+    }
+    if (now - last_recommit >= 5000) {
+      /* Asynchronous commits can fail unseen (broker away): repeat the current points. */
+      int max = w->offsets.n ? w->offsets.n : 1;
+      int32_t parts[max];
+      int64_t next[max];
+      kafka_commit(w, parts, next, worker_offsets_points(&w->offsets, parts, next, max), false);
+      last_recommit = now;
     }
   }
   return NULL;

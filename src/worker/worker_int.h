@@ -54,6 +54,9 @@ void worker_offsets_done(worker_offsets_t *offsets, int32_t partition, int64_t o
 /* Fills up to max (partition, next offset to commit) pairs whose contiguous finished prefix
  * grew since the last call; returns how many. */
 int worker_offsets_advance(worker_offsets_t *offsets, int32_t *partitions, int64_t *next, int max);
+/* Every partition's current commit point (to commit again after a failed asynchronous
+ * commit); returns how many. */
+int worker_offsets_points(const worker_offsets_t *offsets, int32_t *partitions, int64_t *next, int max);
 /* True when every handed-out offset is finished (and advanced past). */
 bool worker_offsets_idle(const worker_offsets_t *offsets);
 void worker_offsets_clear(worker_offsets_t *offsets);

@@ -4,7 +4,8 @@
  * connections ("down": listener closed, every proxied connection cut) and accept them again
  * ("up", same port). Events that need no retry run while RabbitMQ is down; an event that must
  * go to a retry tier waits on its lane (nothing recorded, offset not committed) and completes
- * once the broker is back. */
+ * once the broker is back. A Kafka broker outage in the middle of consumption loses nothing
+ * either. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -200,9 +201,49 @@ static void test_starts_with_rabbitmq_down_and_catches_up(void **state) {
   obx_event_cleanup(&later);
 }
 
+static int64_t count_done(wt_fx_t *fx) {
+  bson_t filter = BSON_INITIALIZER;
+  BSON_APPEND_UTF8(&filter, "_id.consumer", fx->group);
+  BSON_APPEND_UTF8(&filter, "status", "DONE");
+  int64_t n = wt_count(fx, "inbox", &filter);
+  bson_destroy(&filter);
+  return n;
+}
+
+/* The Kafka broker goes away while the worker consumes and comes back: every event ends DONE
+ * exactly once. */
+static void test_kafka_outage_loses_nothing(void **state) {
+  WT_NEED_BROKER();
+  outage_fx_t *o = *state;
+  wt_fx_t *fx = o->fx;
+  atomic_store(&o->proxy.up, true);
+  enum { N = 20 };
+  obx_event_t ev[N];
+  for (int i = 0; i < N; i++) {
+    char num[16];
+    snprintf(num, sizeof num, "KO-%d", i);
+    wt_event(&ev[i], "OrderConfirmed", num, num);
+    wt_route_delay(fx, num, 200, 100);
+    wt_produce(fx, &ev[i]);
+  }
+  wt_start_worker(fx);
+  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
+  while (count_done(fx) < 3 && obx_test_now_ms() < deadline) usleep(5000);
+  if (!obx_test_kafka_cmd(&fx->k, "broker down all")) fail_msg("kafka-mockd: broker down failed");
+  usleep(2000 * 1000); /* the outage itself */
+  if (!obx_test_kafka_cmd(&fx->k, "broker up all")) fail_msg("kafka-mockd: broker up failed");
+  for (int i = 0; i < N; i++) wt_wait_status(fx, ev[i].id, "DONE");
+  for (int i = 0; i < N; i++) {
+    int64_t runs = wt_executions(fx, ev[i].id);
+    if (runs != 1) fail_msg("event %d: %lld executions, want 1", i, (long long)runs);
+  }
+  for (int i = 0; i < N; i++) obx_event_cleanup(&ev[i]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_starts_with_rabbitmq_down_and_catches_up, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_kafka_outage_loses_nothing, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -62,6 +62,24 @@ static void test_going_back_starts_over(void **state) {
   run_steps("seek back", steps, sizeof steps / sizeof steps[0]);
 }
 
+static void test_points_repeat_the_current_commits(void **state) {
+  worker_offsets_t o;
+  memset(&o, 0, sizeof o);
+  int32_t parts[4];
+  int64_t next[4];
+  worker_offsets_add(&o, 0, 1);
+  worker_offsets_add(&o, 3, 7);
+  assert_int_equal(worker_offsets_points(&o, parts, next, 4), 0); /* nothing committed yet */
+  worker_offsets_done(&o, 3, 7);
+  assert_int_equal(worker_offsets_advance(&o, parts, next, 4), 1);
+  assert_int_equal(worker_offsets_advance(&o, parts, next, 4), 0);
+  int n = worker_offsets_points(&o, parts, next, 4); /* still there for a repeat */
+  assert_int_equal(n, 1);
+  assert_int_equal(parts[0], 3);
+  assert_int_equal(next[0], 8);
+  worker_offsets_clear(&o);
+}
+
 /* Many offsets, finished in reverse order within windows: the storage grows and compacts. */
 static void test_long_runs_compact(void **state) {
   worker_offsets_t o;
@@ -85,6 +103,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_only_contiguous_prefixes_commit),
     cmocka_unit_test(test_going_back_starts_over),
+    cmocka_unit_test(test_points_repeat_the_current_commits),
     cmocka_unit_test(test_long_runs_compact),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
