@@ -1,0 +1,81 @@
+/* test_ops.c - the pure parts of the operator operations (obx_ops.h): status names per store,
+ * DLQ messages as documents. */
+#include "obx_test.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "obx/obx_ops.h"
+
+static void test_status_check(void **state) {
+  (void)state;
+  static const struct {
+    obx_ops_store_t store;
+    const char *status;
+    bool ok;
+  } cases[] = {
+    {OBX_OPS_OUTBOX, "PENDING", true},  {OBX_OPS_OUTBOX, "PUBLISHED", true}, {OBX_OPS_OUTBOX, "FAILED", true},
+    {OBX_OPS_OUTBOX, "DONE", false},    {OBX_OPS_OUTBOX, "pending", false},  {OBX_OPS_OUTBOX, "", false},
+    {OBX_OPS_INBOX, "RECEIVED", true},  {OBX_OPS_INBOX, "BLOCKED", true},    {OBX_OPS_INBOX, "DEAD", true},
+    {OBX_OPS_INBOX, "SKIPPED", true},   {OBX_OPS_INBOX, "PENDING", false},   {OBX_OPS_INBOX, "DEADLY", false},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    obx_err_t err = OBX_ERR_INIT;
+    bool ok = obx_ops_status_check(cases[i].store, cases[i].status, &err);
+    if (ok != cases[i].ok)
+      fail_msg("%s status \"%s\": got %d, want %d", obx_ops_store_name(cases[i].store), cases[i].status, ok, cases[i].ok);
+    if (!ok) {
+      assert_int_equal(err.domain, OBX_ERR_INPUT);
+      /* the message names every accepted value */
+      const char *want = cases[i].store == OBX_OPS_OUTBOX ? "PENDING, PUBLISHED, FAILED" : "RECEIVED, PROCESSING, DONE";
+      if (!strstr(err.msg, want)) fail_msg("message \"%s\" lacks \"%s\"", err.msg, want);
+    }
+  }
+}
+
+static const char *str_at(const bson_t *doc, const char *path) {
+  bson_iter_t it, v;
+  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_UTF8(&v)) return NULL;
+  return bson_iter_utf8(&v, NULL);
+}
+
+static void test_dlq_msg_to_bson(void **state) {
+  (void)state;
+  obx_ladder_msg_t msg;
+  obx_ladder_msg_init(&msg);
+  static const obx_ce_header_t headers[] = {
+    {"ce_id", "e-1", 3}, {"ce_type", "OrderConfirmed", 14}, {"ce_orgid", "acme", 4}};
+  obx_ladder_msg_from_record(&msg, "e-1", "K-1", 3, "{\"n\": 1}", 8, headers, 3);
+  obx_ladder_msg_fail(&msg, "transient", "HTTP 503", 1700000000000);
+  obx_ladder_msg_fail(&msg, "terminal", "HTTP 400", 1700000001000);
+  msg.reason = strdup("terminal failure");
+  assert_string_equal(obx_ops_dlq_msg_org(&msg), "acme");
+
+  bson_t doc = BSON_INITIALIZER;
+  obx_ops_dlq_msg_to_bson(&msg, &doc);
+  static const struct {
+    const char *path, *want;
+  } fields[] = {
+    {"id", "e-1"}, {"type", "OrderConfirmed"}, {"key", "K-1"}, {"orgId", "acme"}, {"failureClass", "terminal"},
+    {"reason", "terminal failure"}, {"lastError", "HTTP 400"}, {"headers.ce_orgid", "acme"}, {"body", "{\"n\": 1}"},
+    {"history.0.error", "HTTP 503"}, {"history.1.class", "terminal"},
+  };
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    const char *got = str_at(&doc, fields[i].path);
+    if (!got || strcmp(got, fields[i].want) != 0)
+      fail_msg("%s: got %s, want %s", fields[i].path, got ? got : "(none)", fields[i].want);
+  }
+  bson_iter_t it;
+  assert_true(bson_iter_init_find(&it, &doc, "attempts") && bson_iter_as_int64(&it) == 2);
+  assert_true(bson_iter_init_find(&it, &doc, "firstFailureAt") && bson_iter_date_time(&it) == 1700000000000);
+  bson_destroy(&doc);
+  obx_ladder_msg_cleanup(&msg);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_status_check),
+    cmocka_unit_test(test_dlq_msg_to_bson),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
