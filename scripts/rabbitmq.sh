@@ -143,6 +143,10 @@ EOF
   fi
   chmod 400 "$DIR/.erlang.cookie"
   chown -R "$OWNER" "$DIR"
+  if ! "${RUN_AS[@]}" test -w "$DIR/mnesia"; then
+    log "$OWNER cannot write $DIR (a parent directory closed to it?); pick another OBX_RMQ_DIR"
+    return 1
+  fi
   node_env
 
   log "starting $NODE on 127.0.0.1:$PORT (dir $DIR)"
