@@ -146,7 +146,7 @@ static bool find_one(mongoc_collection_t *c, const bson_t *filter, const bson_t 
   const bson_t *doc, *reply = NULL;
   *found = false;
   if (ok && mongoc_cursor_next(cursor, &doc)) {
-    bson_copy_to_excluding_noinit(doc, out, "", NULL);
+    bson_concat(out, doc);
     *found = true;
   }
   if (cursor && mongoc_cursor_error_document(cursor, &berr, &reply)) ok = false;
