@@ -16,8 +16,7 @@ static void rename_keys(const bson_t *src, bson_t *dst) {
   bson_iter_init(&it, src);
   while (bson_iter_next(&it)) {
     const char *key = bson_iter_key(&it);
-    char name[64];
-    snprintf(name, sizeof name, "%s%s", key[0] == '%' ? "$" : "", key + (key[0] == '%'));
+    char *name = key[0] == '%' ? bson_strdup_printf("$%s", key + 1) : bson_strdup(key);
     if (BSON_ITER_HOLDS_DOCUMENT(&it) || BSON_ITER_HOLDS_ARRAY(&it)) {
       uint32_t len;
       const uint8_t *data;
@@ -38,6 +37,7 @@ static void rename_keys(const bson_t *src, bson_t *dst) {
     } else {
       bson_append_value(dst, name, -1, bson_iter_value(&it));
     }
+    bson_free(name);
   }
 }
 
@@ -238,6 +238,9 @@ static const struct {
   {"{\"a\": [{\"3\": \"k\"}]}", "{\"a.3\": \"k\"}", 1},
   {"{\"a\": [10, 20]}", "{\"a.2\": {\"$exists\": true}}", 0},
   {"{\"a\": [{\"b\": [{\"c\": 7}]}]}", "{\"a.b.c\": 7}", 1},
+  {"{\"a\": {\"b\": {\"c\": {\"d\": {\"e\": {\"f\": {\"g\": {\"h\": {\"i\": {\"j\": 1}}}}}}}}}}", "{\"a.b.c.d.e.f.g.h.i.j\": 1}", 1},
+  {"{\"a_very_long_field_name_that_keeps_going_and_going\": {\"another_rather_long_field_name_here\": {\"and_a_third_long_one_to_pass_the_limit\": 5}}}",
+   "{\"a_very_long_field_name_that_keeps_going_and_going.another_rather_long_field_name_here.and_a_third_long_one_to_pass_the_limit\": 5}", 1},
   /* $type */
   {"{\"a\": \"x\"}", "{\"a\": {\"%type\": \"string\"}}", 1},
   {"{\"a\": \"x\"}", "{\"a\": {\"%type\": 2}}", 1},
@@ -376,6 +379,8 @@ static const struct {
    "{\"updatedFields\": {}, \"removedFields\": []}"},
   {"{\"_id\": 1, \"a\": 1}", "{\"$set\": {\"a\": 1.0}}", false, "{\"_id\": 1, \"a\": 1.0}",
    "{\"updatedFields\": {\"a\": 1.0}, \"removedFields\": []}"},
+  {"{\"_id\": 1}", "{\"$set\": {\"a.b.c.d.e.f.g.h.i\": 1}}", false,
+   "{\"_id\": 1, \"a\": {\"b\": {\"c\": {\"d\": {\"e\": {\"f\": {\"g\": {\"h\": {\"i\": 1}}}}}}}}}", NULL},
   {"{\"_id\": 1}", "{\"$set\": {\"a.b.c\": 1}}", false, "{\"_id\": 1, \"a\": {\"b\": {\"c\": 1}}}",
    "{\"updatedFields\": {\"a\": {\"b\": {\"c\": 1}}}, \"removedFields\": []}"},
   {"{\"_id\": 1, \"a\": {\"x\": 1}}", "{\"$set\": {\"a.b\": 2}}", false,
