@@ -696,6 +696,7 @@ static void test_project(void **state) {
     {"{\"_id\": 1, \"a\": 2}", "{\"c\": \"$a\", \"_id\": 0}", "{\"c\": 2}"},
     {"{\"_id\": 1, \"a\": 2}", "{\"x.y\": \"$a\"}", "{\"_id\": 1, \"x\": {\"y\": 2}}"},
     {"{\"_id\": 1, \"a\": 2}", "{\"m\": \"$missing\"}", "{\"_id\": 1}"},
+    {"{\"_id\": 1, \"a\": 2, \"b\": 3}", "{\"b\": 1, \"_id\": \"$a\"}", "{\"_id\": 2, \"b\": 3}"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     bson_t *doc = json(cases[i].doc), *proj = json(cases[i].proj), out = BSON_INITIALIZER;
