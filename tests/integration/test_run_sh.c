@@ -10,6 +10,7 @@
 #include "obx_test.h"
 #include "obx_test_kafka.h"
 #include "obx_test_outboxd.h"
+#include "worker_test.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -94,16 +95,31 @@ static bool outbox_published(void *p) {
   return ok;
 }
 
+/* RabbitMQ queues under a prefix of this run, deleted at the end when AMQP_URL is shared. */
+static char queue_prefix[64];
+
+static void delete_queues(const int64_t *tiers, int ntiers) {
+  if (!getenv("AMQP_URL")) return; /* run.sh's own node is gone with its queues */
+  obx_ladder_opts_t lo = {.url = getenv("AMQP_URL"), .prefix = queue_prefix, .tiers_ms = tiers, .ntiers = ntiers};
+  obx_err_t err = OBX_ERR_INIT;
+  obx_ladder_t *ladder = obx_ladder_new(&lo, &err);
+  if (!ladder) fail_msg("ladder: %s", err.msg);
+  wt_delete_topology(ladder, queue_prefix);
+  obx_ladder_destroy(ladder);
+}
+
 /* Starts run.sh with `mode` ("" or "--demo") and a state dir named `name`; waits for ready. */
 static void run_start(obx_test_proc_t *run, const char *name, const char *mode, ready_t *r, char *ready_path,
                       size_t rplen) {
-  char dir[300], script[512], build_env[512];
+  char dir[300], script[512], build_env[512], prefix_env[100];
   snprintf(dir, sizeof dir, "%s/%s", obx_test_tmpdir(), name);
   snprintf(ready_path, rplen, "%s/ready", dir);
   snprintf(script, sizeof script, "%s/scripts/run.sh", OBX_SOURCE_DIR);
   snprintf(build_env, sizeof build_env, "OBX_BUILD_DIR=%s", OBX_BUILD_DIR);
   char *argv[] = {"/bin/bash", script, "--no-build", "--state-dir", dir, *mode ? (char *)mode : NULL, NULL};
-  char *env[] = {build_env, "HTTP_PORT=0", NULL};
+  snprintf(queue_prefix, sizeof queue_prefix, "runsh.%d.%s", (int)getpid(), name);
+  snprintf(prefix_env, sizeof prefix_env, "WORKER_QUEUE_PREFIX=%s", queue_prefix);
+  char *env[] = {build_env, "HTTP_PORT=0", prefix_env, NULL};
   /* run.sh must see SIGINT as a terminal's Ctrl-C delivers it, even when this test was started
    * in the background (where SIGINT is ignored and a shell could not trap it) */
   signal(SIGINT, SIG_DFL);
@@ -155,6 +171,8 @@ static void test_run_sh(void **state) {
   if (!obx_test_wait_for(outbox_published, &pc, FLOW_MS, 100)) fail_msg("outbox event %s never PUBLISHED", event_id);
 
   run_interrupt(&run, &r, ready_path);
+  static const int64_t tiers[] = {5000, 30000, 120000, 600000}; /* RETRY_LADDER's default */
+  delete_queues(tiers, 4);
 }
 
 static void test_run_sh_demo(void **state) {
@@ -175,6 +193,8 @@ static void test_run_sh_demo(void **state) {
   for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++)
     if (!obx_test_file_contains(run.log_path, stages[i], 0)) fail_msg("demo output lacks \"%s\": %s", stages[i], run.log_path);
   run_interrupt(&run, &r, ready_path);
+  static const int64_t tiers[] = {1000, 2000, 4000}; /* the demo's ladder */
+  delete_queues(tiers, 3);
 }
 
 int main(void) {
