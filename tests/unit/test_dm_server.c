@@ -166,6 +166,26 @@ static void test_unique_index(void **state) {
   bson_destroy(&res.reply);
 }
 
+static void test_index_options_and_coll_mod(void **state) {
+  result_t res;
+  const char *ttl100 = "{\"createIndexes\": \"c\", \"indexes\": [{\"key\": {\"at\": 1}, \"name\": \"at_1\", "
+                       "\"expireAfterSeconds\": 100}]}";
+  expect_done("u9", ttl100, 0);
+  expect_done("u9", ttl100, 0); /* the same definition again: no-op */
+  expect_done("u9", "{\"createIndexes\": \"c\", \"indexes\": [{\"key\": {\"at\": 1}, \"name\": \"at_1\", "
+                    "\"expireAfterSeconds\": 5}]}", 85);
+  expect_done("u9", "{\"createIndexes\": \"c\", \"indexes\": [{\"key\": {\"other\": 1}, \"name\": \"at_1\"}]}", 86);
+  expect("u9", "{\"collMod\": \"c\", \"index\": {\"name\": \"at_1\", \"expireAfterSeconds\": 5}}", 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "expireAfterSeconds_old"), 100);
+  assert_int_equal((int)num_at(&res.reply, "expireAfterSeconds_new"), 5);
+  bson_destroy(&res.reply);
+  expect("u9", "{\"listIndexes\": \"c\", \"cursor\": {}}", 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "cursor.firstBatch.1.expireAfterSeconds"), 5);
+  bson_destroy(&res.reply);
+  expect_done("u9", "{\"collMod\": \"c\", \"index\": {\"name\": \"_id_\", \"expireAfterSeconds\": 5}}", 72);
+  expect_done("u9", "{\"collMod\": \"c\", \"index\": {\"name\": \"nope\", \"expireAfterSeconds\": 5}}", 27);
+}
+
 static void test_transaction_and_conflict(void **state) {
   const char *a = "\"lsid\": {\"id\": {\"$binary\": {\"base64\": \"AAAAAAAAAAAAAAAAAAAAAQ==\", \"subType\": \"04\"}}}";
   const char *b = "\"lsid\": {\"id\": {\"$binary\": {\"base64\": \"AAAAAAAAAAAAAAAAAAAAAg==\", \"subType\": \"04\"}}}";
@@ -388,6 +408,7 @@ int main(void) {
     cmocka_unit_test(test_hello_and_envelope),
     cmocka_unit_test(test_crud_and_cursor),
     cmocka_unit_test(test_unique_index),
+    cmocka_unit_test(test_index_options_and_coll_mod),
     cmocka_unit_test(test_transaction_and_conflict),
     cmocka_unit_test(test_snapshot_reads),
     cmocka_unit_test(test_unique_key_conflict_between_transactions),
