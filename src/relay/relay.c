@@ -375,7 +375,8 @@ done:
 void relay_serve(obx_relay_t *relay, int timeout_ms, bool force) {
   obx_relay_producer_poll(relay->producer, timeout_ms);
   int64_t now = obx_time_now_ms();
-  if (relay->reported.n && (force || relay->reported.n >= RELAY_REPORT_BATCH ||
+  bool all_in = relay->inflight_stream.n + relay->inflight_sweep.n == 0; /* nothing more to batch with */
+  if (relay->reported.n && (force || all_in || relay->reported.n >= RELAY_REPORT_BATCH ||
                             now - relay->first_report_ms >= RELAY_REPORT_DELAY_MS))
     relay_write_reports(relay);
   relay_lease_tick(relay);

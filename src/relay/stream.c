@@ -25,6 +25,9 @@
 
 #define RELAY_STREAM_READS_PER_STEP 256
 #define RELAY_HISTORY_LOST 286
+/* An idle getMore blocks the relay thread this long; delivery reports that arrive meanwhile wait
+ * for it, so it bounds the ack latency added at low load (at the cost of idle getMores). */
+#define RELAY_STREAM_AWAIT_MS 20
 
 void relay_window_init(relay_window_t *window, size_t cap) {
   window->slots = calloc(cap, sizeof *window->slots);
@@ -119,7 +122,8 @@ bool relay_stream_open(obx_relay_t *relay) {
     "{", "operationType", "update", "updateDescription.updatedFields.status", "PENDING", "}",
     "]", "}", "}", "]");
   int32_t batch = relay->conf->relay_max_inflight < 1000 ? (int32_t)relay->conf->relay_max_inflight : 1000;
-  bson_t *opts = BCON_NEW("fullDocument", "updateLookup", "maxAwaitTimeMS", BCON_INT64(100), "batchSize", BCON_INT32(batch));
+  bson_t *opts = BCON_NEW("fullDocument", "updateLookup", "maxAwaitTimeMS", BCON_INT64(RELAY_STREAM_AWAIT_MS),
+                          "batchSize", BCON_INT32(batch));
   if (relay->read_token) BSON_APPEND_DOCUMENT(opts, "resumeAfter", relay->read_token);
   relay_stream_close(relay);
   relay->stream = mongoc_collection_watch(relay->outbox, pipeline, opts);

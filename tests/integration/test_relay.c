@@ -252,9 +252,11 @@ static void test_stream_publishes_in_order_and_checkpoints(void **state) {
   assert_int_equal(count_docs(ctx.outbox, "{\"status\": \"PENDING\"}"), 0);
 
   /* checkpoint written, fenced by the leader's epoch */
-  mongoc_collection_t *ckpt = mongoc_client_get_collection(ctx.client, ctx.db, "relay_checkpoints");
-  assert_true(count_docs(ckpt, "{\"_id\": \"outbox\", \"resumeToken\": {\"$exists\": true}, \"epoch\": {\"$gte\": 1}}") == 1);
-  mongoc_collection_destroy(ckpt);
+  ctx_t ckpt = ctx;
+  ckpt.outbox = mongoc_client_get_collection(ctx.client, ctx.db, "relay_checkpoints");
+  count_wait_t written = {&ckpt, "{\"_id\": \"outbox\", \"resumeToken\": {\"$exists\": true}, \"epoch\": {\"$gte\": 1}}", 1};
+  if (!obx_test_wait_for(count_reached, &written, 10000, 50)) fail_msg("no checkpoint written within 10 s");
+  mongoc_collection_destroy(ckpt.outbox);
 
   /* outbox indexes, including the partial TTL on PUBLISHED documents */
   mongoc_cursor_t *cursor = mongoc_collection_find_indexes_with_opts(ctx.outbox, NULL);
