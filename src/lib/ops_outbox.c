@@ -406,28 +406,22 @@ bool obx_ops_dlq_redrive(const obx_ops_t *ops, const char *org, const char *cons
   }
   dlq_scan_t s = {.org = org};
   int moved = 0;
-  bool ok;
-  if (all && !org) {
-    /* every message: one pass through the worker's redrive */
-    obx_worker_dlq_filter_t filter = {NULL, NULL};
-    ok = obx_worker_dlq_redrive(ops, &filter, dry_run, dlq_ids_visit, &s, &moved, err);
-  } else {
-    /* org-scoped: learn which ids are the org's, check the ones asked for, move them one by one */
-    ok = obx_ladder_dlq_browse(ops->ladder, 0, dlq_org_match, dlq_ids_visit, &s, err);
-    for (int i = 0; ok && i < nids; i++) {
-      if (!ids_has(&s, ids[i])) {
-        obx_err_set(err, OBX_ERR_NOT_FOUND, 0, false, "no DLQ message %s", ids[i]);
-        ok = false;
-      }
+  /* The worker's filter has no org: learn which ids are the org's, check the ones asked for,
+   * then move them one by one (each move is one audit_log entry). */
+  bool ok = obx_ladder_dlq_browse(ops->ladder, 0, dlq_org_match, dlq_ids_visit, &s, err);
+  for (int i = 0; ok && i < nids; i++) {
+    if (!ids_has(&s, ids[i])) {
+      obx_err_set(err, OBX_ERR_NOT_FOUND, 0, false, "no DLQ message %s", ids[i]);
+      ok = false;
     }
-    const char *const *selected = all ? (const char *const *)s.ids : ids;
-    int n = all ? s.nids : nids;
-    for (int i = 0; ok && i < n; i++) {
-      obx_worker_dlq_filter_t filter = {selected[i], NULL};
-      int one = 0;
-      ok = obx_worker_dlq_redrive(ops, &filter, dry_run, NULL, NULL, &one, err);
-      moved += one;
-    }
+  }
+  const char *const *selected = all ? (const char *const *)s.ids : ids;
+  int n = all ? s.nids : nids;
+  for (int i = 0; ok && i < n; i++) {
+    obx_worker_dlq_filter_t filter = {selected[i], NULL};
+    int one = 0;
+    ok = obx_worker_dlq_redrive(ops, &filter, dry_run, NULL, NULL, &one, err);
+    moved += one;
   }
   if (ok) {
     BSON_APPEND_BOOL(out, "dryRun", dry_run);

@@ -31,7 +31,7 @@ static obx_test_outboxd_t outboxd;
 static mongoc_client_t *client;
 static obx_ladder_t *ladder; /* NULL without AMQP_URL */
 static char prefix[64], keys_path[300];
-static char key_globex[64], key_reprocess[64];
+static char key_globex[64], key_reprocess[64], key_acme_dlq[64];
 /* acme's and globex's ids: outbox FAILED event, inbox DEAD entry, DLQ message */
 static char acme_out[OBX_UUID_LEN + 1], acme_in[OBX_UUID_LEN + 1], acme_dlq[OBX_UUID_LEN + 1];
 static char globex_out[OBX_UUID_LEN + 1], globex_in[OBX_UUID_LEN + 1], globex_dlq[OBX_UUID_LEN + 1];
@@ -132,6 +132,7 @@ static int group_setup(void **state) {
   snprintf(keys_path, sizeof keys_path, "%s/ops-api-keys", obx_test_tmpdir());
   obx_test_apikey_add(keys_path, "globex", "*", key_globex);
   obx_test_apikey_add(keys_path, "acme", "outbox:reprocess,outbox:read", key_reprocess);
+  obx_test_apikey_add(keys_path, "acme", "dlq:redrive", key_acme_dlq);
   snprintf(prefix, sizeof prefix, "opsapi.%d", (int)getpid());
   if (getenv("AMQP_URL")) {
     static const int64_t tiers[] = {5000, 30000, 120000, 600000}; /* RETRY_LADDER's default */
@@ -410,6 +411,33 @@ static void test_reprocess(void **state) {
   obx_test_http_resp_cleanup(&resp);
 }
 
+/* {"all": true} is scoped to the key's org; dryRun moves nothing; bad bodies are 400. Runs after
+ * the table, which moved acme's only DLQ message. */
+static void test_dlq_redrive_all(void **state) {
+  (void)state;
+  obx_test_http_resp_t resp;
+  static const char *const bad[] = {"", "[1]", "{}", "{\"all\": false}", "{\"ids\": []}", "{\"ids\": [1]}",
+                                    "{\"all\": true, \"ids\": [\"x\"]}", "{\"all\": \"yes\"}"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    request("POST", "/api/dlq/redrive", key_acme_dlq, bad[i], 400, &resp);
+    obx_test_http_resp_cleanup(&resp);
+  }
+  if (!ladder) {
+    print_message("AMQP_URL not set: redrive of all skipped\n");
+    return;
+  }
+  request("POST", "/api/dlq/redrive", key_globex, "{\"all\": true, \"dryRun\": true}", 200, &resp);
+  if (int_at(&resp.json, "moved") != 1 || !strstr(resp.body, globex_dlq) || strstr(resp.body, acme_dlq))
+    fail_msg("globex dry run: got %s, want moved 1 with %s only", resp.body, globex_dlq);
+  obx_test_http_resp_cleanup(&resp);
+  request("POST", "/api/dlq/redrive", key_acme_dlq, "{\"all\": true}", 200, &resp);
+  if (int_at(&resp.json, "moved") != 0) fail_msg("acme all: got %s, want moved 0 (globex's is not acme's)", resp.body);
+  obx_test_http_resp_cleanup(&resp);
+  if (!obx_test_wait_for(queues_settled, NULL, 30000, 100))
+    fail_msg("queues: got work %u dlq %u, want work 2 dlq 1", depth(obx_ladder_work_queue(ladder)),
+             depth(obx_ladder_dlq_queue(ladder)));
+}
+
 /* outboxctl runs the same operation: same transition, same audit entry, with the operator. */
 static void test_outboxctl_reprocess(void **state) {
   (void)state;
@@ -491,6 +519,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_route_table),
     cmocka_unit_test(test_reprocess),
+    cmocka_unit_test(test_dlq_redrive_all),
     cmocka_unit_test(test_outboxctl_reprocess),
     cmocka_unit_test(test_outboxctl_status),
   };
