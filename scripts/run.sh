@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
     --demo) DEMO=1 ;;
     --no-build) BUILD_ON=0 ;;
     --state-dir) STATE=$2; shift ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
