@@ -68,6 +68,8 @@ struct obx_http {
   int64_t rate;                 /* api.rate_limit: requests/s per key, 0: unlimited */
   pthread_mutex_t rate_mu;      /* buckets */
   http_bucket_t *buckets;       /* one per API key, by obx_auth_key_t.index */
+  obx_counter_t *requests;      /* registered once in obx_http_new */
+  obx_histogram_t *latency;
 };
 
 struct obx_http_req {
@@ -364,18 +366,21 @@ static void http_dispatch(obx_http_t *http, obx_http_req_t *req, obx_http_resp_t
 
 /* Requests by route pattern (not the raw path: ids would explode the series), method and
  * status; latency by route. */
-static void http_observe(const obx_http_req_t *req, int status) {
+static void http_register_metrics(obx_http_t *http) {
   static const double buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+  http->requests = obx_metrics_counter("outboxd_http_requests_total", "HTTP requests by route, method and status",
+                                       "route,method,status");
+  http->latency = obx_metrics_histogram("outboxd_http_request_duration_seconds",
+                                        "HTTP request latency from first byte to response, by route", "route", buckets,
+                                        (int)(sizeof buckets / sizeof buckets[0]));
+}
+
+static void http_observe(obx_http_t *http, const obx_http_req_t *req, int status) {
   char code[8];
   const char *route = req->route ? req->route : "unmatched";
   snprintf(code, sizeof code, "%d", status);
-  obx_counter_inc(obx_metrics_counter("outboxd_http_requests_total", "HTTP requests by route, method and status",
-                                      "route,method,status"),
-                  route, req->method, code);
-  obx_histogram_observe(obx_metrics_histogram("outboxd_http_request_duration_seconds",
-                                              "HTTP request latency from first byte to response, by route", "route",
-                                              buckets, (int)(sizeof buckets / sizeof buckets[0])),
-                        (double)(now_ns() - req->start_ns) / 1e9, route);
+  obx_counter_inc(http->requests, route, req->method, code);
+  obx_histogram_observe(http->latency, (double)(now_ns() - req->start_ns) / 1e9, route);
 }
 
 static void http_metrics(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
@@ -434,7 +439,7 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, c
   obx_http_resp_t resp = {0};
   http_dispatch(http, req, &resp);
   obx_debug("%s %s -> %d", method, url, resp.status);
-  http_observe(req, resp.status);
+  http_observe(http, req, resp.status);
   enum MHD_Result ret = http_queue(conn, &resp);
   resp_cleanup(&resp);
   return ret;
@@ -508,6 +513,7 @@ obx_http_t *obx_http_new(const obx_conf_t *conf, obx_err_t *err) {
   http->buckets = calloc((size_t)obx_auth_count(auth) + 1, sizeof *http->buckets);
   pthread_mutex_init(&http->rate_mu, NULL);
   pthread_rwlock_init(&http->lock, NULL);
+  http_register_metrics(http);
   obx_http_route(http, "GET", "/healthz", NULL, http_healthz, http);
   obx_http_route(http, "GET", "/readyz", NULL, http_readyz, http);
   obx_http_route(http, "GET", "/metrics", NULL, http_metrics, http);

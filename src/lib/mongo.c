@@ -22,6 +22,7 @@ struct obx_mongo {
   mongoc_client_t *probe;     /* single-threaded client for obx_mongo_ping, under probe_mu */
   pthread_mutex_t probe_mu;
   char *db;
+  obx_counter_t *txns, *txn_reruns; /* process-wide, registered in obx_mongo_new */
 };
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
@@ -60,6 +61,10 @@ obx_mongo_t *obx_mongo_new(const obx_conf_t *conf, obx_err_t *err) {
   mongoc_client_set_error_api(mongo->probe, MONGOC_ERROR_API_VERSION_2);
   pthread_mutex_init(&mongo->probe_mu, NULL);
   mongo->db = strdup(conf->mongo_db);
+  mongo->txns = obx_metrics_counter("outboxd_mongo_transactions_total",
+                                    "MongoDB transactions by outcome (committed, failed)", "result");
+  mongo->txn_reruns = obx_metrics_counter("outboxd_mongo_transaction_retries_total",
+                                          "Transaction bodies run again after a transient error", NULL);
 done:
   mongoc_uri_destroy(uri);
   return mongo;
@@ -218,13 +223,8 @@ bool obx_mongo_transaction(obx_mongo_t *mongo, obx_mongo_txn_fn_t fn, void *ctx,
     obx_err_prefix(err, "transaction");
   }
 done:
-  obx_counter_inc(obx_metrics_counter("outboxd_mongo_transactions_total",
-                                      "MongoDB transactions by outcome (committed, failed)", "result"),
-                  ok ? "committed" : "failed");
-  if (txn.runs > 1)
-    obx_counter_add(obx_metrics_counter("outboxd_mongo_transaction_retries_total",
-                                        "Transaction bodies run again after a transient error", NULL),
-                    txn.runs - 1);
+  obx_counter_inc(mongo->txns, ok ? "committed" : "failed");
+  if (txn.runs > 1) obx_counter_add(mongo->txn_reruns, txn.runs - 1);
   bson_destroy(&reply);
   mongoc_client_session_destroy(session);
   mongoc_transaction_opts_destroy(topts);
