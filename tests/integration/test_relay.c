@@ -382,6 +382,66 @@ static void test_lease_one_leader_and_takeover(void **state) {
   ctx_cleanup(&ctx);
 }
 
+static void set_doc(ctx_t *ctx, const char *coll_name, const char *id, const bson_t *set) {
+  mongoc_collection_t *coll = mongoc_client_get_collection(ctx->client, ctx->db, coll_name);
+  bson_t *selector = BCON_NEW("_id", BCON_UTF8(id));
+  bson_t update = BSON_INITIALIZER;
+  BSON_APPEND_DOCUMENT(&update, "$set", set);
+  bson_t *opts = BCON_NEW("upsert", BCON_BOOL(true));
+  bson_error_t berr;
+  if (!mongoc_collection_update_one(coll, selector, &update, opts, NULL, &berr)) fail_msg("%s: %s", coll_name, berr.message);
+  bson_destroy(opts);
+  bson_destroy(&update);
+  bson_destroy(selector);
+  mongoc_collection_destroy(coll);
+}
+
+static bool not_leader(void *arg) {
+  return !is_leader(arg);
+}
+
+static void test_deposed_leader_is_fenced(void **state) {
+  ctx_t ctx;
+  ctx_init(&ctx, "fence", &g_mongo, NULL);
+  obx_relay_t *relay = relay_start(&ctx);
+  leader_wait_t w = {relay};
+  assert_true(obx_test_wait_for(is_leader, &w, 20000, 50));
+  insert_events(&ctx, 20, 4);
+  wait_published(&ctx, 20, 30000);
+
+  /* another relay takes the lease with a higher epoch and writes the checkpoint */
+  int64_t epoch = relay->epoch + 1;
+  bson_t *lease = BCON_NEW("owner", "intruder", "epoch", BCON_INT64(epoch), "expiresAt",
+                           BCON_DATE_TIME(obx_time_now_ms() + 60000));
+  set_doc(&ctx, "leases", "relay", lease);
+  bson_t *ckpt = BCON_NEW("owner", "intruder", "epoch", BCON_INT64(epoch));
+  set_doc(&ctx, "relay_checkpoints", "outbox", ckpt);
+  if (!obx_test_wait_for(not_leader, &w, 10000, 20)) fail_msg("the deposed relay kept leading");
+
+  /* fenced: it publishes nothing and does not touch the checkpoint */
+  insert_events(&ctx, 10, 2);
+  count_wait_t any = {&ctx, "{\"status\": \"PUBLISHED\"}", 21};
+  if (obx_test_wait_for(count_reached, &any, 2500, 100)) fail_msg("a relay without the lease published");
+  ctx_t ckpt_ctx = ctx;
+  ckpt_ctx.outbox = mongoc_client_get_collection(ctx.client, ctx.db, "relay_checkpoints");
+  assert_int_equal(count_docs(ckpt_ctx.outbox, "{\"_id\": \"outbox\", \"owner\": \"intruder\"}"), 1);
+
+  /* the intruder's lease expires: the relay leads again (epoch + 1) and catches up */
+  bson_t *expire = BCON_NEW("expiresAt", BCON_DATE_TIME(0));
+  set_doc(&ctx, "leases", "relay", expire);
+  wait_published(&ctx, 30, 30000);
+  assert_true(relay->epoch > epoch);
+  count_wait_t back = {&ckpt_ctx, "{\"_id\": \"outbox\", \"owner\": {\"$ne\": \"intruder\"}}", 1};
+  assert_true(obx_test_wait_for(count_reached, &back, 10000, 50));
+  mongoc_collection_destroy(ckpt_ctx.outbox);
+  obx_relay_stop(relay);
+  kafka_check(&ctx, 30000, false);
+  bson_destroy(expire);
+  bson_destroy(ckpt);
+  bson_destroy(lease);
+  ctx_cleanup(&ctx);
+}
+
 static bool lag_zero(void *arg) {
   return ((obx_relay_t *)arg)->counters.lag_ms == 0;
 }
@@ -558,6 +618,7 @@ int main(void) {
     cmocka_unit_test(test_failed_publish_backs_off_then_fails_then_reprocess),
     cmocka_unit_test(test_poll_mode_claims_with_two_relays),
     cmocka_unit_test(test_lease_one_leader_and_takeover),
+    cmocka_unit_test(test_deposed_leader_is_fenced),
     cmocka_unit_test(test_getmore_faults),
     cmocka_unit_test(test_history_lost_recovers_everything),
     cmocka_unit_test(test_kafka_down_20s_backpressure),
