@@ -57,7 +57,9 @@ static void *api_indexer(void *arg) {
   obx_log_set_role("api");
   for (int attempt = 1;; attempt++) {
     obx_err_t err = OBX_ERR_INIT;
-    bool ok = obx_mongo_create_indexes(api->mongo, "orders", order_indexes,
+    /* The ping fails fast while MongoDB is down, so a stop is not held up by server selection. */
+    bool ok = obx_mongo_ping(api->mongo, &err) &&
+              obx_mongo_create_indexes(api->mongo, "orders", order_indexes,
                                        (int)(sizeof order_indexes / sizeof order_indexes[0]), &err);
     pthread_mutex_lock(&api->mu);
     if (ok) api->indexes_ready = true;
