@@ -393,16 +393,21 @@ typedef struct {
   void *run;                   /* the hook's state, NULL when no order.pre pipeline */
 } order_req_t;
 
+/* The fields the order document and its event payload share, after the id. */
+static void append_summary(bson_t *d, const order_req_t *r) {
+  BSON_APPEND_UTF8(d, "orgId", r->org);
+  BSON_APPEND_UTF8(d, "orderNumber", r->number);
+  BSON_APPEND_UTF8(d, "status", "CONFIRMED");
+  BSON_APPEND_UTF8(d, "customerEmail", r->in->customer_email);
+  BSON_APPEND_UTF8(d, "currency", r->in->currency);
+}
+
 static void build_order(order_req_t *r) {
   obx_order_input_t *in = r->in;
   bson_t *d = &r->order, sub;
   bson_reinit(d);
   BSON_APPEND_UTF8(d, "_id", r->id);
-  BSON_APPEND_UTF8(d, "orgId", r->org);
-  BSON_APPEND_UTF8(d, "orderNumber", r->number);
-  BSON_APPEND_UTF8(d, "status", "CONFIRMED");
-  BSON_APPEND_UTF8(d, "customerEmail", in->customer_email);
-  BSON_APPEND_UTF8(d, "currency", in->currency);
+  append_summary(d, r);
   if (in->nitems) append_items(d, in, true);
   append_decimal(d, "totalAmount", in->total, in->minor_digits);
   BSON_APPEND_DOCUMENT(d, "externalCodes", &in->external_codes);
@@ -423,11 +428,7 @@ static void build_event(order_req_t *r, const char *correlation_id) {
   bson_t *p = &ev->payload;
   bson_reinit(p);
   BSON_APPEND_UTF8(p, "orderId", r->id);
-  BSON_APPEND_UTF8(p, "orderNumber", r->number);
-  BSON_APPEND_UTF8(p, "orgId", r->org);
-  BSON_APPEND_UTF8(p, "status", "CONFIRMED");
-  BSON_APPEND_UTF8(p, "customerEmail", in->customer_email);
-  BSON_APPEND_UTF8(p, "currency", in->currency);
+  append_summary(p, r);
   append_money_string(p, "totalAmount", in->total, in->minor_digits);
   BSON_APPEND_INT32(p, "itemCount", in->nitems);
   if (in->nitems) append_items(p, in, false);
