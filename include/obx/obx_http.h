@@ -55,8 +55,6 @@ void obx_http_route(obx_http_t *http, const char *method, const char *pattern,
 void obx_http_add_ready_check(obx_http_t *http, const char *name, obx_http_ready_fn_t fn, void *ctx);
 
 /* Request accessors; strings are borrowed for the handler call. */
-const char *obx_http_req_method(const obx_http_req_t *req);
-const char *obx_http_req_path(const obx_http_req_t *req);
 const char *obx_http_req_body(const obx_http_req_t *req, size_t *len); /* NUL-terminated */
 const char *obx_http_req_param(const obx_http_req_t *req, const char *name); /* ":name" of the pattern */
 const char *obx_http_req_header(const obx_http_req_t *req, const char *name);

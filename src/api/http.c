@@ -180,8 +180,6 @@ static void resp_cleanup(obx_http_resp_t *resp) {
 
 /* ---- request accessors -------------------------------------------------------------------- */
 
-const char *obx_http_req_method(const obx_http_req_t *req) { return req->method; }
-const char *obx_http_req_path(const obx_http_req_t *req) { return req->path; }
 const char *obx_http_req_org(const obx_http_req_t *req) { return req->org; }
 
 const char *obx_http_req_body(const obx_http_req_t *req, size_t *len) {
