@@ -407,6 +407,41 @@ static void test_stdin_commands_and_eof_exit(void **state) {
   }
 }
 
+/* True while pid runs (a zombie waiting to be reaped counts as gone). */
+static bool pid_running(pid_t pid) {
+  char path[64], stat[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  bool ok = fgets(stat, sizeof stat, f) != NULL;
+  fclose(f);
+  const char *end = ok ? strrchr(stat, ')') : NULL; /* "pid (comm) S ..." */
+  return end && end[1] == ' ' && end[2] != 'Z' && end[2] != 'X';
+}
+
+static bool pid_gone(void *ctx) { return !pid_running(*(pid_t *)ctx); }
+
+/* --exit-with-parent: once the process that started kafka-mockd is gone, kafka-mockd goes too
+ * (what keeps a crashed test from leaving clusters behind). */
+static void test_exit_with_parent(void **state) {
+  const char *boot = tmp_path("orphan.bootstrap"), *pidf = tmp_path("orphan.pid");
+  char cmd[2048];
+  unlink(boot);
+  snprintf(cmd, sizeof cmd,
+           "%s --exit-with-parent --bootstrap-file %s --control %s </dev/null >/dev/null & "
+           "echo $! >%s; i=0; while [ ! -s %s ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); "
+           "done; test -s %s",
+           obx_test_build_path("tests/fixtures/kafka-mock/kafka-mockd"), boot,
+           tmp_path("orphan.sock"), pidf, boot, boot);
+  assert_int_equal(run_shell(cmd, SPAWN_TIMEOUT_MS), 0);
+  char line[32];
+  assert_true(obx_test_read_first_line(pidf, line, sizeof line, 1000));
+  pid_t pid = (pid_t)atoi(line);
+  assert_true(pid > 0);
+  if (!obx_test_wait_for(pid_gone, &pid, 30000, 20))
+    fail_msg("kafka-mockd %d: still running 30 s after its parent exited", (int)pid);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_control_commands),
@@ -415,6 +450,7 @@ int main(void) {
     cmocka_unit_test(test_all_brokers_down_then_up),
     cmocka_unit_test(test_pushed_errors_reach_producer),
     cmocka_unit_test(test_stdin_commands_and_eof_exit),
+    cmocka_unit_test(test_exit_with_parent),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
