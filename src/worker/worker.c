@@ -25,7 +25,7 @@
 #include "obx/obx_pipeline.h"
 #include "worker_int.h"
 
-#define LANE_QUEUE_CAP 64
+#define LANE_QUEUE_CAP 16 /* bounds how long the Kafka thread can block on a slow lane */
 #define INFRA_BACKOFF_MIN_MS 100
 #define INFRA_BACKOFF_MAX_MS 5000
 #define REVOKE_DRAIN_MS 30000
@@ -647,7 +647,7 @@ static void *kafka_main(void *arg) {
   obx_worker_t *w = arg;
   pthread_setname_np(pthread_self(), "obx-kafka");
   obx_log_set_role("worker");
-  int64_t last_tick = 0, last_lag = 0, last_recommit = obx_time_now_ms();
+  int64_t last_lag = 0, last_recommit = obx_time_now_ms();
   while (!atomic_load(&w->stop)) {
     rd_kafka_message_t *rkm = rd_kafka_consumer_poll(w->rk, 100);
     if (rkm) {
@@ -658,10 +658,6 @@ static void *kafka_main(void *arg) {
     }
     kafka_commit_done(w, false);
     int64_t now = obx_time_now_ms();
-    if (now - last_tick >= 1000) {
-      obx_ladder_tick(w->ladder);
-      last_tick = now;
-    }
     if (now - last_lag >= 2000) {
       kafka_update_lag(w);
       last_lag = now;
@@ -747,9 +743,13 @@ static void *wq_main(void *arg) {
   obx_worker_t *w = arg;
   pthread_setname_np(pthread_self(), "obx-workq");
   obx_log_set_role("worker");
-  int64_t last_warn = 0, last_parked = 0;
+  int64_t last_warn = 0, last_parked = 0, last_tick = 0;
   while (!atomic_load(&w->stop)) {
     wq_settle(w);
+    if (obx_time_now_ms() - last_tick >= 1000) { /* in every mode: heartbeats, reconnects */
+      obx_ladder_tick(w->ladder);
+      last_tick = obx_time_now_ms();
+    }
     if (obx_time_now_ms() - last_parked >= 5000) {
       last_parked = obx_time_now_ms();
       mongoc_client_t *client = obx_mongo_pop(w->mongo);
