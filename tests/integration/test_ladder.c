@@ -262,12 +262,36 @@ static void test_redrive_all(void **state) {
   wait_depth(fx, obx_ladder_work_queue(fx->ladder), 0);
 }
 
+/* An idle publisher that is ticked keeps its connection past several heartbeat timeouts. */
+static void test_ticked_idle_connection_survives_heartbeats(void **state) {
+  WT_NEED_BROKER();
+  fx_t *fx = *state;
+  obx_ladder_opts_t opts = fx->opts;
+  opts.heartbeat_s = 1;
+  obx_err_t err = OBX_ERR_INIT;
+  obx_ladder_t *ladder = obx_ladder_new(&opts, &err);
+  if (!obx_ladder_connect(ladder, &err)) fail_msg("connect: %s", err.msg);
+  int64_t idle_until = obx_test_now_ms() + 4000; /* four heartbeat periods without traffic */
+  while (obx_test_now_ms() < idle_until) {
+    obx_ladder_tick(ladder);
+    if (!obx_ladder_connected(ladder)) fail_msg("the idle connection was dropped");
+    usleep(200 * 1000);
+  }
+  obx_ladder_msg_t msg;
+  make_msg(&msg, "0190f0e0-0000-7000-8000-0000000000d4", "K-4");
+  if (!obx_ladder_publish_dlq(ladder, &msg, &err)) fail_msg("publish after idling: %s", err.msg);
+  obx_ladder_msg_cleanup(&msg);
+  obx_ladder_destroy(ladder);
+  wait_depth(fx, obx_ladder_dlq_queue(fx->ladder), 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_topology_is_idempotent, setup, teardown),
     cmocka_unit_test_setup_teardown(test_tiers_return_to_work_queue_after_their_delay, setup, teardown),
     cmocka_unit_test_setup_teardown(test_dlq_browse_redrive_purge, setup, teardown),
     cmocka_unit_test_setup_teardown(test_redrive_all, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_ticked_idle_connection_survives_heartbeats, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
