@@ -90,6 +90,7 @@ typedef struct obx_relay {
   mongoc_change_stream_t *stream;
   bson_t *read_token;       /* newest token read from the stream (owned) */
   bool caught_up;           /* the last read returned an empty batch */
+  int64_t caught_up_ms;     /* when it did */
   int64_t next_stream_open_ms;
   relay_window_t window;
 

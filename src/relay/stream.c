@@ -28,6 +28,7 @@
 /* An idle getMore blocks the relay thread this long; delivery reports that arrive meanwhile wait
  * for it, so it bounds the ack latency added at low load (at the cost of idle getMores). */
 #define RELAY_STREAM_AWAIT_MS 20
+#define RELAY_STREAM_HOLD_MS 50
 
 void relay_window_init(relay_window_t *window, size_t cap) {
   window->slots = calloc(cap, sizeof *window->slots);
@@ -208,6 +209,10 @@ bool relay_stream_step(obx_relay_t *relay) {
     if (obx_time_now_ms() < relay->next_stream_open_ms) return false;
     if (!relay_stream_open(relay)) return false;
   }
+  /* Caught up with events in flight: wait for their reports instead of blocking in an idle
+   * getMore (which would hold them up to RELAY_STREAM_AWAIT_MS), but not for long. */
+  if (relay->caught_up && relay_pending(relay) > 0 && obx_time_now_ms() - relay->caught_up_ms < RELAY_STREAM_HOLD_MS)
+    return false;
   int read = 0;
   while (read < RELAY_STREAM_READS_PER_STEP && !relay->stopping && relay->stream) {
     if (relay_pending(relay) >= relay->conf->relay_max_inflight || relay_window_full(&relay->window)) break;
@@ -232,6 +237,7 @@ bool relay_stream_step(obx_relay_t *relay) {
       relay_window_push(relay, bson_copy(pbrt), obx_time_now_ms() / 1000, SLOT_DONE);
     }
     relay->caught_up = true;
+    relay->caught_up_ms = obx_time_now_ms();
     break;
   }
   return read > 0;
