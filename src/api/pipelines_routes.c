@@ -13,7 +13,9 @@
  *    rejects the order (terminal: 422; transient: 503) and its execution document is recorded
  *    on its own, since no order transaction follows.
  *  - At start a thread creates the pipelines indexes, then applies PIPELINES_DIR, retrying
- *    both while MongoDB is unreachable. */
+ *    both while MongoDB is unreachable. Stop is prompt: each attempt pings first (fails at
+ *    once while MongoDB is down, instead of blocking in server selection) and the thread
+ *    waits between attempts on a condition variable that stop signals. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -217,40 +219,47 @@ static bool setup_wait(pipelines_api_t *api) {
   return stop;
 }
 
-/* One attempt at applying PIPELINES_DIR; false when it should be retried. */
-static bool apply_dir(pipelines_api_t *api) {
-  obx_err_t err = OBX_ERR_INIT;
+/* Applies PIPELINES_DIR once; false with err (retriable: try again) on failure. */
+static bool apply_dir(pipelines_api_t *api, obx_err_t *err) {
   char *report = NULL;
   size_t len = 0;
   FILE *out = open_memstream(&report, &len);
   mongoc_client_t *client = obx_mongo_pop(api->mongo);
-  bool ok = obx_pipeline_store_apply_path(client, obx_mongo_db_name(api->mongo), api->pipelines_dir, false, out, &err);
+  bool ok = obx_pipeline_store_apply_path(client, obx_mongo_db_name(api->mongo), api->pipelines_dir, false, out, err);
   obx_mongo_push(api->mongo, client);
   fclose(out);
-  if (ok)
-    obx_info("pipelines applied from %s:\n%s", api->pipelines_dir, report);
-  else if (err.retriable)
-    obx_warn("pipelines from %s: %s; retrying", api->pipelines_dir, err.msg);
-  else
-    obx_error("pipelines from %s: %s\n%s", api->pipelines_dir, err.msg, report);
+  if (ok) obx_info("pipelines applied from %s:\n%s", api->pipelines_dir, report);
+  else if (!err->retriable) obx_error("pipelines from %s:\n%s", api->pipelines_dir, report);
   free(report);
-  return ok || !err.retriable;
+  return ok;
+}
+
+static bool ensure_indexes(pipelines_api_t *api, obx_err_t *err) {
+  return obx_pipeline_store_ensure_indexes(api->mongo, err);
+}
+
+/* Runs step until it succeeds or fails for good (logged); false when a stop came first.
+ * Each attempt pings first: the ping fails at once while MongoDB is down, where the step's
+ * pooled client would wait out server selection (5 s) and hold a stop up that long. Between
+ * attempts the thread waits on the condition variable that stop signals. */
+static bool setup_retry(pipelines_api_t *api, const char *what, bool (*step)(pipelines_api_t *, obx_err_t *)) {
+  for (int attempt = 1;; attempt++) {
+    obx_err_t err = OBX_ERR_INIT;
+    if (obx_mongo_ping(api->mongo, &err) && step(api, &err)) return true;
+    if (!err.retriable) {
+      obx_error("%s: %s", what, err.msg);
+      return true;
+    }
+    if (attempt == 1 || attempt % 30 == 0) obx_warn("%s (attempt %d): %s; retrying", what, attempt, err.msg);
+    if (setup_wait(api)) return false;
+  }
 }
 
 static void *setup_main(void *arg) {
   pipelines_api_t *api = arg;
   obx_log_set_role("api");
-  for (;;) {
-    obx_err_t err = OBX_ERR_INIT;
-    if (obx_pipeline_store_ensure_indexes(api->mongo, &err)) break;
-    if (!err.retriable) {
-      obx_error("pipelines indexes: %s", err.msg);
-      break;
-    }
-    if (setup_wait(api)) return NULL;
-  }
-  while (api->pipelines_dir && !apply_dir(api))
-    if (setup_wait(api)) return NULL;
+  if (setup_retry(api, "pipelines indexes", ensure_indexes) && api->pipelines_dir)
+    setup_retry(api, "pipelines from PIPELINES_DIR", apply_dir);
   return NULL;
 }
 
