@@ -280,11 +280,13 @@ static void relay_lease_tick(obx_relay_t *relay) {
 
 /* ---- checkpoint --------------------------------------------------------------------------- */
 
-static void relay_checkpoint_load(obx_relay_t *relay) {
+/* Reads the checkpoint into ckpt_token (NULL when there is none); false on a MongoDB error. */
+static bool relay_checkpoint_load(obx_relay_t *relay) {
   bson_t *filter = BCON_NEW("_id", RELAY_CHECKPOINT_ID);
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(relay->checkpoints, filter, NULL, NULL);
   const bson_t *doc;
   bson_iter_t it;
+  bson_error_t berr;
   bson_destroy(relay->ckpt_token);
   relay->ckpt_token = NULL;
   if (mongoc_cursor_next(cursor, &doc)) {
@@ -297,8 +299,11 @@ static void relay_checkpoint_load(obx_relay_t *relay) {
     if (bson_iter_init_find(&it, doc, "clusterTime") && BSON_ITER_HOLDS_NUMBER(&it))
       relay->ckpt_cluster_s = bson_iter_as_int64(&it);
   }
+  bool ok = !mongoc_cursor_error(cursor, &berr);
+  if (!ok) obx_warn("checkpoint: %s", berr.message);
   mongoc_cursor_destroy(cursor);
   bson_destroy(filter);
+  return ok;
 }
 
 /* Writes the checkpoint if it moved, fenced by our epoch. */
@@ -401,9 +406,10 @@ static bool relay_ensure_indexes(obx_relay_t *relay) {
 }
 
 /* Becoming the leader: resume from the checkpoint, or (none yet) start from now and publish
- * every PENDING event first. */
-static void relay_lead_begin(obx_relay_t *relay) {
-  relay_checkpoint_load(relay);
+ * every PENDING event first. False when the checkpoint could not be read (try again later: a
+ * missing checkpoint must not be mistaken for an unreadable one). */
+static bool relay_lead_begin(obx_relay_t *relay) {
+  if (!relay_checkpoint_load(relay)) return false;
   bson_destroy(relay->read_token);
   relay->read_token = relay->ckpt_token ? bson_copy(relay->ckpt_token) : NULL;
   relay->ckpt_dirty = false;
@@ -412,6 +418,7 @@ static void relay_lead_begin(obx_relay_t *relay) {
     obx_info("no checkpoint: publishing PENDING events, then following the stream from now");
     relay_sweep_all(relay);
   }
+  return true;
 }
 
 static void *relay_main(void *arg) {
@@ -432,8 +439,8 @@ static void *relay_main(void *arg) {
       continue;
     }
     if (!relay->poll_mode && !relay->led) {
-      relay->led = true;
-      relay_lead_begin(relay);
+      relay->led = relay_lead_begin(relay) && relay->leader; /* it may have stepped down meanwhile */
+      if (!relay->led) relay_serve(relay, 1000, false);
       continue;
     }
 
