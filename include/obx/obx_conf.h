@@ -59,6 +59,8 @@ typedef struct {
     "API keys file: lines '<sha256 hex of key> <orgId> <perm,...>' (outboxctl apikey new); empty: no keys") \
   X(api_rate_limit, INT, "api.rate_limit", "API_RATE_LIMIT", "0", 0, 1000000, NULL, 0,             \
     "Requests per second allowed per API key (bursts of twice that; more get 429); 0: unlimited") \
+  X(api_cors_origins, STR, "api.cors_origins", "API_CORS_ORIGINS", "", 0, 0, NULL, 0,             \
+    "Browser origins allowed by CORS (comma-separated, e.g. https://app.example.com; * allows any); empty: CORS off") \
   X(order_currency, STR, "api.default_currency", "ORDER_DEFAULT_CURRENCY", "BRL", 0, 0, NULL, 0,   \
     "ISO 4217 currency of orders that do not name one")                                          \
   X(api_enabled, BOOL, "api.enabled", "API_ENABLED", "true", 0, 0, NULL, 0,                       \

@@ -6,7 +6,15 @@
  * (still capped), the last one dispatches: route match (404/405), bearer key check (401/403),
  * the key's token bucket (429), handler, reply. Stopping quiesces the listener and waits up to
  * 10 s for requests in flight before closing connections. The route table grows under a write lock and is read under a read lock, so
- * roles may register routes while the server runs. Reads http.*, api.keys_file. */
+ * roles may register routes while the server runs.
+ *
+ * CORS (api.cors_origins): a request whose Origin is allowed gets Access-Control-Allow-Origin
+ * (its own origin echoed), Vary: Origin and Access-Control-Expose-Headers on every answer,
+ * errors (401, 403, 404, 413, 429, problem+json) included; a preflight (OPTIONS with
+ * Access-Control-Request-Method) from it is answered 204 before routing to a handler and
+ * before the key check, with the methods of the path. Other origins get no CORS header at all
+ * (their preflight is an ordinary OPTIONS: 405). Reads http.*, api.keys_file, api.rate_limit,
+ * api.cors_origins. */
 #include "obx/obx_http.h"
 
 #include <arpa/inet.h>
@@ -32,6 +40,9 @@
 #define HTTP_MAX_HEADERS 8
 #define HTTP_PROBLEM_BASE "https://outboxd.dev/problems/"
 #define HTTP_DRAIN_MS 10000
+#define HTTP_CORS_MAX_AGE "600"
+#define HTTP_CORS_ALLOW_HEADERS "Authorization, Content-Type, Idempotency-Key, X-Correlation-Id"
+#define HTTP_CORS_EXPOSE_HEADERS "Location, Retry-After, Idempotent-Replayed, WWW-Authenticate"
 
 typedef struct {
   char *method, *pattern, *permission;
@@ -70,6 +81,8 @@ struct obx_http {
   http_bucket_t *buckets;       /* one per API key, by obx_auth_key_t.index */
   obx_counter_t *requests;      /* registered once in obx_http_new */
   obx_histogram_t *latency;
+  char **cors_origins;          /* api.cors_origins without trailing '/'; NULL-terminated */
+  bool cors_any;                /* "*" among them */
 };
 
 struct obx_http_req {
@@ -360,6 +373,63 @@ static void http_dispatch(obx_http_t *http, obx_http_req_t *req, obx_http_resp_t
   }
 }
 
+/* ---- CORS --------------------------------------------------------------------------------- */
+
+/* Parses api.cors_origins: "*" or scheme://host[:port] entries. Names a bad entry. */
+static bool cors_parse(obx_http_t *http, const char *list, obx_err_t *err) {
+  char *copy = strdup(list), *save = NULL;
+  int n = 0;
+  bool ok = true;
+  http->cors_origins = calloc(1, sizeof *http->cors_origins);
+  for (char *tok = strtok_r(copy, ", \t", &save); tok && ok; tok = strtok_r(NULL, ", \t", &save)) {
+    size_t len = strlen(tok);
+    while (len > 1 && tok[len - 1] == '/') tok[--len] = '\0';
+    const char *host = strstr(tok, "://");
+    if (strcmp(tok, "*") == 0) {
+      http->cors_any = true;
+      continue;
+    }
+    if (!host || !(strncmp(tok, "http://", 7) == 0 || strncmp(tok, "https://", 8) == 0) || !host[3] ||
+        strchr(host + 3, '/')) {
+      obx_err_set(err, OBX_ERR_CONF, 0, false,
+                  "api.cors_origins: '%s' is not an origin such as https://app.example.com (or *)", tok);
+      ok = false;
+      continue;
+    }
+    http->cors_origins = realloc(http->cors_origins, (size_t)(n + 2) * sizeof *http->cors_origins);
+    http->cors_origins[n++] = strdup(tok);
+    http->cors_origins[n] = NULL;
+  }
+  free(copy);
+  return ok;
+}
+
+/* The request's Origin when CORS allows it, else NULL (no CORS headers). */
+static const char *cors_origin(const obx_http_t *http, const obx_http_req_t *req) {
+  const char *origin = obx_http_req_header(req, "Origin");
+  if (!origin || !*origin) return NULL;
+  if (http->cors_any) return origin;
+  for (char **o = http->cors_origins; *o; o++)
+    if (strcasecmp(*o, origin) == 0) return origin;
+  return NULL;
+}
+
+/* 204 to a preflight from an allowed origin: the methods the path has (404 when it has none);
+ * no key is needed, the actual request is checked as usual. */
+static void cors_preflight(obx_http_t *http, obx_http_req_t *req, obx_http_resp_t *resp) {
+  http_route_t route;
+  char allow[128];
+  req->route = "preflight";
+  if (http_match(http, req, &route, allow, sizeof allow) == MATCH_NONE) {
+    obx_http_reply_problem(resp, 404, "Not found", "no such resource", NULL);
+    return;
+  }
+  resp->status = 204;
+  obx_http_resp_header(resp, "Access-Control-Allow-Methods", allow);
+  obx_http_resp_header(resp, "Access-Control-Allow-Headers", HTTP_CORS_ALLOW_HEADERS);
+  obx_http_resp_header(resp, "Access-Control-Max-Age", HTTP_CORS_MAX_AGE);
+}
+
 /* ---- metrics ------------------------------------------------------------------------------ */
 
 /* Requests by route pattern (not the raw path: ids would explode the series), method and
@@ -390,10 +460,17 @@ static void http_metrics(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) 
 
 /* ---- MHD callbacks ------------------------------------------------------------------------ */
 
-static enum MHD_Result http_queue(struct MHD_Connection *conn, obx_http_resp_t *resp) {
-  struct MHD_Response *mresp = MHD_create_response_from_buffer(resp->len, resp->body, MHD_RESPMEM_MUST_COPY);
+/* cors_origin: the allowed Origin of the request, or NULL. */
+static enum MHD_Result http_queue(struct MHD_Connection *conn, obx_http_resp_t *resp, const char *cors_origin) {
+  struct MHD_Response *mresp =
+    MHD_create_response_from_buffer(resp->len, resp->body ? resp->body : "", MHD_RESPMEM_MUST_COPY);
   if (resp->content_type) MHD_add_response_header(mresp, MHD_HTTP_HEADER_CONTENT_TYPE, resp->content_type);
   for (int i = 0; i < resp->nheaders; i++) MHD_add_response_header(mresp, resp->headers[i][0], resp->headers[i][1]);
+  if (cors_origin) {
+    MHD_add_response_header(mresp, "Access-Control-Allow-Origin", cors_origin);
+    MHD_add_response_header(mresp, "Access-Control-Expose-Headers", HTTP_CORS_EXPOSE_HEADERS);
+    MHD_add_response_header(mresp, MHD_HTTP_HEADER_VARY, "Origin");
+  }
   enum MHD_Result ret = MHD_queue_response(conn, (unsigned)resp->status, mresp);
   MHD_destroy_response(mresp);
   return ret;
@@ -435,10 +512,14 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, c
   }
   obx_log_set_role("http");
   obx_http_resp_t resp = {0};
-  http_dispatch(http, req, &resp);
+  const char *origin = cors_origin(http, req);
+  if (origin && strcmp(method, "OPTIONS") == 0 && obx_http_req_header(req, "Access-Control-Request-Method"))
+    cors_preflight(http, req, &resp);
+  else
+    http_dispatch(http, req, &resp);
   obx_debug("%s %s -> %d", method, url, resp.status);
   http_observe(http, req, resp.status);
-  enum MHD_Result ret = http_queue(conn, &resp);
+  enum MHD_Result ret = http_queue(conn, &resp, origin);
   resp_cleanup(&resp);
   return ret;
 }
@@ -512,6 +593,10 @@ obx_http_t *obx_http_new(const obx_conf_t *conf, obx_err_t *err) {
   pthread_mutex_init(&http->rate_mu, NULL);
   pthread_rwlock_init(&http->lock, NULL);
   http_register_metrics(http);
+  if (!cors_parse(http, conf->api_cors_origins, err)) {
+    obx_http_destroy(http);
+    return NULL;
+  }
   obx_http_route(http, "GET", "/healthz", NULL, http_healthz, http);
   obx_http_route(http, "GET", "/readyz", NULL, http_readyz, http);
   obx_http_route(http, "GET", "/metrics", NULL, http_metrics, http);
@@ -584,6 +669,8 @@ void obx_http_destroy(obx_http_t *http) {
   pthread_rwlock_destroy(&http->lock);
   pthread_mutex_destroy(&http->rate_mu);
   free(http->buckets);
+  for (char **o = http->cors_origins; o && *o; o++) free(*o);
+  free(http->cors_origins);
   free(http->bind);
   obx_auth_destroy(http->auth);
   free(http);

@@ -45,6 +45,8 @@ static void test_exits(void **state) {
     {"unknown role", {"--roles", "api,cook", NULL}, 1, "unknown role 'cook'"},
     {"bad key", {"-X", "http.port=70000", NULL}, 1, "http.port"},
     {"unknown key", {"-X", "no.such.key=1", NULL}, 1, "no.such.key"},
+    {"bad cors origin", {"-X", "api.cors_origins=app.example.com", NULL}, 1,
+     "api.cors_origins: 'app.example.com' is not an origin"},
     {"missing file", {"-c", "/nonexistent/outboxd.conf", NULL}, 1, "/nonexistent/outboxd.conf"},
     {"bad currency", {"--roles", "api", "-X", "api.default_currency=reais", "-X", "http.port=0", NULL}, 1,
      "api.default_currency"},
