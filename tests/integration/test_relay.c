@@ -442,6 +442,17 @@ static void test_deposed_leader_is_fenced(void **state) {
   ctx_cleanup(&ctx);
 }
 
+/* Resident set of this process (the relay runs in it), kB. */
+static long rss_kb(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long kb = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %ld kB", &kb) == 1) break;
+  if (f) fclose(f);
+  return kb;
+}
+
 static bool lag_zero(void *arg) {
   return ((obx_relay_t *)arg)->counters.lag_ms == 0;
 }
@@ -458,10 +469,12 @@ static void test_kafka_down_20s_backpressure(void **state) {
 
   assert_true(obx_test_kafka_cmd(&g_kafka, "broker down all"));
   insert_events(&ctx, 1000, 10);
-  int64_t until = obx_test_now_ms() + 20000;
+  int64_t start = obx_test_now_ms(), until = start + 20000;
   int max_inflight = 0;
   uint64_t max_window = 0;
+  long rss_early = 0;
   while (obx_test_now_ms() < until) {
+    if (!rss_early && obx_test_now_ms() - start >= 3000) rss_early = rss_kb();
     int inflight = relay->counters.inflight;
     uint64_t window = relay->window.end - relay->window.first; /* read racily: a gauge */
     if (inflight > max_inflight) max_inflight = inflight;
@@ -469,6 +482,9 @@ static void test_kafka_down_20s_backpressure(void **state) {
     struct timespec ts = {0, 50 * 1000000L};
     nanosleep(&ts, NULL);
   }
+  long rss_late = rss_kb();
+  if (rss_late - rss_early > 16 * 1024)
+    fail_msg("memory grew while Kafka was down: %ld kB -> %ld kB", rss_early, rss_late);
   int64_t published = count_docs(ctx.outbox, "{\"status\": \"PUBLISHED\"}");
   /* the checkpoint is stuck behind the unacknowledged events: lag grows */
   if (relay->counters.lag_ms < 10000) fail_msg("lag after 20 s down: got %lld ms want >= 10000", (long long)relay->counters.lag_ms);
