@@ -84,6 +84,8 @@ static void test_transient_failure_succeeds_on_tier_two(void **state) {
   WT_NEED_BROKER();
   wt_fx_t *fx = *state;
   fx->attempts = 4;
+  /* A long second tier leaves the test time to script the ERP's success before the last try. */
+  wt_conf_set(fx, "worker.retry_ladder", "200ms,3s");
   wt_start_worker(fx);
   obx_event_t ev;
   wt_event(&ev, "OrderConfirmed", "K-1", "T-1");
@@ -102,6 +104,10 @@ static void test_transient_failure_succeeds_on_tier_two(void **state) {
   assert_int_equal(s.retries[1], 1);
   assert_int_equal(s.dlq, 0);
   assert_false(wt_key_parked(fx, "K-1"));
+  char extra[96];
+  snprintf(extra, sizeof extra, "%s.retry.3000ms", fx->prefix);
+  const char *queues[] = {extra};
+  wt_delete_amqp(queues, 1, NULL);
   obx_event_cleanup(&ev);
 }
 

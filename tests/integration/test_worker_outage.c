@@ -195,7 +195,8 @@ static void test_starts_with_rabbitmq_down_and_catches_up(void **state) {
   wt_wait_status(fx, later.id, "RETRYING");
   wt_route(fx, "U-3", 200);
   wt_wait_status(fx, later.id, "DONE");
-  assert_int_equal(wt_executions(fx, later.id), 2);
+  if (wt_executions(fx, later.id) < 2) fail_msg("the retried event has %lld executions, want >= 2",
+                                                (long long)wt_executions(fx, later.id));
   obx_event_cleanup(&ok);
   obx_event_cleanup(&failing);
   obx_event_cleanup(&later);
