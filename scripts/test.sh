@@ -20,17 +20,21 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS_RELWITH
   -DOBX_WERROR=ON >/dev/null
 cmake --build "$BUILD" -j "$JOBS"
 
-# RabbitMQ: a private node for this run (own name, ports, data directory). It is stopped on
-# every exit path; a directory made here is removed after a green run (kept for its logs
+# RabbitMQ: a private node for this run (own name, ports, data directory). A node started
+# here is stopped on every exit path (one already running in a given $OBX_RMQ_DIR is used and
+# left running); a directory made here is removed after a green run (kept for its logs
 # otherwise).
 RMQ_TMP=""
 if [ -z "${OBX_RMQ_DIR:-}" ]; then
   RMQ_TMP=$(mktemp -d /tmp/obx-rmq.XXXXXX)
   export OBX_RMQ_DIR=$RMQ_TMP
 fi
+RMQ_OWN=0
+scripts/rabbitmq.sh status >/dev/null || RMQ_OWN=1
+rmq_stop() { if [ "$RMQ_OWN" = 1 ]; then scripts/rabbitmq.sh stop; fi; }
 cleanup() {
   local rc=$?
-  scripts/rabbitmq.sh stop || true
+  rmq_stop || true
   if [ -n "$RMQ_TMP" ]; then
     if [ "$rc" = 0 ]; then
       rm -rf "$RMQ_TMP"
@@ -66,7 +70,7 @@ source "$OBX_RMQ_DIR/env"   # exports AMQP_URL for the tests
 status=0
 run_group ctest --test-dir "$BUILD" -L unit --output-on-failure -j "$JOBS" || status=1
 run_group ctest --test-dir "$BUILD" -L integration --output-on-failure || status=1
-scripts/rabbitmq.sh stop   # the sanitizer pass runs unit tests only
+rmq_stop   # the sanitizer pass runs unit tests only
 
 if [ "$QUICK" = 0 ]; then
   ASAN_BUILD=${BUILD}-asan
