@@ -6,13 +6,14 @@
  * event's lane like a Kafka record. The handler waits for the outcome: 200 once it is durable
  * in the inbox (done, skipped, duplicate, blocked, retrying or dead), 400 for a request that
  * is not a CloudEvent, 503 when MongoDB or RabbitMQ is unavailable or the worker is stopping,
- * so the broker delivers again. */
+ * so the broker delivers again. /readyz includes a MongoDB ping. */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
 #include "obx/obx_event.h"
+#include "obx/obx_mongo.h"
 #include "worker_int.h"
 
 struct worker_http_wait {
@@ -70,6 +71,8 @@ static bool msg_from_request(obx_http_req_t *req, obx_ladder_msg_t *msg, obx_err
   return ok;
 }
 
+static bool sink_ready(void *ctx, obx_err_t *err) { return obx_mongo_ping(ctx, err); }
+
 static void sink_handler(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
   obx_worker_t *w = ctx;
   obx_ladder_msg_t msg;
@@ -111,6 +114,8 @@ done:
   obx_ladder_msg_cleanup(&msg);
 }
 
-void worker_http_register(obx_worker_t *w, obx_http_t *http) {
+void worker_http_register(obx_worker_t *w, obx_http_t *http, obx_mongo_t *mongo) {
   obx_http_route(http, "POST", "/", NULL, sink_handler, w);
+  /* The sink cannot make anything durable without MongoDB: not ready, so no traffic. */
+  obx_http_add_ready_check(http, "worker-mongo", sink_ready, mongo);
 }

@@ -835,7 +835,7 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
     goto fail;
   }
   w->wq_running = true;
-  if (http_mode) worker_http_register(w, http);
+  if (http_mode) worker_http_register(w, http, w->mongo);
   else if (!kafka_start(w, err)) goto fail;
   obx_info("worker started: %s source, %d lanes, %d attempts, %d retry tiers, consumer %s",
            http_mode ? "http" : "kafka", w->nlanes, w->max_attempts, conf->retry_ladder.n, w->consumer);

@@ -10,6 +10,7 @@
 
 #include "obx/obx_http.h"
 #include "obx/obx_ladder.h"
+#include "obx/obx_mongo.h"
 #include "obx/obx_worker.h"
 
 typedef enum { WORKER_SOURCE_KAFKA, WORKER_SOURCE_WORK, WORKER_SOURCE_HTTP } worker_source_t;
@@ -69,7 +70,7 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
  * The lane calls worker_http_complete(wait, outcome) when done. False when stopping. */
 bool worker_enqueue_http(obx_worker_t *w, obx_ladder_msg_t *msg, worker_http_wait_t *wait);
 void worker_http_complete(worker_http_wait_t *wait, worker_outcome_t outcome);
-/* Adds the CloudEvents sink routes to the HTTP server. */
-void worker_http_register(obx_worker_t *w, obx_http_t *http);
+/* Adds the CloudEvents sink route and its readiness check (MongoDB ping) to the HTTP server. */
+void worker_http_register(obx_worker_t *w, obx_http_t *http, obx_mongo_t *mongo);
 
 #endif

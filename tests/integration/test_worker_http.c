@@ -144,6 +144,19 @@ static void test_mongo_down_is_503(void **state) {
                           "ce-time: 2026-11-29T18:00:00.000Z", "Content-Type: application/json", NULL};
   long status = post(s, "{\"orderNumber\": \"H-3\"}", binary, out, sizeof out);
   if (status != 503) fail_msg("with MongoDB down: got %ld (%s), want 503", status, out);
+  /* And the sink says it is not ready, so no traffic is routed to it. */
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%d/readyz", s->port);
+  CURL *curl = curl_easy_init();
+  curl_easy_setopt(curl, CURLOPT_URL, url);
+  char body[1024] = "";
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, collect_body);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, body);
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, 60000L);
+  long ready = 0;
+  if (curl_easy_perform(curl) == CURLE_OK) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &ready);
+  curl_easy_cleanup(curl);
+  if (ready != 503) fail_msg("/readyz with MongoDB down: got %ld (%s), want 503", ready, body);
 }
 
 int main(void) {
