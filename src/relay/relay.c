@@ -83,7 +83,6 @@ static void relay_on_ack(const obx_relay_ack_t *ack, void *ctx) {
   obx_relay_t *relay = ctx;
   obx_relay_msg_t *msg = ack->opaque;
   relay_list_remove(msg->from == RELAY_FROM_STREAM ? &relay->inflight_stream : &relay->inflight_sweep, msg);
-  msg->reported = true;
   msg->ok = ack->ok;
   msg->partition = ack->partition;
   msg->offset = ack->offset;
@@ -91,11 +90,13 @@ static void relay_on_ack(const obx_relay_ack_t *ack, void *ctx) {
     relay_metrics_count(relay, RELAY_COUNT_PUBLISHED);
     relay_metrics_observe_ack(relay, obx_time_now_ms() - msg->occurred_ms);
   } else {
-    relay_metrics_count(relay, RELAY_COUNT_PUBLISH_ERROR);
     snprintf(msg->error, sizeof msg->error, "%s", ack->err.msg);
     /* A purge (shutdown, stepping down) is not an attempt: the event stays as it was. */
     msg->purged = ack->err.code == RD_KAFKA_RESP_ERR__PURGE_QUEUE || ack->err.code == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT;
-    obx_log_event(OBX_LOG_WARN, msg->id, NULL, "publish failed: %s", msg->error);
+    if (!msg->purged) {
+      relay_metrics_count(relay, RELAY_COUNT_PUBLISH_ERROR);
+      obx_log_event(OBX_LOG_WARN, msg->id, NULL, "publish failed: %s", msg->error);
+    }
   }
   if (!relay->reported.n) relay->first_report_ms = obx_time_now_ms();
   relay_list_push(&relay->reported, msg);
@@ -340,12 +341,11 @@ static void relay_update_lag(obx_relay_t *relay) {
 
 /* ---- publishing ----------------------------------------------------------------------------- */
 
-bool relay_publish(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg) {
+void relay_publish(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg) {
   obx_event_t ev;
   obx_kafka_record_t rec;
   obx_err_t err = OBX_ERR_INIT;
   bson_iter_t it;
-  bool sent = false;
   obx_event_init(&ev);
   memset(&rec, 0, sizeof rec);
   if (bson_iter_init_find(&it, doc, "_id") && BSON_ITER_HOLDS_UTF8(&it))
@@ -361,12 +361,10 @@ bool relay_publish(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg) 
   msg->occurred_ms = ev.occurred_at_ms;
   if (!obx_relay_producer_send(relay->producer, relay->conf->kafka_topic, &rec, msg, &err)) goto failed;
   relay_list_push(msg->from == RELAY_FROM_STREAM ? &relay->inflight_stream : &relay->inflight_sweep, msg);
-  sent = true;
   goto done;
 
 failed:
   obx_log_event(OBX_LOG_WARN, msg->id, ev.correlation_id, "cannot publish: %s", err.msg);
-  msg->reported = true;
   snprintf(msg->error, sizeof msg->error, "%s", err.msg);
   relay_metrics_count(relay, RELAY_COUNT_PUBLISH_ERROR);
   if (!relay->reported.n) relay->first_report_ms = obx_time_now_ms();
@@ -374,7 +372,6 @@ failed:
 done:
   obx_kafka_record_cleanup(&rec);
   obx_event_cleanup(&ev);
-  return sent;
 }
 
 void relay_serve(obx_relay_t *relay, int timeout_ms, bool force) {

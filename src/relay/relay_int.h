@@ -30,7 +30,7 @@ typedef struct obx_relay_msg {
   uint64_t seq;         /* stream: window slot */
   int32_t attempts;     /* attempts recorded before this publish */
   int64_t occurred_ms;  /* commit time used for the commit-to-ack latency */
-  bool reported, ok;
+  bool ok;              /* the delivery report's verdict */
   bool terminal;        /* malformed: FAILED at once */
   bool purged;          /* dropped by a purge (shutdown, step-down): not an attempt */
   int32_t partition;
@@ -112,10 +112,10 @@ typedef struct obx_relay {
 void relay_list_push(relay_list_t *list, obx_relay_msg_t *msg);
 void relay_list_remove(relay_list_t *list, obx_relay_msg_t *msg);
 bool relay_inflight_has(const obx_relay_t *relay, const char *id, bool stream_too);
-/* Produces the outbox document `doc` (status PENDING). On success the message is in flight
- * (ownership of msg passes to the relay lists); on failure the failed attempt is recorded in
- * the outbox and msg is freed; false only when even that record failed. */
-bool relay_publish(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg);
+/* Produces the outbox document `doc` (status PENDING); takes msg. It is in flight until its
+ * delivery report; a record that cannot even be sent (malformed event: terminal; full local
+ * queue) goes straight to the reported list as a failed attempt. */
+void relay_publish(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg);
 /* Serves delivery reports and writes their outbox updates (force: now, else when batched). */
 void relay_serve(obx_relay_t *relay, int timeout_ms, bool force);
 int relay_pending(const obx_relay_t *relay);
