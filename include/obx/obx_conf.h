@@ -72,7 +72,7 @@ typedef struct {
   X(relay_mode, ENUM, "relay.mode", "RELAY_MODE", "stream", 0, 0, "stream|poll", 0,               \
     "stream: change stream plus sweeper; poll: the sweeper alone with leased claims")            \
   X(relay_lease, DURATION, "relay.lease", "RELAY_LEASE", "10s", 1000, 600000, NULL, 0,             \
-    "Leader lease of the stream relay (and sweeper claims); a standby takes over within it")     \
+    "Lease of the publishing relay (one leader in either mode); a standby takes over within it")   \
   X(relay_max_inflight, INT, "relay.max_inflight", "RELAY_MAX_INFLIGHT", "1000", 1, 100000, NULL, 0, \
     "Events produced and not yet acknowledged by Kafka; the stream is not read beyond it")      \
   X(relay_checkpoint_interval, DURATION, "relay.checkpoint_interval", "RELAY_CHECKPOINT_INTERVAL", "1s", 10, 600000, NULL, 0, \
