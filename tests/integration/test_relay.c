@@ -593,24 +593,67 @@ static void outboxd_spawn(ctx_t *ctx, obx_test_proc_t *proc) {
   if (!obx_test_spawn(proc, argv, env)) fail_msg("outboxd did not start");
 }
 
+/* The owner of the live lease, "" when none. */
+static void lease_owner(ctx_t *ctx, char *out, size_t outlen) {
+  mongoc_collection_t *leases = mongoc_client_get_collection(ctx->client, ctx->db, "leases");
+  bson_t *filter = BCON_NEW("_id", "relay", "expiresAt", "{", "$gt", BCON_DATE_TIME(obx_time_now_ms()), "}");
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(leases, filter, NULL, NULL);
+  const bson_t *doc;
+  bson_iter_t it;
+  out[0] = 0;
+  if (mongoc_cursor_next(cursor, &doc) && bson_iter_init_find(&it, doc, "owner") && BSON_ITER_HOLDS_UTF8(&it))
+    snprintf(out, outlen, "%s", bson_iter_utf8(&it, NULL));
+  mongoc_cursor_destroy(cursor);
+  bson_destroy(filter);
+  mongoc_collection_destroy(leases);
+}
+
+typedef struct {
+  ctx_t *ctx;
+  const char *old_owner;
+} takeover_t;
+
+static bool taken_over(void *arg) {
+  takeover_t *t = arg;
+  char owner[128];
+  lease_owner(t->ctx, owner, sizeof owner);
+  return owner[0] && strcmp(owner, t->old_owner) != 0;
+}
+
+/* outboxd processes of the kill test; group_teardown stops what a failed test left running */
+static obx_test_proc_t g_outboxd[2];
+
 static void test_kill_9_mid_run_loses_nothing(void **state) {
   ctx_t ctx;
   ctx_init(&ctx, "kill", &g_mongo, NULL);
-  obx_test_proc_t proc;
-  memset(&proc, 0, sizeof proc);
-  outboxd_spawn(&ctx, &proc);
-  if (!obx_test_wait_for(has_leader, &ctx, 30000, 50)) fail_msg("outboxd never took the lease (log: %s)", proc.log_path);
+  outboxd_spawn(&ctx, &g_outboxd[0]);
+  if (!obx_test_wait_for(has_leader, &ctx, 30000, 50)) fail_msg("outboxd never took the lease (log: %s)", g_outboxd[0].log_path);
+  outboxd_spawn(&ctx, &g_outboxd[1]); /* the standby */
   insert_events(&ctx, 3000, 200);
   count_wait_t some = {&ctx, "{\"status\": \"PUBLISHED\"}", 1500};
   assert_true(obx_test_wait_for(count_reached, &some, 60000, 10));
   insert_events(&ctx, 2000, 200);
-  obx_test_proc_stop(&proc, SIGKILL, 5000); /* mid-run: events in flight, checkpoint behind */
+
+  /* kill -9 the leader mid-run: events in flight, checkpoint behind */
+  char owner[128];
+  lease_owner(&ctx, owner, sizeof owner);
+  const char *colon = strchr(owner, ':');
+  int pid = colon ? atoi(colon + 1) : 0;
+  int victim = pid == g_outboxd[0].pid ? 0 : pid == g_outboxd[1].pid ? 1 : -1;
+  if (victim < 0) fail_msg("lease owner \"%s\" is neither outboxd", owner);
+  obx_test_proc_stop(&g_outboxd[victim], SIGKILL, 5000);
+  int64_t t0 = obx_test_now_ms();
+  takeover_t t = {&ctx, owner};
+  if (!obx_test_wait_for(taken_over, &t, 30000, 20)) fail_msg("the standby never took over");
+  int64_t took = obx_test_now_ms() - t0;
+  /* within the lease (2 s) plus the standby's polling (lease/10) and a loaded machine's slack */
+  if (took > 3200) fail_msg("takeover took %lld ms, lease is 2000 ms", (long long)took);
+
   insert_events(&ctx, 5000, 200);
-  outboxd_spawn(&ctx, &proc); /* takes over once the dead one's lease expires */
   wait_published(&ctx, 10000, 120000);
-  obx_test_proc_stop(&proc, SIGTERM, 10000);
+  obx_test_proc_stop(&g_outboxd[1 - victim], SIGTERM, 10000);
   int records = kafka_check(&ctx, 120000, false);
-  print_message("kill -9: %d records for %d events\n", records, ctx.n);
+  print_message("kill -9: standby took over in %lld ms; %d records for %d events\n", (long long)took, records, ctx.n);
   ctx_cleanup(&ctx);
 }
 
@@ -622,6 +665,7 @@ static int group_setup(void **state) {
 }
 
 static int group_teardown(void **state) {
+  for (int i = 0; i < 2; i++) obx_test_proc_stop(&g_outboxd[i], SIGKILL, 5000);
   mongoc_client_destroy(g_client);
   obx_test_kafka_stop(&g_kafka);
   obx_test_mongo_stop(&g_mongo);
