@@ -461,6 +461,28 @@ static worker_outcome_t release_key(obx_worker_t *w, mongoc_client_t *client, co
   }
 }
 
+/* When ev is the head of its parked key, runs the key's blocked events (release_key), retrying
+ * while MongoDB is away. A stop leaves the key parked: the head coming back from the work queue
+ * (`outboxctl keys release`, or a redrive) finishes the release. */
+static void release_if_head(obx_worker_t *w, mongoc_client_t *client, const obx_event_t *ev) {
+  int64_t backoff = INFRA_BACKOFF_MIN_MS;
+  for (;;) {
+    bool parked = false;
+    char head[OBX_UUID_LEN + 1] = "";
+    obx_err_t err = OBX_ERR_INIT;
+    if (obx_inbox_key_parked(client, w->db, NULL, w->consumer, ev->partition_key, &parked, head, &err)) {
+      if (!parked || strcmp(head, ev->id) != 0 || release_key(w, client, ev->partition_key) != WORKER_INFRA) return;
+    } else {
+      obx_log_event(OBX_LOG_WARN, ev->id, ev->correlation_id, "parked-key lookup failed: %s", err.msg);
+    }
+    if (!nap(w, backoff)) {
+      obx_warn("stopping: key %s stays parked until its head comes back or it is released", ev->partition_key);
+      return;
+    }
+    backoff = backoff * 2 > INFRA_BACKOFF_MAX_MS ? INFRA_BACKOFF_MAX_MS : backoff * 2;
+  }
+}
+
 worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladder_msg_t *msg, int32_t partition,
                                int64_t offset) {
   obx_event_t ev;
@@ -521,6 +543,9 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
       obx_log_event(OBX_LOG_DEBUG, ev.id, ev.correlation_id, "duplicate (%s): skipped",
                     obx_inbox_status_name(existing));
       outcome = WORKER_DUPLICATE;
+      /* A finished head that comes back (a copy, or a release interrupted by a stop) still
+       * frees its key. */
+      if (finished && source == WORKER_SOURCE_WORK) release_if_head(w, client, &ev);
       goto done;
     }
     if (existing != OBX_INBOX_RECEIVED &&
@@ -530,16 +555,8 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
     }
   }
   outcome = run_event(w, client, msg, &ev);
-  if ((outcome == WORKER_DONE || outcome == WORKER_SKIPPED) && source == WORKER_SOURCE_WORK) {
-    /* A retried or redriven head that finished frees its key. */
-    if (!obx_inbox_key_parked(client, w->db, NULL, w->consumer, ev.partition_key, &parked, head, &err)) {
-      obx_log_event(OBX_LOG_WARN, ev.id, ev.correlation_id, "parked-key lookup failed: %s", err.msg);
-    } else if (parked && strcmp(head, ev.id) == 0 && release_key(w, client, ev.partition_key) == WORKER_INFRA) {
-      /* The outcome is recorded; the release is resumed when the key's next event finishes or
-       * by `outboxctl keys release`. */
-      obx_warn("key %s stays parked for now", ev.partition_key);
-    }
-  }
+  if ((outcome == WORKER_DONE || outcome == WORKER_SKIPPED) && source == WORKER_SOURCE_WORK)
+    release_if_head(w, client, &ev);
 done:
   obx_mongo_push(w->mongo, client);
   obx_event_cleanup(&ev);

@@ -103,7 +103,7 @@ static void test_transient_failure_succeeds_on_tier_two(void **state) {
   assert_int_equal(s.retries[0], 1);
   assert_int_equal(s.retries[1], 1);
   assert_int_equal(s.dlq, 0);
-  assert_false(wt_key_parked(fx, "K-1"));
+  wt_wait_unparked(fx, "K-1");
   char extra[96];
   snprintf(extra, sizeof extra, "%s.retry.3000ms", fx->prefix);
   const char *queues[] = {extra};
@@ -143,7 +143,7 @@ static void test_exhaustion_to_dlq_then_redrive(void **state) {
   wt_wait_status(fx, ev.id, "DONE");
   wt_wait_depth(fx, obx_ladder_dlq_queue(fx->ladder), 0);
   assert_int_equal(wt_erp_calls(fx, "X-1"), 4);
-  assert_false(wt_key_parked(fx, "K-1"));
+  wt_wait_unparked(fx, "K-1");
   assert_int_equal(wt_audit_count(fx, "dlq.redrive", ev.id), 1);
   obx_event_cleanup(&ev);
 }
@@ -217,7 +217,7 @@ static void test_per_key_order_with_failing_head(void **state) {
   wt_route(fx, "H-0", 200);
   wt_wait_status(fx, head.id, "DONE");
   for (int i = 0; i < 3; i++) wt_wait_status(fx, later[i].id, "DONE");
-  assert_false(wt_key_parked(fx, "K-7"));
+  wt_wait_unparked(fx, "K-7");
   /* The ERP saw the key's events in order: the head's success, then H-1, H-2, H-3. */
   int last_head = wt_last_call_index(fx, "H-0");
   int prev = last_head;

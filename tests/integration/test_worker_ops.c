@@ -160,9 +160,7 @@ static void test_keys_list_and_release(void **state) {
   ctl_ok(fx, out, sizeof out, "keys release K-R");
   want_in(out, later[0].id, "keys release");
   for (int i = 0; i < 2; i++) wt_wait_status(fx, later[i].id, "DONE");
-  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
-  while (wt_key_parked(fx, "K-R") && obx_test_now_ms() < deadline) usleep(20000);
-  assert_false(wt_key_parked(fx, "K-R"));
+  wt_wait_unparked(fx, "K-R");
   if (wt_last_call_index(fx, "S-1") > wt_last_call_index(fx, "S-2")) fail_msg("S-2 ran before S-1");
   wt_wait_status(fx, head.id, "DEAD"); /* the head stays in the DLQ */
   assert_int_equal(audit_by(fx, "keys.release", "wt-tester"), 1);

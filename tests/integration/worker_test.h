@@ -331,6 +331,14 @@ static inline bool wt_key_parked(wt_fx_t *fx, const char *key) {
   return parked;
 }
 
+/* A key is unparked right after its head's outcome is written: wait for it. */
+static inline void wt_wait_unparked(wt_fx_t *fx, const char *key) {
+  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
+  while (wt_key_parked(fx, key))
+    if (obx_test_now_ms() > deadline) fail_msg("key %s: got parked, want released", key);
+    else usleep(20000);
+}
+
 static inline void wt_wait_depth(wt_fx_t *fx, const char *queue, uint32_t want) {
   int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
   uint32_t got = UINT32_MAX;
