@@ -113,6 +113,8 @@ typedef struct {
     "CA bundle http-request nodes trust instead of the system one; empty: the system bundle")   \
   X(pipelines_dir, STR, "pipelines.dir", "PIPELINES_DIR", "", 0, 0, NULL, 0,                      \
     "Directory of pipeline definitions (*.json) applied at start; empty: none")                  \
+  X(pipeline_cache_ttl, DURATION, "pipelines.cache_ttl", "PIPELINES_CACHE_TTL", "1s", 0, 60000, NULL, 0, \
+    "How long the api caches an org's order.pre pipeline (or its absence); this process's own saves apply at once, other processes' within the TTL; 0: no cache") \
   X(log_level, ENUM, "log.level", "LOG_LEVEL", "info", 0, 0, "debug|info|warn|error", 0,           \
     "Lowest level written to the log")
 

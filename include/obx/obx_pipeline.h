@@ -61,6 +61,9 @@ typedef struct obx_pipeline obx_pipeline_t;
  * cycle, bad template, bad config. */
 bool obx_pipeline_parse(const bson_t *doc, obx_pipeline_t **out, obx_err_t *err);
 bool obx_pipeline_parse_json(const char *json, obx_pipeline_t **out, obx_err_t *err);
+/* Another holder of the same (immutable) pipeline; returns it. Every holder calls
+ * obx_pipeline_destroy; the last one frees. Thread-safe. */
+obx_pipeline_t *obx_pipeline_ref(obx_pipeline_t *pipeline);
 void obx_pipeline_destroy(obx_pipeline_t *pipeline);
 
 /* Borrowed until obx_pipeline_destroy; NULL when absent. */
@@ -242,6 +245,22 @@ bool obx_pipeline_store_list(mongoc_client_t *client, const char *db, const char
 /* The enabled pipeline of (org_id, trigger); *out NULL when there is none. session optional. */
 bool obx_pipeline_store_find_enabled(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                                      const char *org_id, const char *trigger, obx_pipeline_t **out, obx_err_t *err);
+/* A cache of obx_pipeline_store_find_enabled answers for the api's order.pre lookup: (org_id,
+ * trigger) -> the enabled pipeline or "none", kept ttl_ms (PIPELINES_CACHE_TTL). Every save
+ * through this process's store (create, update, apply) makes every entry stale at once; saves
+ * by other processes (another outboxd, outboxctl) are seen within ttl_ms. Errors are not
+ * cached. One cache per database. Thread-safe; at most OBX_PIPELINE_CACHE_MAX entries (when
+ * full, the one closest to expiry goes). */
+#define OBX_PIPELINE_CACHE_MAX 4096
+typedef struct obx_pipeline_cache obx_pipeline_cache_t;
+/* ttl_ms 0: no caching (every lookup reads MongoDB). Returns owned. */
+obx_pipeline_cache_t *obx_pipeline_cache_new(int64_t ttl_ms);
+void obx_pipeline_cache_destroy(obx_pipeline_cache_t *cache);
+/* obx_pipeline_store_find_enabled through the cache; *out is owned by the caller
+ * (obx_pipeline_destroy), NULL when there is none. */
+bool obx_pipeline_cache_find_enabled(obx_pipeline_cache_t *cache, mongoc_client_t *client, const char *db,
+                                     const char *org_id, const char *trigger, obx_pipeline_t **out, obx_err_t *err);
+
 /* A page of executions of one pipeline of org_id, newest first: { "executions": [...],
  * "next": <oldest id shown, for before=; null on the last page>, "prev": <newest id shown, for
  * after=> }. before: older than that id; after: newer (exclusive; at most one); limit 1..200

@@ -7,9 +7,11 @@
  *    GET|PUT /api/pipelines/:id, GET /api/pipelines/:id/executions?limit=&before=&after=
  *    (pipelines:read / pipelines:write). Invalid definitions answer 422 naming the node or
  *    edge; a second enabled pipeline of a trigger 409.
- *  - order.pre (obx_api_pre_hook_t): execute runs the org's enabled order.pre pipeline before
- *    the order's transaction (HTTP calls included); commit writes its effects (status
- *    entries, emitted events, execution document) with the order's session; a FAILED run
+ *  - order.pre (obx_api_pre_hook_t): execute looks the org's enabled order.pre pipeline up
+ *    through a cache (PIPELINES_CACHE_TTL: saves through this process apply at once, other
+ *    processes' within the TTL) and runs it before the order's transaction (HTTP calls
+ *    included); commit writes its effects (status entries, emitted events, execution
+ *    document) with the order's session; a FAILED run
  *    rejects the order (terminal: 422; transient: 503) and its execution document is recorded
  *    on its own, since no order transaction follows.
  *  - At start a thread creates the pipelines indexes, then applies PIPELINES_DIR, retrying
@@ -34,6 +36,7 @@
 typedef struct {
   obx_mongo_t *mongo;
   obx_egress_t egress;
+  obx_pipeline_cache_t *cache;  /* order.pre lookups */
   char *pipelines_dir;
   pthread_t setup;              /* indexes, then PIPELINES_DIR; retries while MongoDB is down */
   bool setup_started, stopping;
@@ -168,7 +171,7 @@ static bool pre_execute(void *ctx, const char *org_id, const bson_t *order, void
   bson_iter_t it;
   *out = NULL;
   mongoc_client_t *client = obx_mongo_pop(api->mongo);
-  bool ok = obx_pipeline_store_find_enabled(client, obx_mongo_db_name(api->mongo), NULL, org_id, "order.pre",
+  bool ok = obx_pipeline_cache_find_enabled(api->cache, client, obx_mongo_db_name(api->mongo), org_id, "order.pre",
                                             &pipeline, err);
   obx_mongo_push(api->mongo, client);
   if (!ok || !pipeline) return ok;
@@ -269,6 +272,7 @@ void *obx_pipeline_api_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   pipelines_api_t *api = calloc(1, sizeof *api);
   pthread_mutex_init(&api->mu, NULL);
   pthread_cond_init(&api->cond, NULL);
+  api->cache = obx_pipeline_cache_new(conf->pipeline_cache_ttl);
   if (conf->pipelines_dir && *conf->pipelines_dir) api->pipelines_dir = strdup(conf->pipelines_dir);
   if (!obx_egress_init_conf(&api->egress, conf, err) || !(api->mongo = obx_mongo_new(conf, err))) goto fail;
   if (pthread_create(&api->setup, NULL, setup_main, api) != 0) {
@@ -300,6 +304,7 @@ void obx_pipeline_api_stop(void *state) {
   pthread_mutex_unlock(&api->mu);
   if (api->setup_started) pthread_join(api->setup, NULL);
   obx_mongo_destroy(api->mongo);
+  obx_pipeline_cache_destroy(api->cache);
   obx_egress_cleanup(&api->egress);
   free(api->pipelines_dir);
   pthread_cond_destroy(&api->cond);

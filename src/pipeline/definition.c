@@ -257,6 +257,7 @@ static bool parse_top(obx_pipeline_t *pipeline, obx_err_t *err) {
 
 bool obx_pipeline_parse(const bson_t *doc, obx_pipeline_t **out, obx_err_t *err) {
   obx_pipeline_t *pipeline = obx_pipeline_calloc_aligned(1, sizeof *pipeline);
+  atomic_init(&pipeline->refs, 1);
   bson_copy_to(doc, &pipeline->doc);
   *out = NULL;
   if (!parse_top(pipeline, err) || !parse_graph(pipeline, err)) {
@@ -277,8 +278,13 @@ bool obx_pipeline_parse_json(const char *json, obx_pipeline_t **out, obx_err_t *
   return ok;
 }
 
+obx_pipeline_t *obx_pipeline_ref(obx_pipeline_t *pipeline) {
+  atomic_fetch_add(&pipeline->refs, 1);
+  return pipeline;
+}
+
 void obx_pipeline_destroy(obx_pipeline_t *pipeline) {
-  if (!pipeline) return;
+  if (!pipeline || atomic_fetch_sub(&pipeline->refs, 1) > 1) return;
   for (int i = 0; i < pipeline->nedges; i++) bson_free(pipeline->edges[i].branch);
   bson_free(pipeline->edges);
   for (int i = 0; i < pipeline->nnodes; i++) {

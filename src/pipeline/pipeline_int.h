@@ -8,6 +8,8 @@
 #ifndef OBX_PIPELINE_INT_H
 #define OBX_PIPELINE_INT_H
 
+#include <stdatomic.h>
+
 #include "obx/obx_pipeline.h"
 
 typedef struct obx_node_type obx_node_type_t;
@@ -38,6 +40,7 @@ struct obx_pipeline {
   obx_pipeline_edge_t *edges;
   int nedges;
   int start;
+  atomic_int refs; /* holders (obx_pipeline_ref); the last obx_pipeline_destroy frees */
 };
 
 /* What a node sees while it runs. */

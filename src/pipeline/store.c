@@ -7,13 +7,21 @@
  * (a concurrent update is OBX_ERR_CONFLICT). At most one enabled pipeline per
  * (orgId, trigger): checked before each save and enforced by a partial unique index (a
  * concurrent save loses with OBX_ERR_CONFLICT). Executions are read newest first by _id
- * (UUIDv7 ids sort by time), with before/after cursors. */
+ * (UUIDv7 ids sort by time), with before/after cursors.
+ *
+ * The cache of enabled pipelines (obx_pipeline_cache_*) saves the order.pre lookup of each
+ * POST /orders. Entries carry the store generation read before their MongoDB query; every
+ * write of this process bumps the generation after writing, so an entry filled before a
+ * write is stale at once, and one filled from a query that may have missed the write is too.
+ * Other processes' writes are seen when the entry expires (ttl). */
 #include "pipeline_int.h"
 
 #include <dirent.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "obx/obx_mongo.h"
 
@@ -22,6 +30,9 @@ static const obx_mongo_index_t pipeline_indexes[] = {
    "{\"unique\": true, \"partialFilterExpression\": {\"enabled\": true}}"},
   {"pipelines_org_name", "{\"orgId\": 1, \"name\": 1}", NULL},
 };
+/* Bumped after every write of a pipeline by this process: cache entries of older generations are stale. */
+static atomic_uint_fast64_t store_generation;
+
 static const obx_mongo_index_t execution_indexes[] = {
   {"executions_pipeline", "{\"orgId\": 1, \"pipelineId\": 1, \"_id\": -1}", NULL},
 };
@@ -144,7 +155,9 @@ bool obx_pipeline_store_create(mongoc_client_t *client, const char *db, const ch
   obx_uuid7(id);
   if (!build_doc(def, id, org_id, 1, obx_time_now_ms(), &doc, err) || !check_unique_enabled(coll, &doc, err))
     goto done;
-  if (!mongoc_collection_insert_one(coll, &doc, NULL, &reply, &berr)) {
+  bool inserted = mongoc_collection_insert_one(coll, &doc, NULL, &reply, &berr);
+  atomic_fetch_add(&store_generation, 1); /* after the write, even a failed one: it may have landed */
+  if (!inserted) {
     write_failed(err, &berr, &reply, &doc);
     bson_destroy(&reply);
     goto done;
@@ -173,7 +186,9 @@ static bool replace(mongoc_collection_t *coll, const bson_t *old, const bson_t *
   bson_t *filter = BCON_NEW("_id", BCON_UTF8(id), "orgId", BCON_UTF8(org), "version", BCON_INT32(version));
   if (!build_doc(def, id, org, version + 1, created, &doc, err) || !check_unique_enabled(coll, &doc, err)) goto done;
   bson_destroy(&reply);
-  if (!mongoc_collection_replace_one(coll, filter, &doc, NULL, &reply, &berr)) {
+  bool replaced = mongoc_collection_replace_one(coll, filter, &doc, NULL, &reply, &berr);
+  atomic_fetch_add(&store_generation, 1); /* after the write, even a failed one: it may have landed */
+  if (!replaced) {
     write_failed(err, &berr, &reply, &doc);
     goto done;
   }
@@ -391,6 +406,100 @@ bool obx_pipeline_store_executions(mongoc_client_t *client, const char *db, cons
   bson_destroy(opts);
   bson_destroy(&filter);
   return ok;
+}
+
+/* ---- cache of enabled pipelines ---------------------------------------------------------- */
+
+typedef struct {
+  char *org_id, *trigger;
+  obx_pipeline_t *pipeline; /* a reference; NULL: none enabled */
+  int64_t expires_ms;       /* monotonic */
+  uint_fast64_t generation;
+} cache_entry_t;
+
+struct obx_pipeline_cache {
+  int64_t ttl_ms;
+  pthread_mutex_t mu; /* entries */
+  cache_entry_t *entries;
+  int n;
+};
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+obx_pipeline_cache_t *obx_pipeline_cache_new(int64_t ttl_ms) {
+  obx_pipeline_cache_t *cache = calloc(1, sizeof *cache);
+  cache->ttl_ms = ttl_ms;
+  pthread_mutex_init(&cache->mu, NULL);
+  return cache;
+}
+
+static void entry_clear(cache_entry_t *e) {
+  free(e->org_id);
+  free(e->trigger);
+  obx_pipeline_destroy(e->pipeline);
+}
+
+void obx_pipeline_cache_destroy(obx_pipeline_cache_t *cache) {
+  if (!cache) return;
+  for (int i = 0; i < cache->n; i++) entry_clear(&cache->entries[i]);
+  free(cache->entries);
+  pthread_mutex_destroy(&cache->mu);
+  free(cache);
+}
+
+/* The entry of (org_id, trigger), or NULL. Under cache->mu. */
+static cache_entry_t *cache_find(obx_pipeline_cache_t *cache, const char *org_id, const char *trigger) {
+  for (int i = 0; i < cache->n; i++)
+    if (strcmp(cache->entries[i].org_id, org_id) == 0 && strcmp(cache->entries[i].trigger, trigger) == 0)
+      return &cache->entries[i];
+  return NULL;
+}
+
+/* Stores an answer read at `generation`; takes a reference to pipeline. Under cache->mu. */
+static void cache_put(obx_pipeline_cache_t *cache, const char *org_id, const char *trigger, obx_pipeline_t *pipeline,
+                      uint_fast64_t generation, int64_t now) {
+  cache_entry_t *e = cache_find(cache, org_id, trigger);
+  if (e) {
+    if (e->generation > generation) return; /* a fresher answer is already there */
+    obx_pipeline_destroy(e->pipeline);
+  } else {
+    if (!cache->entries) cache->entries = calloc(OBX_PIPELINE_CACHE_MAX, sizeof *cache->entries);
+    if (cache->n == OBX_PIPELINE_CACHE_MAX) {
+      int victim = 0;
+      for (int i = 1; i < cache->n; i++)
+        if (cache->entries[i].expires_ms < cache->entries[victim].expires_ms) victim = i;
+      entry_clear(&cache->entries[victim]);
+      cache->entries[victim] = cache->entries[--cache->n];
+    }
+    e = &cache->entries[cache->n++];
+    e->org_id = strdup(org_id);
+    e->trigger = strdup(trigger);
+  }
+  e->pipeline = pipeline ? obx_pipeline_ref(pipeline) : NULL;
+  e->expires_ms = now + cache->ttl_ms;
+  e->generation = generation;
+}
+
+bool obx_pipeline_cache_find_enabled(obx_pipeline_cache_t *cache, mongoc_client_t *client, const char *db,
+                                     const char *org_id, const char *trigger, obx_pipeline_t **out, obx_err_t *err) {
+  if (cache->ttl_ms <= 0) return obx_pipeline_store_find_enabled(client, db, NULL, org_id, trigger, out, err);
+  uint_fast64_t generation = atomic_load(&store_generation); /* before the query: see the DESIGN note */
+  int64_t now = mono_ms();
+  pthread_mutex_lock(&cache->mu);
+  cache_entry_t *e = cache_find(cache, org_id, trigger);
+  bool hit = e && e->generation == generation && now < e->expires_ms;
+  if (hit) *out = e->pipeline ? obx_pipeline_ref(e->pipeline) : NULL;
+  pthread_mutex_unlock(&cache->mu);
+  if (hit) return true;
+  if (!obx_pipeline_store_find_enabled(client, db, NULL, org_id, trigger, out, err)) return false;
+  pthread_mutex_lock(&cache->mu);
+  cache_put(cache, org_id, trigger, *out, generation, now);
+  pthread_mutex_unlock(&cache->mu);
+  return true;
 }
 
 /* ---- files ------------------------------------------------------------------------------ */

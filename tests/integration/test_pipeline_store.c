@@ -378,6 +378,94 @@ static void test_unique_enabled_index(void **state) {
   obx_conf_cleanup(&conf);
 }
 
+#define DEF_PRE(name, enabled)                                                                                      \
+  "{'name':'" name "','trigger':'order.pre','enabled':" enabled ",'nodes':[{'id':'start','type':'start'}]}"
+
+/* The enabled order.pre pipeline of org through cache: its name, or "none". */
+static const char *cached_name(obx_pipeline_cache_t *cache, const char *db, const char *org, char *out, size_t outlen) {
+  obx_err_t err = OBX_ERR_INIT;
+  obx_pipeline_t *p = NULL;
+  if (!obx_pipeline_cache_find_enabled(cache, g_client, db, org, "order.pre", &p, &err)) fail_msg("lookup: %s", err.msg);
+  snprintf(out, outlen, "%s", p ? obx_pipeline_name(p) : "none");
+  obx_pipeline_destroy(p);
+  return out;
+}
+
+/* Another process changes the pipeline: a write that bypasses this process's store. */
+static void foreign_set(const char *db, const char *id, const char *update_json) {
+  mongoc_collection_t *coll = mongoc_client_get_collection(g_client, db, "pipelines");
+  bson_t *filter = BCON_NEW("_id", BCON_UTF8(id)), *update = obx_test_json(update_json);
+  bson_error_t berr;
+  if (!mongoc_collection_update_one(coll, filter, update, NULL, NULL, &berr)) fail_msg("update: %s", berr.message);
+  bson_destroy(update);
+  bson_destroy(filter);
+  mongoc_collection_destroy(coll);
+}
+
+typedef struct {
+  obx_pipeline_cache_t *cache;
+  const char *db, *org, *want;
+} cache_wait_t;
+
+static bool cache_says(void *ctx) {
+  cache_wait_t *w = ctx;
+  char got[64];
+  return strcmp(cached_name(w->cache, w->db, w->org, got, sizeof got), w->want) == 0;
+}
+
+#define EXPECT_NAME(cache, org, want, what)                                                                         \
+  do {                                                                                                              \
+    char got_[64];                                                                                                  \
+    if (strcmp(cached_name(cache, db, org, got_, sizeof got_), want) != 0)                                          \
+      fail_msg("%s: got %s, want %s", what, got_, want);                                                            \
+  } while (0)
+
+/* The order.pre cache: answers (pipeline or none) are kept for the TTL, so another process's
+ * write is seen late; this process's own saves are seen at once; TTL 0 reads every time. */
+static void test_enabled_cache(void **state) {
+  const char *db = "pl_cache";
+  obx_err_t err = OBX_ERR_INIT;
+  bson_t saved = BSON_INITIALIZER;
+  obx_pipeline_cache_t *longttl = obx_pipeline_cache_new(600000), *shortttl = obx_pipeline_cache_new(300),
+                       *off = obx_pipeline_cache_new(0);
+
+  EXPECT_NAME(longttl, "org-c", "none", "before any pipeline");
+  bson_t *def = obx_test_json(DEF_PRE("first", "true"));
+  if (!obx_pipeline_store_create(g_client, db, "org-c", def, &saved, &err)) fail_msg("create: %s", err.msg);
+  char id[64];
+  snprintf(id, sizeof id, "%s", obx_test_doc_str(&saved, "_id"));
+  EXPECT_NAME(longttl, "org-c", "first", "after this process created it (the cached none is stale)");
+  EXPECT_NAME(longttl, "org-d", "none", "another org");
+  EXPECT_NAME(shortttl, "org-c", "first", "short TTL");
+
+  /* another process disables it: the cached answer stands until the TTL */
+  foreign_set(db, id, "{'$set': {'enabled': false}}");
+  EXPECT_NAME(longttl, "org-c", "first", "foreign write within the TTL (served from the cache)");
+  EXPECT_NAME(off, "org-c", "none", "TTL 0 (no cache)");
+  cache_wait_t w = {shortttl, db, "org-c", "none"};
+  if (!obx_test_wait_for(cache_says, &w, 10000, 50)) fail_msg("short TTL: the foreign write was not seen in 10 s");
+
+  /* this process saves again: every cache sees it at once */
+  bson_t *renamed = obx_test_json(DEF_PRE("second", "true"));
+  if (!obx_pipeline_store_update(g_client, db, "org-c", id, renamed, NULL, &err)) fail_msg("update: %s", err.msg);
+  EXPECT_NAME(longttl, "org-c", "second", "after this process updated it");
+  EXPECT_NAME(shortttl, "org-c", "second", "short TTL, after this process updated it");
+  const char *action;
+  bson_t *disabled = obx_test_json(DEF_PRE("second", "false"));
+  BSON_APPEND_UTF8(disabled, "orgId", "org-c");
+  if (!obx_pipeline_store_apply(g_client, db, NULL, disabled, false, &action, NULL, &err)) fail_msg("apply: %s", err.msg);
+  assert_string_equal(action, "update");
+  EXPECT_NAME(longttl, "org-c", "none", "after this process disabled it by apply");
+
+  bson_destroy(disabled);
+  bson_destroy(renamed);
+  bson_destroy(def);
+  bson_destroy(&saved);
+  obx_pipeline_cache_destroy(off);
+  obx_pipeline_cache_destroy(shortttl);
+  obx_pipeline_cache_destroy(longttl);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_create_update_scope),
@@ -386,6 +474,7 @@ int main(void) {
     cmocka_unit_test(test_executions_paging),
     cmocka_unit_test(test_apply_config_dir),
     cmocka_unit_test(test_unique_enabled_index),
+    cmocka_unit_test(test_enabled_cache),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
