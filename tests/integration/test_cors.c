@@ -21,13 +21,18 @@ static obx_test_outboxd_t outboxd;
 static char keys_path[300];
 static char key_writer[64], key_reader[64];
 
-/* Starts outboxd with this api.cors_origins value and api.rate_limit=1 (bursts of 2). */
+/* Starts outboxd with this api.cors_origins value and api.rate_limit=1 (bursts of 2), and
+ * waits until its roles have registered their routes. */
 static bool start(obx_test_outboxd_t *d, const char *origins) {
   char cors_arg[200], keys_arg[340];
   snprintf(cors_arg, sizeof cors_arg, "api.cors_origins=%s", origins);
   snprintf(keys_arg, sizeof keys_arg, "api.keys_file=%s", keys_path);
   char *args[] = {"--roles", "api", "-X", NO_MONGO, "-X", keys_arg, "-X", cors_arg, "-X", "api.rate_limit=1", NULL};
-  return obx_test_outboxd_start(d, args);
+  if (!obx_test_outboxd_start(d, args)) return false;
+  if (obx_test_file_contains(d->proc.log_path, "outboxd running", 30000)) return true;
+  fprintf(stderr, "outboxd did not finish starting; log: %s\n", d->proc.log_path);
+  obx_test_outboxd_stop(d);
+  return false;
 }
 
 static int group_setup(void **state) {
