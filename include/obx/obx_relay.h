@@ -49,7 +49,7 @@ typedef struct {
 typedef void (*obx_relay_ack_fn)(const obx_relay_ack_t *ack, void *ctx);
 
 /* Creates an idempotent producer (enable.idempotence=true, acks=all,
- * partitioner=murmur2_random) for conf->kafka_brokers; conf's `kafka.*` passthrough keys are
+ * partitioner=murmur2_random, message.timeout.ms=0: no local timeout) for conf->kafka_brokers; conf's `kafka.*` passthrough keys are
  * applied last (without the `kafka.` prefix); librdkafka logs go to ours. `ack` is called from
  * obx_relay_producer_poll on the polling thread, once per sent record. Returns owned. */
 obx_relay_producer_t *obx_relay_producer_new(const obx_conf_t *conf, obx_relay_ack_fn ack, void *ctx,

@@ -2,8 +2,9 @@
  *
  * DESIGN: a thin owner of one rd_kafka_t. Configuration: bootstrap servers from the table,
  * then the guarantees DESIGN.md §4 requires (enable.idempotence=true, acks=all,
- * partitioner=murmur2_random: the same partition as Java clients and Knative), then the
- * `kafka.*` passthrough keys. The idempotent producer keeps order per partition with up to 5
+ * partitioner=murmur2_random: the same partition as Java clients and Knative), no local
+ * message timeout (a record waits out a Kafka outage instead of failing), then the `kafka.*`
+ * passthrough keys. The idempotent producer keeps order per partition with up to 5
  * requests in flight, so per-key order in Kafka is the order of obx_relay_producer_send calls.
  * Delivery reports are served on the thread that calls obx_relay_producer_poll (the relay
  * thread); `pending` is only touched there and in send, so it needs no lock. */
@@ -62,6 +63,10 @@ obx_relay_producer_t *obx_relay_producer_new(const obx_conf_t *conf, obx_relay_a
     {"enable.idempotence", "true"},
     {"acks", "all"},
     {"partitioner", "murmur2_random"},
+    /* retry until Kafka takes the record: an outage must not turn into a failed attempt
+     * that the sweeper republishes after later events of the same key (kafka.message.timeout.ms
+     * bounds it when wanted) */
+    {"message.timeout.ms", "0"},
   };
   obx_relay_producer_t *producer = calloc(1, sizeof *producer);
   rd_kafka_conf_t *kconf = rd_kafka_conf_new();

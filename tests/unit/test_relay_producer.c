@@ -187,12 +187,50 @@ static void test_undeliverable_record_reports_failure(void **state) {
   obx_relay_producer_destroy(producer);
 }
 
+static void test_record_waits_out_an_outage(void **state) {
+  /* A record produced while the broker is down is held (neither acknowledged nor failed) and
+   * acknowledged once the broker is back. */
+  char why[256];
+  rd_kafka_conf_t *host_conf = rd_kafka_conf_new();
+  rd_kafka_conf_set(host_conf, "log_level", "2", why, sizeof why);
+  rd_kafka_t *host = rd_kafka_new(RD_KAFKA_PRODUCER, host_conf, why, sizeof why);
+  rd_kafka_mock_cluster_t *mc = rd_kafka_mock_cluster_new(host, 1);
+  assert_int_equal(rd_kafka_mock_topic_create(mc, "outage", 2, 1), RD_KAFKA_RESP_ERR_NO_ERROR);
+  obx_conf_t conf;
+  memset(&conf, 0, sizeof conf);
+  conf.kafka_brokers = (char *)rd_kafka_mock_cluster_bootstraps(mc);
+  acks_t acks;
+  memset(&acks, 0, sizeof acks);
+  obx_err_t err = OBX_ERR_INIT;
+  obx_relay_producer_t *producer = obx_relay_producer_new(&conf, on_ack, &acks, &err);
+  if (!producer) fail_msg("producer_new: %s", err.msg);
+  assert_int_equal(rd_kafka_mock_broker_set_down(mc, 1), RD_KAFKA_RESP_ERR_NO_ERROR);
+  obx_kafka_record_t rec;
+  memset(&rec, 0, sizeof rec);
+  rec.key = "ORD-1";
+  rec.key_len = 5;
+  rec.value = "{}";
+  rec.value_len = 2;
+  assert_true(obx_relay_producer_send(producer, "outage", &rec, (void *)(intptr_t)0, &err));
+  int64_t until = obx_test_now_ms() + 1500;
+  while (obx_test_now_ms() < until) obx_relay_producer_poll(producer, 100);
+  if (acks.acked) fail_msg("while the broker was down: got a report (ok=%d: %s), want none", acks.ok[0], acks.err[0].msg);
+  assert_int_equal(rd_kafka_mock_broker_set_up(mc, 1), RD_KAFKA_RESP_ERR_NO_ERROR);
+  assert_true(obx_relay_producer_flush(producer, 30000));
+  assert_int_equal(acks.acked, 1);
+  if (!acks.ok[0]) fail_msg("after the broker came back: got \"%s\", want acknowledged", acks.err[0].msg);
+  obx_relay_producer_destroy(producer);
+  rd_kafka_mock_cluster_destroy(mc);
+  rd_kafka_destroy(host);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_reference_murmur2_matches_kafka),
     cmocka_unit_test(test_partition_matches_java),
     cmocka_unit_test(test_bad_passthrough_key_is_named),
     cmocka_unit_test(test_undeliverable_record_reports_failure),
+    cmocka_unit_test(test_record_waits_out_an_outage),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
