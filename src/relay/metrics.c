@@ -62,6 +62,7 @@ void relay_metrics_observe_ack(obx_relay_t *relay, int64_t ms) {
 
 void relay_metrics_gauges(obx_relay_t *relay) {
   relay->counters.leader = relay->leader;
+  if (!relay->leader) relay->counters.lag_ms = 0; /* a standby's lag is the leader's to report */
   relay->counters.inflight = relay_pending(relay);
   obx_gauge_set(m.leader, relay->leader ? 1 : 0);
   obx_gauge_set(m.inflight, relay->counters.inflight);
