@@ -5,9 +5,10 @@
  * {claimedBy: owner, claimedUntil: now + max(relay.lease, 30 s)}: the MongoDB analogue of
  * SELECT ... FOR UPDATE SKIP LOCKED, so several relays never publish the same event at the same
  * time (the floor covers a producer's first round trips: a claim must outlive the publish it
- * protects, or a second relay publishes the event too). Claims
- * are taken oldest first (availableAt, then the time-ordered _id). The report's outbox update
- * removes the claim; a relay that dies leaves claims that expire.
+ * protects, or a second relay publishes the event too). Only the leader sweeps; the claims keep
+ * a deposed leader that has not noticed yet off the new leader's events. Claims are taken
+ * oldest first (availableAt, then the time-ordered _id). The report's outbox update removes the
+ * claim; a relay that dies leaves claims that expire.
  *
  * In stream mode the sweeper runs only while the stream is caught up (or down), with a grace of
  * OUTBOX_POLL_INTERVAL_MS so the events the stream is about to publish are left to it. */
