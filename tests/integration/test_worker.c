@@ -263,6 +263,52 @@ static void test_different_keys_run_in_parallel(void **state) {
   for (int i = 0; i < N; i++) obx_event_cleanup(&ev[i]);
 }
 
+static int64_t count_done(wt_fx_t *fx) {
+  bson_t filter = BSON_INITIALIZER;
+  BSON_APPEND_UTF8(&filter, "_id.consumer", fx->group);
+  BSON_APPEND_UTF8(&filter, "status", "DONE");
+  int64_t n = wt_count(fx, "inbox", &filter);
+  bson_destroy(&filter);
+  return n;
+}
+
+/* A second worker joins the group mid-run, so the first one's partitions are revoked while its
+ * lanes hold events. The revoke waits for the dispatched events to finish; commits made while
+ * the group rebalances may be refused, and whatever is read again is a finished duplicate for
+ * the inbox: every event runs exactly once. */
+static void test_rebalance_runs_each_event_once(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  enum { N = 30 };
+  obx_event_t ev[N];
+  for (int i = 0; i < N; i++) {
+    char num[16];
+    snprintf(num, sizeof num, "G-%d", i);
+    wt_event(&ev[i], "OrderConfirmed", num, num);
+    wt_route_delay(fx, num, 200, 500); /* about 4 s of work: the join lands in the middle */
+    wt_produce(fx, &ev[i]);
+  }
+  wt_start_worker(fx);
+  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
+  while (count_done(fx) < 4 && obx_test_now_ms() < deadline) usleep(5000);
+  obx_err_t err = OBX_ERR_INIT;
+  obx_worker_t *second = obx_worker_new(&fx->conf, NULL, &err);
+  if (!second) fail_msg("second worker: %s", err.msg);
+  for (int i = 0; i < N; i++) wt_wait_status(fx, ev[i].id, "DONE");
+  obx_worker_stats_t a, b;
+  obx_worker_stats(fx->worker, &a);
+  obx_worker_stats(second, &b);
+  obx_worker_destroy(second);
+  for (int i = 0; i < N; i++) {
+    int64_t runs = wt_executions(fx, ev[i].id);
+    if (runs != 1) fail_msg("event %d: %lld executions, want 1", i, (long long)runs);
+  }
+  if (count_done(fx) != N) fail_msg("DONE entries: got %lld, want %d", (long long)count_done(fx), N);
+  print_message("first worker ran %llu, second %llu, duplicates %llu\n", (unsigned long long)a.runs_succeeded,
+                (unsigned long long)b.runs_succeeded, (unsigned long long)(a.duplicates + b.duplicates));
+  for (int i = 0; i < N; i++) obx_event_cleanup(&ev[i]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_success_and_no_pipeline, setup, teardown),
@@ -273,6 +319,7 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_malformed_record_goes_to_dlq_and_partition_moves_on, setup, teardown),
     cmocka_unit_test_setup_teardown(test_per_key_order_with_failing_head, setup, teardown),
     cmocka_unit_test_setup_teardown(test_different_keys_run_in_parallel, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_rebalance_runs_each_event_once, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
