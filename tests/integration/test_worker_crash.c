@@ -22,7 +22,10 @@ static int setup(void **state) {
   return fx ? 0 : -1;
 }
 
+static obx_test_outboxd_t outboxd; /* stopped by teardown, also when the test fails */
+
 static int teardown(void **state) {
+  obx_test_outboxd_stop(&outboxd);
   wt_teardown(*state);
   return 0;
 }
@@ -63,28 +66,28 @@ static void test_kill_9_mid_run(void **state) {
     wt_route_delay(fx, num, 200, 150);
     wt_produce(fx, &ev[i]);
   }
-  obx_test_outboxd_t d = {0};
-  start_worker_process(fx, &d);
+  obx_test_outboxd_t *d = &outboxd;
+  start_worker_process(fx, d);
   int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
   while (count_status(fx, "DONE") < 6 && obx_test_now_ms() < deadline) usleep(5000);
   int64_t done_at_kill = count_status(fx, "DONE");
   if (done_at_kill < 6) fail_msg("only %lld events done before the kill", (long long)done_at_kill);
-  obx_test_proc_stop(&d.proc, SIGKILL, 5000);
+  obx_test_proc_stop(&d->proc, SIGKILL, 5000);
   int64_t after_kill = count_status(fx, "DONE");
   if (after_kill >= NEVENTS) fail_msg("all events finished before the kill; the test proves nothing");
 
-  start_worker_process(fx, &d);
+  start_worker_process(fx, d);
   for (int i = 0; i < NEVENTS; i++) wt_wait_status(fx, ev[i].id, "DONE");
   /* The worker's numbers are on the shared /metrics. */
   obx_test_http_resp_t resp;
-  assert_true(obx_test_http(d.port, "GET", "/metrics", NULL, NULL, NULL, &resp));
+  assert_true(obx_test_http(d->port, "GET", "/metrics", NULL, NULL, NULL, &resp));
   const char *names[] = {"outboxd_worker_consumed_total{source=\"kafka\"}",
                          "outboxd_worker_pipeline_runs_total{status=\"SUCCEEDED\"}", "outboxd_worker_consumer_lag",
                          "outboxd_worker_parked_keys", "outboxd_worker_duplicates_total"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (!resp.body || !strstr(resp.body, names[i])) fail_msg("/metrics lacks %s:\n%s", names[i], resp.body);
   obx_test_http_resp_cleanup(&resp);
-  obx_test_outboxd_stop(&d);
+  obx_test_outboxd_stop(d);
 
   int calls = 0;
   for (int i = 0; i < NEVENTS; i++) {

@@ -113,6 +113,21 @@ static inline void wt_create_pipeline(wt_fx_t *fx) {
   bson_destroy(def);
 }
 
+static inline void wt_teardown(wt_fx_t *fx) {
+  if (!fx) return;
+  obx_worker_destroy(fx->worker);
+  if (fx->producer) rd_kafka_destroy(fx->producer);
+  if (fx->ladder) wt_delete_topology(fx->ladder, fx->prefix);
+  obx_ladder_destroy(fx->ladder);
+  if (fx->client) obx_mongo_push(fx->mongo, fx->client);
+  obx_mongo_destroy(fx->mongo);
+  obx_conf_cleanup(&fx->conf);
+  if (fx->httpd) obx_test_httpd_stop(fx->httpd);
+  obx_test_kafka_stop(&fx->k);
+  obx_test_mongo_stop(&fx->m);
+  free(fx);
+}
+
 /* Services, configuration, pipeline and producer; the worker is started by wt_start_worker. */
 static inline wt_fx_t *wt_setup(int partitions, const char *mongo_args) {
   static int seq;
@@ -120,10 +135,17 @@ static inline wt_fx_t *wt_setup(int partitions, const char *mongo_args) {
   fx->attempts = 3;
   char topics[64];
   snprintf(topics, sizeof topics, "domain-events:%d", partitions);
-  if (!obx_test_mongo_start(&fx->m, mongo_args)) fail_msg("devmongod did not start");
-  if (!obx_test_kafka_start(&fx->k, 1, topics)) fail_msg("kafka-mockd did not start");
-  fx->httpd = obx_test_httpd_start();
-  assert_non_null(fx->httpd);
+  /* A failed setup gets no teardown: stop what was started before failing. */
+  if (!obx_test_mongo_start(&fx->m, mongo_args)) {
+    free(fx);
+    fail_msg("devmongod did not start");
+  }
+  if (!obx_test_kafka_start(&fx->k, 1, topics) || !(fx->httpd = obx_test_httpd_start())) {
+    obx_test_kafka_stop(&fx->k);
+    obx_test_mongo_stop(&fx->m);
+    free(fx);
+    fail_msg("kafka-mockd or the scripted ERP did not start");
+  }
   snprintf(fx->prefix, sizeof fx->prefix, "wt.%d.%d", (int)getpid(), seq);
   snprintf(fx->group, sizeof fx->group, "wt-%d-%d", (int)getpid(), seq++);
   obx_conf_init(&fx->conf);
@@ -142,7 +164,16 @@ static inline wt_fx_t *wt_setup(int partitions, const char *mongo_args) {
   obx_ladder_opts_t lo = {.url = getenv("AMQP_URL"), .prefix = fx->prefix, .tiers_ms = fx->conf.retry_ladder.ms,
                           .ntiers = fx->conf.retry_ladder.n};
   fx->ladder = obx_ladder_new(&lo, &err);
-  if (!fx->ladder || !obx_ladder_connect(fx->ladder, &err)) fail_msg("ladder: %s", err.msg);
+  int64_t deadline = obx_test_now_ms() + 30000; /* a broker still booting gets time */
+  bool connected = false;
+  while (fx->ladder && !(connected = obx_ladder_connect(fx->ladder, &err)) && obx_test_now_ms() < deadline)
+    usleep(100 * 1000);
+  if (!connected) {
+    obx_ladder_destroy(fx->ladder); /* nothing declared: nothing for teardown to delete */
+    fx->ladder = NULL;
+    wt_teardown(fx);
+    fail_msg("ladder: %s", err.msg);
+  }
   char errstr[256];
   rd_kafka_conf_t *pc = rd_kafka_conf_new();
   rd_kafka_conf_set(pc, "bootstrap.servers", fx->k.bootstrap, errstr, sizeof errstr);
@@ -161,20 +192,6 @@ static inline void wt_start_worker(wt_fx_t *fx) {
   if (!fx->worker) fail_msg("worker: %s", err.msg);
 }
 
-static inline void wt_teardown(wt_fx_t *fx) {
-  if (!fx) return;
-  obx_worker_destroy(fx->worker);
-  if (fx->producer) rd_kafka_destroy(fx->producer);
-  if (fx->ladder) wt_delete_topology(fx->ladder, fx->prefix);
-  obx_ladder_destroy(fx->ladder);
-  if (fx->client) obx_mongo_push(fx->mongo, fx->client);
-  obx_mongo_destroy(fx->mongo);
-  obx_conf_cleanup(&fx->conf);
-  obx_test_httpd_stop(fx->httpd);
-  obx_test_kafka_stop(&fx->k);
-  obx_test_mongo_stop(&fx->m);
-  free(fx);
-}
 
 static inline void wt_event(obx_event_t *ev, const char *type, const char *key, const char *order_number) {
   obx_event_init(ev);
