@@ -6,37 +6,23 @@
 #include <string.h>
 
 #include "obx_test.h"
-#include "obx_test_mongo.h"
+#include "obx_test_doc.h"
+#include "obx_test_fixture.h"
 
 static obx_test_mongo_t g_m;
 static mongoc_client_t *g_client;
 
-static int setup(void **state) {
-  if (!obx_test_mongo_start(&g_m, "--ttl-interval-ms 100")) return -1;
-  g_client = obx_test_mongo_client(&g_m, NULL, NULL);
-  return g_client ? 0 : -1;
-}
+static int setup(void **state) { return obx_test_fixture_mongo_setup(&g_m, "--ttl-interval-ms 100", &g_client); }
 
-static int teardown(void **state) {
-  mongoc_client_destroy(g_client);
-  obx_test_mongo_stop(&g_m);
-  return 0;
-}
+static int teardown(void **state) { return obx_test_fixture_mongo_teardown(&g_m, g_client); }
 
 static mongoc_collection_t *coll(const char *name) {
   return mongoc_client_get_collection(g_client, "crud", name);
 }
 
-static bson_t *J(const char *json) {
-  bson_error_t error;
-  bson_t *b = bson_new_from_json((const uint8_t *)json, -1, &error);
-  if (!b) fail_msg("bad json %s: %s", json, error.message);
-  return b;
-}
-
 static void insert(mongoc_collection_t *c, const char *json) {
   bson_error_t error;
-  bson_t *doc = J(json);
+  bson_t *doc = obx_test_bson(json);
   if (!mongoc_collection_insert_one(c, doc, NULL, NULL, &error)) fail_msg("insert %s: %s", json, error.message);
   bson_destroy(doc);
 }
@@ -44,7 +30,7 @@ static void insert(mongoc_collection_t *c, const char *json) {
 /* Runs find and returns the concatenated relaxed JSON of the results' field `field`. */
 static void find_field(mongoc_collection_t *c, const char *filter, const char *opts,
                        const char *field, char *out, size_t outlen) {
-  bson_t *f = J(filter), *o = opts ? J(opts) : NULL;
+  bson_t *f = obx_test_bson(filter), *o = opts ? obx_test_bson(opts) : NULL;
   mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, f, o, NULL);
   const bson_t *doc;
   out[0] = 0;
@@ -74,7 +60,7 @@ static void expect_find(mongoc_collection_t *c, const char *filter, const char *
 /* createIndexes with one index {key, name, ...opts}, named the way the driver names it. */
 static bool try_create_index(mongoc_collection_t *c, const char *keys_json, const char *opts_json,
                              bson_error_t *error) {
-  bson_t *keys = J(keys_json), *opts = opts_json ? J(opts_json) : bson_new();
+  bson_t *keys = obx_test_bson(keys_json), *opts = opts_json ? obx_test_bson(opts_json) : bson_new();
   char *name = mongoc_collection_keys_to_index_string(keys);
   bson_t *spec = bson_new(), *cmd = bson_new(), arr;
   BSON_APPEND_DOCUMENT(spec, "key", keys);
@@ -132,7 +118,7 @@ static void test_cursor_batches(void **state) {
     snprintf(json, sizeof json, "{\"k\": %d}", i);
     insert(c, json);
   }
-  bson_t *f = J("{}"), *o = J("{\"batchSize\": 7, \"sort\": {\"k\": 1}}");
+  bson_t *f = obx_test_bson("{}"), *o = obx_test_bson("{\"batchSize\": 7, \"sort\": {\"k\": 1}}");
   mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, f, o, NULL);
   const bson_t *doc;
   int n = 0;
@@ -172,7 +158,7 @@ static void test_bulk_ordered_unordered(void **state) {
     mongoc_bulk_operation_t *bulk = mongoc_collection_create_bulk_operation_with_opts(c, opts);
     const char *docs[] = {"{\"_id\": 1}", "{\"_id\": 2}", "{\"_id\": 1}", "{\"_id\": 3}"};
     for (int i = 0; i < 4; i++) {
-      bson_t *d = J(docs[i]);
+      bson_t *d = obx_test_bson(docs[i]);
       mongoc_bulk_operation_insert(bulk, d);
       bson_destroy(d);
     }
@@ -198,7 +184,7 @@ static void test_bulk_ordered_unordered(void **state) {
     mongoc_bulk_operation_destroy(bulk);
     bson_destroy(opts);
   }
-  bson_t *all = J("{}");
+  bson_t *all = obx_test_bson("{}");
   assert_int_equal(mongoc_collection_estimated_document_count(c, NULL, NULL, NULL, &error), 3);
   bson_destroy(all);
   mongoc_collection_destroy(c);
@@ -211,7 +197,7 @@ static void test_update_upsert_delete(void **state) {
   bson_iter_t it;
   insert(c, "{\"_id\": 1, \"k\": 1, \"n\": 1, \"list\": []}");
   insert(c, "{\"_id\": 2, \"k\": 2, \"n\": 1}");
-  bson_t *q = J("{\"_id\": 1}"), *u = J("{\"$set\": {\"s\": \"X\"}, \"$inc\": {\"n\": 2}, "
+  bson_t *q = obx_test_bson("{\"_id\": 1}"), *u = obx_test_bson("{\"$set\": {\"s\": \"X\"}, \"$inc\": {\"n\": 2}, "
                                          "\"$push\": {\"list\": 7}, \"$unset\": {\"k\": \"\"}, "
                                          "\"$currentDate\": {\"at\": true}}");
   assert_true(mongoc_collection_update_one(c, q, u, NULL, &reply, &error));
@@ -229,9 +215,9 @@ static void test_update_upsert_delete(void **state) {
   mongoc_cursor_destroy(cur);
   bson_destroy(q);
   /* upsert: seeded from the filter, $setOnInsert applied, id reported */
-  q = J("{\"k\": 9}");
-  u = J("{\"$set\": {\"s\": \"new\"}, \"$setOnInsert\": {\"created\": true}}");
-  bson_t *opts = J("{\"upsert\": true}");
+  q = obx_test_bson("{\"k\": 9}");
+  u = obx_test_bson("{\"$set\": {\"s\": \"new\"}, \"$setOnInsert\": {\"created\": true}}");
+  bson_t *opts = obx_test_bson("{\"upsert\": true}");
   assert_true(mongoc_collection_update_one(c, q, u, opts, &reply, &error));
   assert_true(bson_iter_init_find(&it, &reply, "upsertedId"));
   bson_destroy(&reply);
@@ -244,34 +230,34 @@ static void test_update_upsert_delete(void **state) {
   bson_destroy(u);
   bson_destroy(opts);
   /* replacement keeps _id; update_many; delete */
-  q = J("{\"_id\": 2}");
-  u = J("{\"k\": 22}");
+  q = obx_test_bson("{\"_id\": 2}");
+  u = obx_test_bson("{\"k\": 22}");
   assert_true(mongoc_collection_replace_one(c, q, u, NULL, NULL, &error));
   expect_find(c, "{\"_id\": 2}", NULL, "22");
   bson_destroy(u);
   /* an aggregation-pipeline update */
-  u = J("[{\"$set\": {\"k\": {\"$add\": [\"$k\", 1]}}}]");
+  u = obx_test_bson("[{\"$set\": {\"k\": {\"$add\": [\"$k\", 1]}}}]");
   if (!mongoc_collection_update_one(c, q, u, NULL, NULL, &error)) fail_msg("pipeline update: %s", error.message);
   expect_find(c, "{\"_id\": 2}", NULL, "23");
   bson_destroy(q);
   bson_destroy(u);
   /* an unacknowledged write (moreToCome, no reply) lands, and the connection stays in step */
-  bson_t *w0 = J("{\"writeConcern\": {\"w\": 0}}"), *d50 = J("{\"_id\": 50, \"k\": 50}");
+  bson_t *w0 = obx_test_bson("{\"writeConcern\": {\"w\": 0}}"), *d50 = obx_test_bson("{\"_id\": 50, \"k\": 50}");
   assert_true(mongoc_collection_insert_one(c, d50, w0, NULL, &error));
   expect_find(c, "{\"_id\": 50}", NULL, "50");
   bson_destroy(w0);
   bson_destroy(d50);
-  q = J("{\"_id\": 50}");
+  q = obx_test_bson("{\"_id\": 50}");
   assert_true(mongoc_collection_delete_one(c, q, NULL, NULL, &error));
   bson_destroy(q);
-  q = J("{}");
-  u = J("{\"$set\": {\"all\": 1}}");
+  q = obx_test_bson("{}");
+  u = obx_test_bson("{\"$set\": {\"all\": 1}}");
   assert_true(mongoc_collection_update_many(c, q, u, NULL, &reply, &error));
   assert_true(bson_iter_init_find(&it, &reply, "matchedCount"));
   assert_int_equal(bson_iter_as_int64(&it), 3);
   bson_destroy(&reply);
   bson_destroy(u);
-  bson_t *dq = J("{\"k\": 23}");
+  bson_t *dq = obx_test_bson("{\"k\": 23}");
   assert_true(mongoc_collection_delete_one(c, dq, NULL, &reply, &error));
   assert_true(bson_iter_init_find(&it, &reply, "deletedCount"));
   assert_int_equal(bson_iter_as_int64(&it), 1);
@@ -292,7 +278,8 @@ static void test_find_and_modify(void **state) {
   bson_iter_t it, v;
   insert(c, "{\"_id\": 1, \"k\": 1, \"s\": \"PENDING\"}");
   insert(c, "{\"_id\": 2, \"k\": 2, \"s\": \"PENDING\"}");
-  bson_t *q = J("{\"s\": \"PENDING\"}"), *sort = J("{\"k\": -1}"), *u = J("{\"$set\": {\"s\": \"TAKEN\"}}");
+  bson_t *q = obx_test_bson("{\"s\": \"PENDING\"}"), *sort = obx_test_bson("{\"k\": -1}");
+  bson_t *u = obx_test_bson("{\"$set\": {\"s\": \"TAKEN\"}}");
   mongoc_find_and_modify_opts_t *opts = mongoc_find_and_modify_opts_new();
   mongoc_find_and_modify_opts_set_sort(opts, sort);
   mongoc_find_and_modify_opts_set_update(opts, u);
@@ -328,9 +315,9 @@ static void test_count_distinct_aggregate(void **state) {
   insert(c, "{\"k\": 1, \"org\": \"a\", \"v\": 10}");
   insert(c, "{\"k\": 2, \"org\": \"a\", \"v\": 5}");
   insert(c, "{\"k\": 3, \"org\": \"b\", \"v\": 1}");
-  bson_t *q = J("{\"org\": \"a\"}");
+  bson_t *q = obx_test_bson("{\"org\": \"a\"}");
   assert_int_equal(mongoc_collection_count_documents(c, q, NULL, NULL, NULL, &error), 2);
-  bson_t *none = J("{\"org\": \"zz\"}");
+  bson_t *none = obx_test_bson("{\"org\": \"zz\"}");
   assert_int_equal(mongoc_collection_count_documents(c, none, NULL, NULL, NULL, &error), 0);
   bson_t *cmd = BCON_NEW("distinct", "agg", "key", "org");
   bson_t reply;
@@ -342,7 +329,7 @@ static void test_count_distinct_aggregate(void **state) {
   assert_int_equal(n, 2);
   bson_destroy(&reply);
   bson_destroy(cmd);
-  bson_t *pipeline = J("[{\"$match\": {\"v\": {\"$gte\": 5}}}, {\"$group\": {\"_id\": \"$org\", "
+  bson_t *pipeline = obx_test_bson("[{\"$match\": {\"v\": {\"$gte\": 5}}}, {\"$group\": {\"_id\": \"$org\", "
                        "\"total\": {\"$sum\": \"$v\"}}}, {\"$sort\": {\"_id\": 1}}]");
   mongoc_cursor_t *cur = mongoc_collection_aggregate(c, MONGOC_QUERY_NONE, pipeline, NULL, NULL);
   const bson_t *doc;
@@ -400,7 +387,7 @@ static void test_collections_and_indexes(void **state) {
 }
 
 static bool try_insert(mongoc_collection_t *c, const char *json, bson_error_t *error) {
-  bson_t *doc = J(json);
+  bson_t *doc = obx_test_bson(json);
   bool ok = mongoc_collection_insert_one(c, doc, NULL, NULL, error);
   bson_destroy(doc);
   return ok;
@@ -426,7 +413,7 @@ static void test_unique_compound_partial(void **state) {
   assert_int_equal(error.code, 11000);
   assert_true(try_insert(c, "{\"orgId\": \"o2\", \"orderNumber\": 4, \"idem\": \"x\"}", &error));
   /* an update into a duplicate is refused too; the numeric key 1.0 equals 1 */
-  bson_t *q = J("{\"orderNumber\": 2}"), *u = J("{\"$set\": {\"orderNumber\": 1.0}}");
+  bson_t *q = obx_test_bson("{\"orderNumber\": 2}"), *u = obx_test_bson("{\"$set\": {\"orderNumber\": 1.0}}");
   assert_false(mongoc_collection_update_one(c, q, u, NULL, NULL, &error));
   assert_int_equal(error.code, 11000);
   bson_destroy(q);
@@ -441,7 +428,7 @@ static mongoc_collection_t *g_ttl;
 
 static bool ttl_gone(void *ctx) {
   bson_error_t error;
-  bson_t *f = J("{\"kind\": \"old\"}");
+  bson_t *f = obx_test_bson("{\"kind\": \"old\"}");
   int64_t n = mongoc_collection_count_documents(g_ttl, f, NULL, NULL, NULL, &error);
   bson_destroy(f);
   return n == 0;

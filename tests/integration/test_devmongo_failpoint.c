@@ -8,33 +8,19 @@
 #include <string.h>
 
 #include "obx_test.h"
-#include "obx_test_mongo.h"
+#include "obx_test_doc.h"
+#include "obx_test_fixture.h"
 
 static obx_test_mongo_t g_m;
 static mongoc_client_t *g_client;
 
-static int setup(void **state) {
-  if (!obx_test_mongo_start(&g_m, NULL)) return -1;
-  g_client = obx_test_mongo_client(&g_m, NULL, NULL);
-  return g_client ? 0 : -1;
-}
+static int setup(void **state) { return obx_test_fixture_mongo_setup(&g_m, NULL, &g_client); }
 
-static int teardown(void **state) {
-  mongoc_client_destroy(g_client);
-  obx_test_mongo_stop(&g_m);
-  return 0;
-}
-
-static bson_t *J(const char *json) {
-  bson_error_t error;
-  bson_t *b = bson_new_from_json((const uint8_t *)json, -1, &error);
-  if (!b) fail_msg("bad json %s: %s", json, error.message);
-  return b;
-}
+static int teardown(void **state) { return obx_test_fixture_mongo_teardown(&g_m, g_client); }
 
 static int64_t fail_point(const char *json) {
   bson_error_t error;
-  bson_t *cmd = J(json), reply;
+  bson_t *cmd = obx_test_bson(json), reply;
   if (!mongoc_client_command_simple(g_client, "admin", cmd, NULL, &reply, &error))
     fail_msg("configureFailPoint: %s", error.message);
   bson_iter_t it;

@@ -9,29 +9,15 @@
 #include <time.h>
 
 #include "obx_test.h"
-#include "obx_test_mongo.h"
+#include "obx_test_doc.h"
+#include "obx_test_fixture.h"
 
 static obx_test_mongo_t g_m;
 static mongoc_client_t *g_client;
 
-static int setup(void **state) {
-  if (!obx_test_mongo_start(&g_m, NULL)) return -1;
-  g_client = obx_test_mongo_client(&g_m, NULL, NULL);
-  return g_client ? 0 : -1;
-}
+static int setup(void **state) { return obx_test_fixture_mongo_setup(&g_m, NULL, &g_client); }
 
-static int teardown(void **state) {
-  mongoc_client_destroy(g_client);
-  obx_test_mongo_stop(&g_m);
-  return 0;
-}
-
-static bson_t *J(const char *json) {
-  bson_error_t error;
-  bson_t *b = bson_new_from_json((const uint8_t *)json, -1, &error);
-  if (!b) fail_msg("bad json %s: %s", json, error.message);
-  return b;
-}
+static int teardown(void **state) { return obx_test_fixture_mongo_teardown(&g_m, g_client); }
 
 static void run_ok(mongoc_collection_t *c, const char *what, bool ok, const bson_error_t *error) {
   if (!ok) fail_msg("%s on %s: %s", what, mongoc_collection_get_name(c), error->message);
@@ -39,13 +25,13 @@ static void run_ok(mongoc_collection_t *c, const char *what, bool ok, const bson
 
 static void insert(mongoc_collection_t *c, const char *json) {
   bson_error_t error;
-  bson_t *doc = J(json);
+  bson_t *doc = obx_test_bson(json);
   run_ok(c, "insert", mongoc_collection_insert_one(c, doc, NULL, NULL, &error), &error);
   bson_destroy(doc);
 }
 
 static mongoc_change_stream_t *watch(mongoc_collection_t *c, const char *pipeline, const char *opts) {
-  bson_t *p = J(pipeline ? pipeline : "{\"pipeline\": []}"), *o = opts ? J(opts) : NULL;
+  bson_t *p = obx_test_bson(pipeline ? pipeline : "{\"pipeline\": []}"), *o = opts ? obx_test_bson(opts) : NULL;
   mongoc_change_stream_t *cs = mongoc_collection_watch(c, p, o);
   bson_destroy(p);
   bson_destroy(o);
@@ -103,9 +89,9 @@ static void test_event_shapes(void **state) {
   bson_error_t error;
   mongoc_change_stream_t *cs = watch(c, NULL, "{\"maxAwaitTimeMS\": 200}");
   insert(c, "{\"_id\": 1, \"a\": 1, \"b\": 2, \"arr\": [1, 2, 3]}");
-  bson_t *q = J("{\"_id\": 1}"), *u = J("{\"$set\": {\"a\": 5}, \"$unset\": {\"b\": \"\"}}");
+  bson_t *q = obx_test_bson("{\"_id\": 1}"), *u = obx_test_bson("{\"$set\": {\"a\": 5}, \"$unset\": {\"b\": \"\"}}");
   run_ok(c, "update", mongoc_collection_update_one(c, q, u, NULL, NULL, &error), &error);
-  bson_t *r = J("{\"z\": 1}");
+  bson_t *r = obx_test_bson("{\"z\": 1}");
   run_ok(c, "replace", mongoc_collection_replace_one(c, q, r, NULL, NULL, &error), &error);
   run_ok(c, "delete", mongoc_collection_delete_one(c, q, NULL, NULL, &error), &error);
   bson_t *ev = next_event(cs, 10000);
@@ -149,7 +135,7 @@ static void test_update_lookup_and_match(void **state) {
        "{\"$project\": {\"documentKey\": 1, \"operationType\": 1}}]}",
     "{\"fullDocument\": \"updateLookup\", \"maxAwaitTimeMS\": 200}");
   insert(c, "{\"_id\": 1, \"s\": 0}");
-  bson_t *q = J("{\"_id\": 1}"), *u = J("{\"$inc\": {\"s\": 2}}");
+  bson_t *q = obx_test_bson("{\"_id\": 1}"), *u = obx_test_bson("{\"$inc\": {\"s\": 2}}");
   run_ok(c, "update", mongoc_collection_update_one(c, q, u, NULL, NULL, &error), &error);
   bson_t *ev = next_event(look, 10000);
   expect_op(ev, "insert", 1);
@@ -178,7 +164,7 @@ static void test_transaction_events(void **state) {
   bson_t *opts = bson_new();
   assert_true(mongoc_client_session_append(sess, opts, &error));
   assert_true(mongoc_client_session_start_transaction(sess, NULL, &error));
-  bson_t *a = J("{\"_id\": 1}"), *b = J("{\"_id\": 2}");
+  bson_t *a = obx_test_bson("{\"_id\": 1}"), *b = obx_test_bson("{\"_id\": 2}");
   run_ok(c, "insert", mongoc_collection_insert_one(c, a, opts, NULL, &error), &error);
   insert(c, "{\"_id\": 10}"); /* outside the transaction, committed first */
   run_ok(c, "insert", mongoc_collection_insert_one(c, b, opts, NULL, &error), &error);
@@ -364,7 +350,7 @@ static void test_history_lost(void **state) {
 /* Configures a fail point; returns how often the previous configuration fired. */
 static int64_t fail_point(const char *json) {
   bson_error_t error;
-  bson_t *cmd = J(json), reply;
+  bson_t *cmd = obx_test_bson(json), reply;
   if (!mongoc_client_command_simple(g_client, "admin", cmd, NULL, &reply, &error))
     fail_msg("configureFailPoint: %s", error.message);
   int64_t n = int_at(&reply, "count");

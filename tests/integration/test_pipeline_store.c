@@ -6,7 +6,7 @@
  * with the caller's transaction. */
 #include "obx_test.h"
 #include "obx_test_doc.h"
-#include "obx_test_mongo.h"
+#include "obx_test_fixture.h"
 #include "obx/obx_pipeline.h"
 
 #include <stdio.h>
@@ -16,17 +16,9 @@
 static obx_test_mongo_t g_m;
 static mongoc_client_t *g_client;
 
-static int setup(void **state) {
-  if (!obx_test_mongo_start(&g_m, NULL)) return -1;
-  g_client = obx_test_mongo_client(&g_m, NULL, NULL);
-  return g_client ? 0 : -1;
-}
+static int setup(void **state) { return obx_test_fixture_mongo_setup(&g_m, NULL, &g_client); }
 
-static int teardown(void **state) {
-  mongoc_client_destroy(g_client);
-  obx_test_mongo_stop(&g_m);
-  return 0;
-}
+static int teardown(void **state) { return obx_test_fixture_mongo_teardown(&g_m, g_client); }
 
 #define DEF_TAG                                                                                                     \
   "{'name':'tagger','trigger':'event.OrderShipped','nodes':[{'id':'start','type':'start'},"                         \

@@ -28,11 +28,16 @@ char *obx_test_json_quotes(const char *single_quoted) {
   return out;
 }
 
-bson_t *obx_test_json(const char *single_quoted) {
-  char *json = obx_test_json_quotes(single_quoted);
+bson_t *obx_test_bson(const char *json) {
   bson_error_t berr;
   bson_t *doc = bson_new_from_json((const uint8_t *)json, -1, &berr);
   if (!doc) fail_msg("bad test JSON %s: %s", json, berr.message);
+  return doc;
+}
+
+bson_t *obx_test_json(const char *single_quoted) {
+  char *json = obx_test_json_quotes(single_quoted);
+  bson_t *doc = obx_test_bson(json);
   free(json);
   return doc;
 }

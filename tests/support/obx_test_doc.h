@@ -18,6 +18,8 @@ int64_t obx_test_doc_int(const bson_t *doc, const char *path);
 char *obx_test_json_quotes(const char *single_quoted);
 /* Parses single-quoted JSON (obx_test_json_quotes); owned, bson_destroy. */
 bson_t *obx_test_json(const char *single_quoted);
+/* Parses JSON as written (double quotes); owned, bson_destroy. */
+bson_t *obx_test_bson(const char *json);
 /* A whole file, NUL-terminated; NULL when it cannot be read. Caller frees. */
 char *obx_test_read_file(const char *path);
 /* Documents of db.coll matching filter (NULL: all). */

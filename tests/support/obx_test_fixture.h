@@ -1,0 +1,20 @@
+/* obx_test_fixture.h - cmocka group fixtures shared by the integration suites
+ *
+ * DESIGN: a group that runs against one devmongod and one client calls these from its
+ * setup/teardown instead of repeating the start/connect/stop sequence. Nothing here asserts:
+ * group setups report failure by returning -1, as cmocka expects. */
+#ifndef OBX_TEST_FIXTURE_H
+#define OBX_TEST_FIXTURE_H
+
+#include <mongoc/mongoc.h>
+
+#include "obx_test_mongo.h"
+
+/* Starts devmongod into m (extra_args as for obx_test_mongo_start, may be NULL) and opens
+ * *client on m->uri (owned by the caller, released by obx_test_fixture_mongo_teardown).
+ * Returns 0, or -1 with nothing left running and *client NULL. */
+int obx_test_fixture_mongo_setup(obx_test_mongo_t *m, const char *extra_args, mongoc_client_t **client);
+/* Destroys client (may be NULL) and stops m (safe when never started). Returns 0. */
+int obx_test_fixture_mongo_teardown(obx_test_mongo_t *m, mongoc_client_t *client);
+
+#endif
