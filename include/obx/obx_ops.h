@@ -13,7 +13,8 @@
  *
  * Writes made here go to `audit_log` in the same transaction as the change they record:
  *   {_id, who, when, action, target, orgId, details}
- * (action "outbox.reprocess"). Mongo errors are wrapped with obx_err_from_bson (retriable when
+ * (action "outbox.reprocess"). obx_ops_audit writes that entry for every operator action, the
+ * worker's included. Mongo errors are wrapped with obx_err_from_bson (retriable when
  * transient). Thread-safe as long as the pool and the ladder are (they are). */
 #ifndef OBX_OPS_H
 #define OBX_OPS_H
@@ -34,6 +35,12 @@ typedef obx_worker_ops_t obx_ops_t;
 
 /* The two event stores an operator lists and counts. */
 typedef enum { OBX_OPS_OUTBOX, OBX_OPS_INBOX } obx_ops_store_t;
+
+/* Appends {_id, who: ops->who ("unknown" when empty), when: now, action, target, orgId: org
+ * (null when NULL), details (omitted when NULL)} to audit_log. With session the entry is part
+ * of that transaction (written on the session's client); without, on a client of ops->mongo. */
+bool obx_ops_audit(const obx_ops_t *ops, mongoc_client_session_t *session, const char *action, const char *target,
+                   const char *org, const bson_t *details, obx_err_t *err);
 
 /* The collection name of a store ("outbox", "inbox"). */
 const char *obx_ops_store_name(obx_ops_store_t store);
@@ -76,9 +83,10 @@ const char *obx_ops_dlq_msg_org(const obx_ladder_msg_t *msg);
 bool obx_ops_dlq_list(const obx_ops_t *ops, const char *org, int limit, bson_t *out, obx_err_t *err);
 
 /* Redrives DLQ messages of org: the ids given (nids > 0), or all of them (all true). Each id
- * must be a message of org in the DLQ (OBX_ERR_NOT_FOUND otherwise, nothing moved). The moves
- * go through obx_worker_dlq_redrive (which records them in audit_log). out (initialised)
- * receives {"dryRun": b, "moved": n, "ids": [...]}. */
+ * must be a message of org in the DLQ (OBX_ERR_NOT_FOUND otherwise, nothing moved): ids are
+ * checked with one browse pass. The move is one obx_worker_dlq_redrive pass with the org (and
+ * ids) in its filter, recorded as one audit_log entry. out (initialised) receives
+ * {"dryRun": b, "moved": n, "ids": [<ids moved, or that would be>]}. */
 bool obx_ops_dlq_redrive(const obx_ops_t *ops, const char *org, const char *const *ids, int nids, bool all,
                          bool dry_run, bson_t *out, obx_err_t *err);
 

@@ -57,9 +57,13 @@ void *obx_worker_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err)
 void obx_worker_stop(void *worker);
 
 /* ---- operations (outboxctl, the API) ------------------------------------------------------
- * Every mutating operation, dry runs included, appends one document to `audit_log`:
- *   {_id, who, when, action, target, details}
+ * Every mutating operation, dry runs included, appends one document to `audit_log` through
+ * obx_ops_audit (obx_ops.h, the one writer of that shape):
+ *   {_id, who, when, action, target, orgId, details}
  * action: "dlq.redrive", "dlq.purge", "inbox.replay", "inbox.replay_type", "keys.release".
+ * orgId is the org the action concerned (null: every org). keys.release changes MongoDB state
+ * and writes its entry in the same transaction; the others change RabbitMQ state only (their
+ * entry follows the confirmed change).
  * Replays and releases go through the worker: the stored event is published to the work queue
  * (x-replay for replays) and the running worker handles it on its key's lane, so a replay makes
  * a new pipeline_executions record and per-key order is kept. */
@@ -70,17 +74,19 @@ typedef struct {
   const char *who;      /* operator ($USER) or API key id */
 } obx_worker_ops_t;
 
-bool obx_worker_audit(const obx_worker_ops_t *ops, const char *action, const char *target, const bson_t *details,
-                      obx_err_t *err);
-
-/* DLQ messages selected by id and/or CloudEvent type (NULL: any). */
+/* DLQ messages selected by every field set (NULL / 0: no condition): one id, any of a list of
+ * ids, a CloudEvent type, an org (the ce_orgid header). One browse or redrive pass applies it,
+ * so an org-scoped redrive is a single pass over the DLQ. Pointers borrowed. */
 typedef struct {
   const char *id;
   const char *type;
+  const char *org;
+  const char *const *ids;
+  int nids;
 } obx_worker_dlq_filter_t;
 bool obx_worker_dlq_match(void *filter, const obx_ladder_msg_t *msg);
 /* Redrives the selected DLQ messages to the work queue (see obx_ladder_dlq_redrive); visit may
- * be NULL. The audit details list the ids. */
+ * be NULL. One audit_log entry (orgId = filter->org) whose details list the ids moved. */
 bool obx_worker_dlq_redrive(const obx_worker_ops_t *ops, const obx_worker_dlq_filter_t *filter, bool dry_run,
                             obx_ladder_visit_fn visit, void *ctx, int *moved, obx_err_t *err);
 bool obx_worker_dlq_purge(const obx_worker_ops_t *ops, uint32_t *purged, obx_err_t *err);

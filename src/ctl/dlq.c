@@ -1,12 +1,13 @@
 /* dlq.c - `outboxctl dlq`: the parking-lot DLQ on RabbitMQ
  *
- *   outboxctl dlq list [--type T] [--limit N] [--json]
+ *   outboxctl dlq list [--type T] [--org ORG] [--limit N] [--json]
  *       One line per parked message: id, type, attempts, failure class, reason, first failure.
  *   outboxctl dlq peek ID
  *       Everything a message carries: CloudEvent headers, payload, attempt history.
- *   outboxctl dlq redrive (--id ID | --type T | --all) [--dry-run] [--who NAME]
- *       Moves the selected messages back to the work queue with their attempts reset; the
- *       worker runs them again. --dry-run lists what would move.
+ *   outboxctl dlq redrive (--id ID | --type T | --org ORG | --all) [--dry-run] [--who NAME]
+ *       Moves the selected messages (every condition given applies; --org: the ce_orgid
+ *       header) back to the work queue with their attempts reset, in one pass over the DLQ;
+ *       the worker runs them again. --dry-run lists what would move.
  *   outboxctl dlq purge --yes [--who NAME]
  *       Deletes every DLQ message.
  *
@@ -90,7 +91,7 @@ static bool browse_visit(void *p, const obx_ladder_msg_t *msg) { return list_vis
 static int dlq_browse(int argc, char **argv, bool peek) {
   worker_ctl_args_t args;
   const char *usage = peek ? "usage: outboxctl dlq peek ID\n\nShows one DLQ message as JSON without removing it.\n"
-                           : "usage: outboxctl dlq list [--type T] [--limit N] [--json]\n\n"
+                           : "usage: outboxctl dlq list [--type T] [--org ORG] [--limit N] [--json]\n\n"
                              "Lists the DLQ without removing anything.\n";
   int rc = worker_ctl_parse(&args, argc, argv, usage);
   if (rc >= 0) goto done_args;
@@ -102,7 +103,8 @@ static int dlq_browse(int argc, char **argv, bool peek) {
   worker_ctl_t ctl;
   if ((rc = worker_ctl_open(&ctl, &args, true)) == OBX_CTL_OK) {
     /* peek shows the whole message, which only the JSON form holds. */
-    browse_ctx_t b = {.filter = {.id = peek ? args.pos[0] : NULL, .type = args.type}, .list = {.json = args.json || peek}};
+    browse_ctx_t b = {.filter = {.id = peek ? args.pos[0] : NULL, .type = args.type, .org = args.org},
+                      .list = {.json = args.json || peek}};
     if (!peek && !args.json)
       printf("%-36s  %-20s  %7s  %-9s  %-24s  %s\n", "ID", "TYPE", "ATTEMPT", "CLASS", "FIRST FAILURE", "REASON");
     if (args.json && !peek) printf("[");
@@ -133,17 +135,18 @@ static bool redrive_visit(void *p, const obx_ladder_msg_t *msg) {
 static int dlq_redrive(int argc, char **argv) {
   worker_ctl_args_t args;
   int rc = worker_ctl_parse(&args, argc, argv,
-                            "usage: outboxctl dlq redrive (--id ID | --type T | --all) [--dry-run] [--who NAME]\n\n"
+                            "usage: outboxctl dlq redrive (--id ID | --type T | --org ORG | --all) [--dry-run] [--who NAME]\n\n"
                             "Moves DLQ messages back to the work queue with their attempts reset.\n");
   if (rc >= 0) goto done_args;
   rc = OBX_CTL_USAGE;
-  if (args.npos || (!args.id && !args.type && !args.all) || (args.all && (args.id || args.type))) {
-    obx_ctl_errorf("dlq redrive: choose --id ID and/or --type T, or --all");
+  bool some = args.id || args.type || args.org;
+  if (args.npos || some == args.all) {
+    obx_ctl_errorf("dlq redrive: choose --id ID, --type T and/or --org ORG, or --all");
     goto done_args;
   }
   worker_ctl_t ctl;
   if ((rc = worker_ctl_open(&ctl, &args, true)) == OBX_CTL_OK) {
-    obx_worker_dlq_filter_t filter = {.id = args.id, .type = args.type};
+    obx_worker_dlq_filter_t filter = {.id = args.id, .type = args.type, .org = args.org};
     int moved = 0;
     obx_err_t err = OBX_ERR_INIT;
     if (!obx_worker_dlq_redrive(&ctl.ops, &filter, args.dry_run, redrive_visit, &args.dry_run, &moved, &err))

@@ -14,7 +14,7 @@ int worker_ctl_parse(worker_ctl_args_t *a, int argc, char **argv, const char *us
     {"json", no_argument, NULL, 'j'},     {"who", required_argument, NULL, 'w'},  {"dry-run", no_argument, NULL, 'n'},
     {"id", required_argument, NULL, 'i'}, {"type", required_argument, NULL, 't'}, {"since", required_argument, NULL, 's'},
     {"all", no_argument, NULL, 'a'},      {"limit", required_argument, NULL, 'l'}, {"yes", no_argument, NULL, 'y'},
-    {"help", no_argument, NULL, 'h'},     {0}};
+    {"org", required_argument, NULL, 'o'}, {"help", no_argument, NULL, 'h'}, {0}};
   memset(a, 0, sizeof *a);
   int opt;
   optind = 0;
@@ -26,6 +26,7 @@ int worker_ctl_parse(worker_ctl_args_t *a, int argc, char **argv, const char *us
     case 'n': a->dry_run = true; break;
     case 'i': a->id = optarg; break;
     case 't': a->type = optarg; break;
+    case 'o': a->org = optarg; break;
     case 's': a->since = optarg; break;
     case 'a': a->all = true; break;
     case 'y': a->yes = true; break;

@@ -1,7 +1,7 @@
 /* worker_ctl.h - helpers shared by the worker's outboxctl commands (dlq, inbox, keys)
  *
  * DESIGN: one option parser for the three commands (the -c/-X configuration options plus
- * --json, --who, --dry-run, --id, --type, --since, --all, --limit, --yes), and one opener that
+ * --json, --who, --dry-run, --id, --type, --org, --since, --all, --limit, --yes), and one opener that
  * loads the configuration and connects MongoDB and, when needed, RabbitMQ exactly as the
  * worker does (WORKER_GROUP is the inbox consumer, WORKER_QUEUE_PREFIX names the queues). The
  * operations themselves are obx_worker_* (src/worker/ops.c), shared with the HTTP API. */
@@ -18,7 +18,7 @@
 typedef struct {
   obx_ctl_conf_opts_t conf;
   bool json, dry_run, all, yes;
-  const char *who, *id, *type, *since;
+  const char *who, *id, *type, *org, *since;
   int limit;
   char **pos; /* positional arguments, borrowed from argv */
   int npos;

@@ -5,7 +5,8 @@
  * MongoDB through ops->mongo (one client popped per call) and RabbitMQ through ops->ladder;
  * the worker's operations (src/worker/ops.c) do the inbox replays and the DLQ moves, this file
  * only adds the org checks in front of them. Reprocess is the only write made here: one
- * transaction updates the event and appends its audit_log entry. */
+ * transaction updates the event and appends its audit_log entry. obx_ops_audit is the one
+ * writer of audit_log entries, for these operations and the worker's. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +163,35 @@ static const char *doc_str(const bson_t *doc, const char *path) {
   return bson_iter_utf8(&v, NULL);
 }
 
+/* ---- audit_log ---------------------------------------------------------------------------- */
+
+bool obx_ops_audit(const obx_ops_t *ops, mongoc_client_session_t *session, const char *action, const char *target,
+                   const char *org, const bson_t *details, obx_err_t *err) {
+  char id[OBX_UUID_LEN + 1];
+  obx_uuid7(id);
+  bson_t entry = BSON_INITIALIZER, opts = BSON_INITIALIZER, reply = BSON_INITIALIZER;
+  BSON_APPEND_UTF8(&entry, "_id", id);
+  BSON_APPEND_UTF8(&entry, "who", ops->who && ops->who[0] ? ops->who : "unknown");
+  BSON_APPEND_DATE_TIME(&entry, "when", obx_time_now_ms());
+  BSON_APPEND_UTF8(&entry, "action", action);
+  BSON_APPEND_UTF8(&entry, "target", target ? target : "");
+  if (org) BSON_APPEND_UTF8(&entry, "orgId", org);
+  else BSON_APPEND_NULL(&entry, "orgId");
+  if (details) BSON_APPEND_DOCUMENT(&entry, "details", details);
+  mongoc_client_t *client = session ? mongoc_client_session_get_client(session) : obx_mongo_pop(ops->mongo);
+  mongoc_collection_t *c = obx_mongo_collection(ops->mongo, client, "audit_log");
+  bson_error_t berr;
+  bool ok = (!session || mongoc_client_session_append(session, &opts, &berr)) &&
+            mongoc_collection_insert_one(c, &entry, &opts, &reply, &berr);
+  if (!ok) obx_err_from_bson(err, &berr, &reply);
+  mongoc_collection_destroy(c);
+  if (!session) obx_mongo_push(ops->mongo, client);
+  bson_destroy(&reply);
+  bson_destroy(&opts);
+  bson_destroy(&entry);
+  return ok;
+}
+
 /* ---- reprocess ---------------------------------------------------------------------------- */
 
 typedef struct {
@@ -175,9 +205,8 @@ static bool reprocess_txn(mongoc_client_session_t *session, void *p, obx_err_t *
   const obx_ops_t *ops = r->ops;
   mongoc_client_t *client = mongoc_client_session_get_client(session);
   mongoc_collection_t *outbox = obx_mongo_collection(ops->mongo, client, "outbox");
-  mongoc_collection_t *audit = obx_mongo_collection(ops->mongo, client, "audit_log");
   bson_t filter = BSON_INITIALIZER, doc = BSON_INITIALIZER, opts = BSON_INITIALIZER, reply = BSON_INITIALIZER;
-  bson_t update = BSON_INITIALIZER, set, push, hist, entry = BSON_INITIALIZER, details;
+  bson_t update = BSON_INITIALIZER, set, push, hist, details = BSON_INITIALIZER;
   bson_error_t berr;
   bool found = false, ok = false;
   int64_t now = obx_time_now_ms();
@@ -223,26 +252,10 @@ static bool reprocess_txn(mongoc_client_session_t *session, void *p, obx_err_t *
     goto done;
   }
 
-  char audit_id[OBX_UUID_LEN + 1];
-  obx_uuid7(audit_id);
-  BSON_APPEND_UTF8(&entry, "_id", audit_id);
-  BSON_APPEND_UTF8(&entry, "who", who);
-  BSON_APPEND_DATE_TIME(&entry, "when", now);
-  BSON_APPEND_UTF8(&entry, "action", "outbox.reprocess");
-  BSON_APPEND_UTF8(&entry, "target", r->id);
-  const char *org_id = doc_str(&doc, "orgId");
-  if (org_id) BSON_APPEND_UTF8(&entry, "orgId", org_id);
-  else BSON_APPEND_NULL(&entry, "orgId");
-  BSON_APPEND_DOCUMENT_BEGIN(&entry, "details", &details);
   BSON_APPEND_UTF8(&details, "previousStatus", "FAILED");
   BSON_APPEND_INT64(&details, "attempts", attempts);
   if (last_error) BSON_APPEND_UTF8(&details, "lastError", last_error);
-  bson_append_document_end(&entry, &details);
-  bson_reinit(&reply);
-  if (!mongoc_collection_insert_one(audit, &entry, &opts, &reply, &berr)) {
-    obx_err_from_bson(err, &berr, &reply);
-    goto done;
-  }
+  if (!obx_ops_audit(ops, session, "outbox.reprocess", r->id, doc_str(&doc, "orgId"), &details, err)) goto done;
   if (r->out) {
     bson_reinit(r->out);
     bson_t by_id = BSON_INITIALIZER;
@@ -253,13 +266,12 @@ static bool reprocess_txn(mongoc_client_session_t *session, void *p, obx_err_t *
     ok = true;
   }
 done:
-  bson_destroy(&entry);
+  bson_destroy(&details);
   bson_destroy(&update);
   bson_destroy(&reply);
   bson_destroy(&opts);
   bson_destroy(&doc);
   bson_destroy(&filter);
-  mongoc_collection_destroy(audit);
   mongoc_collection_destroy(outbox);
   return ok;
 }
@@ -320,19 +332,15 @@ void obx_ops_dlq_msg_to_bson(const obx_ladder_msg_t *msg, bson_t *out) {
   bson_append_utf8(out, "body", -1, msg->body ? msg->body : "", msg->body ? (int)msg->body_len : 0);
 }
 
+/* One DLQ pass: the filter first, so the ladder's shared context works for
+ * obx_worker_dlq_match as well as for the visits. */
 typedef struct {
-  const char *org;
-  bson_t *items;
+  obx_worker_dlq_filter_t filter;
+  bson_t *items; /* list */
   int n;
-  char **ids; /* redrive: ids of org seen in the DLQ */
+  char **ids;    /* ids seen (redrive) */
   int nids, cap;
 } dlq_scan_t;
-
-static bool dlq_org_match(void *p, const obx_ladder_msg_t *msg) {
-  const dlq_scan_t *s = p;
-  const char *org = obx_ops_dlq_msg_org(msg);
-  return !s->org || (org && strcmp(org, s->org) == 0);
-}
 
 static bool dlq_list_visit(void *p, const obx_ladder_msg_t *msg) {
   dlq_scan_t *s = p;
@@ -357,6 +365,11 @@ static bool dlq_ids_visit(void *p, const obx_ladder_msg_t *msg) {
   return true;
 }
 
+static void dlq_ids_clear(dlq_scan_t *s) {
+  for (int i = 0; i < s->nids; i++) free(s->ids[i]);
+  s->nids = 0;
+}
+
 static bool dlq_need_ladder(const obx_ops_t *ops, obx_err_t *err) {
   if (ops->ladder) return true;
   obx_err_set(err, OBX_ERR_AMQP, 0, true, "RabbitMQ is not configured");
@@ -371,9 +384,9 @@ bool obx_ops_dlq_list(const obx_ops_t *ops, const char *org, int limit, bson_t *
   }
   bson_t items;
   BSON_APPEND_ARRAY_BEGIN(out, "items", &items);
-  dlq_scan_t s = {.org = org, .items = &items};
-  bool ok = obx_ladder_dlq_browse(ops->ladder, limit ? limit : OBX_OPS_DEFAULT_LIMIT, dlq_org_match, dlq_list_visit,
-                                  &s, err);
+  dlq_scan_t s = {.filter = {.org = org}, .items = &items};
+  bool ok = obx_ladder_dlq_browse(ops->ladder, limit ? limit : OBX_OPS_DEFAULT_LIMIT, obx_worker_dlq_match,
+                                  dlq_list_visit, &s, err);
   bson_append_array_end(out, &items);
   BSON_APPEND_INT32(out, "count", s.n);
   return ok;
@@ -404,32 +417,26 @@ bool obx_ops_dlq_redrive(const obx_ops_t *ops, const char *org, const char *cons
     obx_err_set(err, OBX_ERR_INPUT, 0, false, "choose the message ids or all");
     return false;
   }
-  dlq_scan_t s = {.org = org};
+  dlq_scan_t s = {.filter = {.org = org, .ids = all ? NULL : ids, .nids = all ? 0 : nids}};
   int moved = 0;
-  /* The worker's filter has no org: learn which ids are the org's, check the ones asked for,
-   * then move them one by one (each move is one audit_log entry). */
-  bool ok = obx_ladder_dlq_browse(ops->ladder, 0, dlq_org_match, dlq_ids_visit, &s, err);
-  for (int i = 0; ok && i < nids; i++) {
-    if (!ids_has(&s, ids[i])) {
-      obx_err_set(err, OBX_ERR_NOT_FOUND, 0, false, "no DLQ message %s", ids[i]);
-      ok = false;
+  bool ok = true;
+  if (!all) { /* every id asked for must be the org's and in the DLQ before anything moves */
+    ok = obx_ladder_dlq_browse(ops->ladder, 0, obx_worker_dlq_match, dlq_ids_visit, &s, err);
+    for (int i = 0; ok && i < nids; i++) {
+      if (!ids_has(&s, ids[i])) {
+        obx_err_set(err, OBX_ERR_NOT_FOUND, 0, false, "no DLQ message %s", ids[i]);
+        ok = false;
+      }
     }
+    dlq_ids_clear(&s);
   }
-  const char *const *selected = all ? (const char *const *)s.ids : ids;
-  int n = all ? s.nids : nids;
-  for (int i = 0; ok && i < n; i++) {
-    obx_worker_dlq_filter_t filter = {selected[i], NULL};
-    int one = 0;
-    ok = obx_worker_dlq_redrive(ops, &filter, dry_run, NULL, NULL, &one, err);
-    moved += one;
-  }
+  ok = ok && obx_worker_dlq_redrive(ops, &s.filter, dry_run, dlq_ids_visit, &s, &moved, err);
   if (ok) {
     BSON_APPEND_BOOL(out, "dryRun", dry_run);
     BSON_APPEND_INT32(out, "moved", moved);
-    if (all) append_ids(out, (const char *const *)s.ids, s.nids);
-    else append_ids(out, ids, nids);
+    append_ids(out, (const char *const *)s.ids, s.nids);
   }
-  for (int i = 0; i < s.nids; i++) free(s.ids[i]);
+  dlq_ids_clear(&s);
   free(s.ids);
   return ok;
 }

@@ -1,43 +1,28 @@
 /* ops.c - operator actions on the worker's state: DLQ redrive/purge, replays, key release
  *
  * DESIGN: shared by outboxctl and the HTTP API, so both do exactly the same thing and both
- * leave the same audit_log entry. Nothing here runs a pipeline: replays and releases publish
- * the stored event to the work queue (confirmed) and the worker runs it on its key's lane. */
+ * leave the same audit_log entry (obx_ops_audit, the one writer of audit_log; a key release
+ * writes it in the transaction that moves the key). Nothing here runs a pipeline: replays and
+ * releases publish the stored event to the work queue (confirmed) and the worker runs it on its
+ * key's lane. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "obx/obx_inbox.h"
+#include "obx/obx_ops.h"
 #include "obx/obx_worker.h"
 
-bool obx_worker_audit(const obx_worker_ops_t *ops, const char *action, const char *target, const bson_t *details,
-                      obx_err_t *err) {
-  char id[OBX_UUID_LEN + 1];
-  obx_uuid7(id);
-  bson_t doc = BSON_INITIALIZER, reply;
-  BSON_APPEND_UTF8(&doc, "_id", id);
-  BSON_APPEND_UTF8(&doc, "who", ops->who && ops->who[0] ? ops->who : "unknown");
-  BSON_APPEND_DATE_TIME(&doc, "when", obx_time_now_ms());
-  BSON_APPEND_UTF8(&doc, "action", action);
-  BSON_APPEND_UTF8(&doc, "target", target ? target : "");
-  if (details) BSON_APPEND_DOCUMENT(&doc, "details", details);
-  mongoc_client_t *client = obx_mongo_pop(ops->mongo);
-  mongoc_collection_t *c = obx_mongo_collection(ops->mongo, client, "audit_log");
-  bson_error_t berr;
-  bool ok = mongoc_collection_insert_one(c, &doc, NULL, &reply, &berr);
-  if (!ok) obx_err_from_bson(err, &berr, &reply);
-  bson_destroy(&reply);
-  mongoc_collection_destroy(c);
-  obx_mongo_push(ops->mongo, client);
-  bson_destroy(&doc);
-  return ok;
-}
+static bool str_eq(const char *a, const char *b) { return a && b && strcmp(a, b) == 0; }
 
 bool obx_worker_dlq_match(void *filter, const obx_ladder_msg_t *msg) {
   const obx_worker_dlq_filter_t *f = filter;
-  if (f->id && (!msg->message_id || strcmp(msg->message_id, f->id) != 0)) return false;
-  if (f->type) {
-    const char *type = obx_ladder_msg_header(msg, "ce_type");
-    if (!type || strcmp(type, f->type) != 0) return false;
+  if (f->id && !str_eq(msg->message_id, f->id)) return false;
+  if (f->type && !str_eq(obx_ladder_msg_header(msg, "ce_type"), f->type)) return false;
+  if (f->org && !str_eq(obx_ladder_msg_header(msg, "ce_orgid"), f->org)) return false;
+  if (f->nids > 0) {
+    int i = 0;
+    while (i < f->nids && !str_eq(msg->message_id, f->ids[i])) i++;
+    if (i == f->nids) return false;
   }
   return true;
 }
@@ -85,9 +70,9 @@ bool obx_worker_dlq_redrive(const obx_worker_ops_t *ops, const obx_worker_dlq_fi
   BSON_APPEND_INT32(&details, "moved", n);
   BSON_APPEND_ARRAY(&details, "ids", &r.ids);
   if (!ok) BSON_APPEND_UTF8(&details, "error", err ? err->msg : "failed");
+  const char *target = filter->id ? filter->id : filter->nids == 1 ? filter->ids[0] : filter->type ? filter->type : "*";
   obx_err_t aerr = OBX_ERR_INIT;
-  bool audited = obx_worker_audit(ops, "dlq.redrive", filter->id ? filter->id : filter->type ? filter->type : "*",
-                                  &details, &aerr);
+  bool audited = obx_ops_audit(ops, NULL, "dlq.redrive", target, filter->org, &details, &aerr);
   if (ok && !audited) {
     if (err) *err = aerr;
     obx_err_prefix(err, "audit_log");
@@ -104,9 +89,15 @@ bool obx_worker_dlq_purge(const obx_worker_ops_t *ops, uint32_t *purged, obx_err
   if (purged) *purged = n;
   bson_t details = BSON_INITIALIZER;
   BSON_APPEND_INT64(&details, "purged", n);
-  bool ok = obx_worker_audit(ops, "dlq.purge", obx_ladder_dlq_queue(ops->ladder), &details, err);
+  bool ok = obx_ops_audit(ops, NULL, "dlq.purge", obx_ladder_dlq_queue(ops->ladder), NULL, &details, err);
   bson_destroy(&details);
   return ok;
+}
+
+static const char *doc_str(const bson_t *doc, const char *path) {
+  bson_iter_t it, v;
+  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_UTF8(&v)) return NULL;
+  return bson_iter_utf8(&v, NULL);
 }
 
 /* Publishes a stored inbox entry to the work queue. */
@@ -138,11 +129,10 @@ bool obx_worker_replay_event(const obx_worker_ops_t *ops, const char *event_id, 
   }
   if (ok) ok = publish_entry(ops, &doc, true, err);
   if (ok) {
-    bson_iter_t it;
-    if (bson_iter_init_find(&it, &doc, "status") && BSON_ITER_HOLDS_UTF8(&it))
-      BSON_APPEND_UTF8(&details, "previousStatus", bson_iter_utf8(&it, NULL));
+    const char *status = doc_str(&doc, "status");
+    if (status) BSON_APPEND_UTF8(&details, "previousStatus", status);
     BSON_APPEND_UTF8(&details, "consumer", ops->consumer);
-    ok = obx_worker_audit(ops, "inbox.replay", event_id, &details, err);
+    ok = obx_ops_audit(ops, NULL, "inbox.replay", event_id, doc_str(&doc, "orgId"), &details, err);
   }
   bson_destroy(&details);
   bson_destroy(&doc);
@@ -195,7 +185,7 @@ bool obx_worker_replay_type(const obx_worker_ops_t *ops, const char *event_type,
   BSON_APPEND_INT64(&details, "events", done);
   if (!ok) BSON_APPEND_UTF8(&details, "error", err ? err->msg : "failed");
   obx_err_t aerr = OBX_ERR_INIT;
-  if (!obx_worker_audit(ops, "inbox.replay_type", event_type, &details, &aerr) && ok) {
+  if (!obx_ops_audit(ops, NULL, "inbox.replay_type", event_type, NULL, &details, &aerr) && ok) {
     if (err) *err = aerr;
     ok = false;
   }
@@ -205,38 +195,65 @@ bool obx_worker_replay_type(const obx_worker_ops_t *ops, const char *event_type,
   return ok;
 }
 
+typedef struct {
+  const obx_worker_ops_t *ops;
+  const char *key;
+  char *next;
+  bson_t next_doc; /* the oldest BLOCKED entry, when found */
+  bool found;
+} release_t;
+
+/* One transaction: the parked key moves to its oldest BLOCKED event (or is unparked) and the
+ * audit_log entry is written with it. */
+static bool release_txn(mongoc_client_session_t *session, void *p, obx_err_t *err) {
+  release_t *r = p;
+  const obx_worker_ops_t *ops = r->ops;
+  const char *db = obx_mongo_db_name(ops->mongo);
+  mongoc_client_t *client = mongoc_client_session_get_client(session);
+  bson_t head_doc = BSON_INITIALIZER, details = BSON_INITIALIZER;
+  bool parked = false, head_found = false, ok = false;
+  char head[OBX_UUID_LEN + 1] = "";
+  r->next[0] = '\0';
+  bson_reinit(&r->next_doc);
+  r->found = false;
+  if (!obx_inbox_key_parked(client, db, session, ops->consumer, r->key, &parked, head, err)) goto done;
+  if (!parked) {
+    obx_err_set(err, OBX_ERR_NOT_FOUND, 0, false, "key %s is not parked for consumer %s", r->key, ops->consumer);
+    goto done;
+  }
+  if (!obx_inbox_next_blocked(client, db, session, ops->consumer, r->key, &r->next_doc, &r->found, err)) goto done;
+  const char *org = NULL;
+  if (r->found) {
+    const char *next = doc_str(&r->next_doc, "_id.eventId");
+    snprintf(r->next, OBX_UUID_LEN + 1, "%s", next ? next : "");
+    org = doc_str(&r->next_doc, "orgId");
+    /* The oldest blocked event becomes the head, so the worker releases the rest after it. */
+    if (!obx_inbox_park_key(client, db, session, ops->consumer, r->key, r->next, "released by an operator", err))
+      goto done;
+  } else {
+    if (head[0] && !obx_inbox_get(client, db, session, ops->consumer, head, &head_doc, &head_found, err)) goto done;
+    if (head_found) org = doc_str(&head_doc, "orgId");
+    if (!obx_inbox_unpark_key(client, db, session, ops->consumer, r->key, err)) goto done;
+  }
+  BSON_APPEND_UTF8(&details, "consumer", ops->consumer);
+  BSON_APPEND_UTF8(&details, "previousHead", head);
+  BSON_APPEND_UTF8(&details, "nextEvent", r->next);
+  ok = obx_ops_audit(ops, session, "keys.release", r->key, org, &details, err);
+done:
+  bson_destroy(&details);
+  bson_destroy(&head_doc);
+  return ok;
+}
+
 bool obx_worker_key_release(const obx_worker_ops_t *ops, const char *key, char next[OBX_UUID_LEN + 1],
                             obx_err_t *err) {
-  const char *db = obx_mongo_db_name(ops->mongo);
-  mongoc_client_t *client = obx_mongo_pop(ops->mongo);
-  bson_t doc = BSON_INITIALIZER, details = BSON_INITIALIZER;
-  bool parked = false, found = false;
-  char head[OBX_UUID_LEN + 1] = "";
+  release_t r = {.ops = ops, .key = key, .next = next};
+  bson_init(&r.next_doc);
   next[0] = '\0';
-  bool ok = obx_inbox_key_parked(client, db, NULL, ops->consumer, key, &parked, head, err);
-  if (ok && !parked) {
-    obx_err_set(err, OBX_ERR_NOT_FOUND, 0, false, "key %s is not parked for consumer %s", key, ops->consumer);
-    ok = false;
-  }
-  if (ok) ok = obx_inbox_next_blocked(client, db, NULL, ops->consumer, key, &doc, &found, err);
-  if (ok && found) {
-    bson_iter_t it, d;
-    if (bson_iter_init(&it, &doc) && bson_iter_find_descendant(&it, "_id.eventId", &d) && BSON_ITER_HOLDS_UTF8(&d))
-      snprintf(next, OBX_UUID_LEN + 1, "%s", bson_iter_utf8(&d, NULL));
-    /* The oldest blocked event becomes the head, so the worker releases the rest after it. */
-    ok = obx_inbox_park_key(client, db, NULL, ops->consumer, key, next, "released by an operator", err) &&
-         publish_entry(ops, &doc, false, err);
-  } else if (ok) {
-    ok = obx_inbox_unpark_key(client, db, NULL, ops->consumer, key, err);
-  }
-  obx_mongo_push(ops->mongo, client);
-  if (ok) {
-    BSON_APPEND_UTF8(&details, "consumer", ops->consumer);
-    BSON_APPEND_UTF8(&details, "previousHead", head);
-    BSON_APPEND_UTF8(&details, "nextEvent", next);
-    ok = obx_worker_audit(ops, "keys.release", key, &details, err);
-  }
-  bson_destroy(&details);
-  bson_destroy(&doc);
+  /* Published after the commit: when the publish fails the key stays parked on `next`, still
+   * BLOCKED, and the same release picks it again. */
+  bool ok = obx_mongo_transaction(ops->mongo, release_txn, &r, err) &&
+            (!r.found || publish_entry(ops, &r.next_doc, false, err));
+  bson_destroy(&r.next_doc);
   return ok;
 }

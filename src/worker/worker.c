@@ -4,7 +4,8 @@
  * offset bookkeeping (offsets.c); the work-queue thread owns the AMQP consumer and settles its messages; lane
  * threads own nothing but their queue and run events (handle()). Every source turns its input
  * into an obx_ladder_msg_t (the CloudEvent in binary form), so the retry tiers, the DLQ and the
- * inbox see one shape. Reads mongo.*, kafka.*, amqp.url, worker.*, inbox.retention, egress.*. */
+ * inbox see one shape. Reads mongo.*, kafka.*, amqp.url, worker.*, inbox.retention, egress.*,
+ * pipelines.cache_ttl (the same enabled-pipeline cache as the api's order.pre lookup). */
 #include "obx/obx_worker.h"
 
 #include <assert.h>
@@ -63,6 +64,7 @@ struct obx_worker {
   obx_ladder_opts_t ladder_opts;
   obx_egress_t egress;
   bool egress_ok;
+  obx_pipeline_cache_t *pipelines; /* enabled pipeline per (org, trigger), PIPELINES_CACHE_TTL */
 
   lane_t *lanes;
   int nlanes;
@@ -350,7 +352,7 @@ static worker_outcome_t run_event(obx_worker_t *w, mongoc_client_t *client, obx_
   obx_pipeline_trigger_for_event(ev->event_type, trigger, sizeof trigger);
   int attempt = msg->attempt + 1;
 
-  if (!obx_pipeline_store_find_enabled(client, w->db, NULL, ev->org_id, trigger, &pipeline, &err)) {
+  if (!obx_pipeline_cache_find_enabled(w->pipelines, client, w->db, ev->org_id, trigger, &pipeline, &err)) {
     obx_log_event(OBX_LOG_WARN, ev->id, ev->correlation_id, "pipeline lookup failed: %s", err.msg);
     goto done;
   }
@@ -821,6 +823,7 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   }
   if (!(w->mongo = obx_mongo_new(conf, err))) goto fail;
   w->db = obx_mongo_db_name(w->mongo);
+  w->pipelines = obx_pipeline_cache_new(conf->pipeline_cache_ttl);
   if (!obx_egress_init_conf(&w->egress, conf, err)) goto fail;
   w->egress_ok = true;
   w->ladder_opts = (obx_ladder_opts_t){.url = conf->amqp_url, .prefix = conf->worker_queue_prefix,
@@ -903,6 +906,7 @@ void obx_worker_destroy(obx_worker_t *w) {
   obx_ladder_consumer_destroy(w->wq);
   obx_ladder_destroy(w->ladder);
   if (w->egress_ok) obx_egress_cleanup(&w->egress);
+  obx_pipeline_cache_destroy(w->pipelines);
   obx_mongo_destroy(w->mongo);
   pthread_mutex_destroy(&w->done_mu);
   free(w);

@@ -236,6 +236,11 @@ static bool queues_settled(void *ctx) {
   return depth(obx_ladder_work_queue(ladder)) == 2 && depth(obx_ladder_dlq_queue(ladder)) == 1;
 }
 
+static bool queues_settled_3_1(void *ctx) {
+  (void)ctx;
+  return depth(obx_ladder_work_queue(ladder)) == 3 && depth(obx_ladder_dlq_queue(ladder)) == 1;
+}
+
 /* ---- the route table --------------------------------------------------------------------- */
 
 typedef struct {
@@ -436,6 +441,33 @@ static void test_dlq_redrive_all(void **state) {
   if (!obx_test_wait_for(queues_settled, NULL, 30000, 100))
     fail_msg("queues: got work %u dlq %u, want work 2 dlq 1", depth(obx_ladder_work_queue(ladder)),
              depth(obx_ladder_dlq_queue(ladder)));
+
+  /* A filtered redrive touches only the org's messages: with one acme and one globex message
+   * in the DLQ, acme's "all" moves acme's alone, globex's stays, one audit entry of acme's org
+   * lists exactly that id. */
+  char acme_more[OBX_UUID_LEN + 1];
+  seed_dlq("acme", "A-4", acme_more);
+  request("POST", "/api/dlq/redrive", key_acme_dlq, "{\"all\": true}", 200, &resp);
+  if (int_at(&resp.json, "moved") != 1 || !strstr(resp.body, acme_more) || strstr(resp.body, globex_dlq))
+    fail_msg("acme all: got %s, want moved 1 with %s only", resp.body, acme_more);
+  obx_test_http_resp_cleanup(&resp);
+  if (!obx_test_wait_for(queues_settled_3_1, NULL, 30000, 100))
+    fail_msg("queues: got work %u dlq %u, want work 3 dlq 1", depth(obx_ladder_work_queue(ladder)),
+             depth(obx_ladder_dlq_queue(ladder)));
+  request("GET", "/api/dlq", key_globex, NULL, 200, &resp);
+  if (int_at(&resp.json, "count") != 1 || !strstr(resp.body, globex_dlq))
+    fail_msg("globex's DLQ after acme's redrive: got %s, want %s alone", resp.body, globex_dlq);
+  obx_test_http_resp_cleanup(&resp);
+  bson_t doc = BSON_INITIALIZER;
+  bson_t *filter = BCON_NEW("action", BCON_UTF8("dlq.redrive"), "orgId", BCON_UTF8("acme"), "details.ids",
+                            BCON_UTF8(acme_more));
+  if (!find_one("audit_log", filter, &doc)) fail_msg("no dlq.redrive audit entry of acme listing %s", acme_more);
+  if (int_at(&doc, "details.moved") != 1 || !str_at(&doc, "details.ids.0") || str_at(&doc, "details.ids.1"))
+    fail_msg("audit details: got moved %lld, ids.0 %s, ids.1 %s; want moved 1 with one id",
+             (long long)int_at(&doc, "details.moved"), str_at(&doc, "details.ids.0") ? str_at(&doc, "details.ids.0") : "-",
+             str_at(&doc, "details.ids.1") ? str_at(&doc, "details.ids.1") : "-");
+  bson_destroy(filter);
+  bson_destroy(&doc);
 }
 
 /* outboxctl runs the same operation: same transition, same audit entry, with the operator. */
