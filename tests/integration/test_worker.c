@@ -24,12 +24,7 @@
 #include "obx_test_mongo.h"
 #include "worker_test.h"
 
-static int setup(void **state) {
-  if (!getenv("AMQP_URL")) return 0;
-  wt_fx_t *fx = wt_setup(3, NULL);
-  *state = fx;
-  return fx ? 0 : -1;
-}
+static int setup(void **state) { return wt_setup_state(state); }
 
 static int teardown(void **state) {
   wt_teardown(*state);

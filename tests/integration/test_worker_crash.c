@@ -15,12 +15,7 @@
 
 #define NEVENTS 30 /* the scripted ERP holds at most 32 routes */
 
-static int setup(void **state) {
-  if (!getenv("AMQP_URL")) return 0;
-  wt_fx_t *fx = wt_setup(3, NULL);
-  *state = fx;
-  return fx ? 0 : -1;
-}
+static int setup(void **state) { return wt_setup_state(state); }
 
 static obx_test_outboxd_t outboxd; /* stopped by teardown, also when the test fails */
 

@@ -183,6 +183,15 @@ static inline wt_fx_t *wt_setup(int partitions, const char *mongo_args) {
   return fx;
 }
 
+/* Per-test cmocka setup of the suites that need only the fixture: wt_setup(3, NULL) into
+ * *state; nothing when AMQP_URL is unset (the tests then skip, WT_NEED_BROKER). */
+static inline int wt_setup_state(void **state) {
+  if (!getenv("AMQP_URL")) return 0;
+  wt_fx_t *fx = wt_setup(3, NULL);
+  *state = fx;
+  return fx ? 0 : -1;
+}
+
 static inline void wt_start_worker(wt_fx_t *fx) {
   char n[16];
   snprintf(n, sizeof n, "%d", fx->attempts);
