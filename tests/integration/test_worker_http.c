@@ -9,9 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <curl/curl.h>
-
 #include "obx/obx_http.h"
+#include "obx_test_outboxd.h"
 #include "worker_test.h"
 
 typedef struct {
@@ -50,37 +49,21 @@ static int teardown(void **state) {
   return 0;
 }
 
-static size_t collect_body(char *data, size_t size, size_t n, void *ctx) {
-  char *out = ctx;
-  size_t have = strlen(out), add = size * n;
-  if (have + add >= 1024) add = 1023 - have;
-  memcpy(out + have, data, add);
-  out[have + add] = '\0';
-  return size * n;
+/* Sends method path (body NULL: none) to the sink with the given headers, whose Content-Type
+ * replaces the shared helper's default. Returns the status (0: no answer); the response body
+ * is copied to out. */
+static long call(sink_fx_t *s, const char *method, const char *path, const char *body, const char *const headers[],
+                 char *out, size_t outlen) {
+  obx_test_http_resp_t resp;
+  obx_test_http(s->port, method, path, NULL, body, headers, &resp);
+  snprintf(out, outlen, "%s", resp.body);
+  long status = resp.status;
+  obx_test_http_resp_cleanup(&resp);
+  return status;
 }
 
-/* POSTs body to the sink with exactly the given headers (the shared helper always adds its own
- * Content-Type, which structured mode must not see twice). out: at least 1024 bytes. */
 static long post(sink_fx_t *s, const char *body, const char *const headers[], char *out, size_t outlen) {
-  assert_true(outlen >= 1024);
-  out[0] = '\0';
-  char url[64];
-  snprintf(url, sizeof url, "http://127.0.0.1:%d/", s->port);
-  CURL *curl = curl_easy_init();
-  struct curl_slist *list = curl_slist_append(NULL, "Expect:");
-  for (int i = 0; headers[i]; i++) list = curl_slist_append(list, headers[i]);
-  curl_easy_setopt(curl, CURLOPT_URL, url);
-  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body);
-  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, list);
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, 60000L);
-  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, collect_body);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, out);
-  long status = 0;
-  if (curl_easy_perform(curl) == CURLE_OK) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-  curl_slist_free_all(list);
-  curl_easy_cleanup(curl);
-  return status;
+  return call(s, "POST", "/", body, headers, out, outlen);
 }
 
 static void test_binary_and_structured_events(void **state) {
@@ -145,17 +128,8 @@ static void test_mongo_down_is_503(void **state) {
   long status = post(s, "{\"orderNumber\": \"H-3\"}", binary, out, sizeof out);
   if (status != 503) fail_msg("with MongoDB down: got %ld (%s), want 503", status, out);
   /* And the sink says it is not ready, so no traffic is routed to it. */
-  char url[64];
-  snprintf(url, sizeof url, "http://127.0.0.1:%d/readyz", s->port);
-  CURL *curl = curl_easy_init();
-  curl_easy_setopt(curl, CURLOPT_URL, url);
-  char body[1024] = "";
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, collect_body);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, body);
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, 60000L);
-  long ready = 0;
-  if (curl_easy_perform(curl) == CURLE_OK) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &ready);
-  curl_easy_cleanup(curl);
+  char body[1024];
+  long ready = call(s, "GET", "/readyz", NULL, NULL, body, sizeof body);
   if (ready != 503) fail_msg("/readyz with MongoDB down: got %ld (%s), want 503", ready, body);
 }
 

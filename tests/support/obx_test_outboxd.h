@@ -32,7 +32,8 @@ typedef struct {
 } obx_test_http_resp_t;
 
 /* One request to 127.0.0.1:port. key NULL: no Authorization header. headers: NULL or
- * NULL-terminated "Name: value" strings. body NULL: no body. */
+ * NULL-terminated "Name: value" strings. body NULL: no body; a body is sent as
+ * application/json unless headers hold a Content-Type (e.g. application/cloudevents+json). */
 bool obx_test_http(int port, const char *method, const char *path, const char *key, const char *body,
                    const char *const headers[], obx_test_http_resp_t *resp);
 void obx_test_http_resp_cleanup(obx_test_http_resp_t *resp);

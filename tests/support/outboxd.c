@@ -92,10 +92,12 @@ bool obx_test_http(int port, const char *method, const char *path, const char *k
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &b);
   curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, buf_write);
   curl_easy_setopt(curl, CURLOPT_HEADERDATA, &h);
+  bool content_type = false;
+  for (int i = 0; headers && headers[i]; i++) content_type |= strncasecmp(headers[i], "Content-Type:", 13) == 0;
   if (body) {
     curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-    list = curl_slist_append(list, "Content-Type: application/json");
+    if (!content_type) list = curl_slist_append(list, "Content-Type: application/json");
   }
   list = curl_slist_append(list, "Expect:");
   if (key) {
