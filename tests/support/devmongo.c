@@ -22,6 +22,7 @@ bool obx_test_mongo_start(obx_test_mongo_t *m, const char *extra_args) {
   argv[argc++] = "0";
   argv[argc++] = "--port-file";
   argv[argc++] = m->port_file;
+  argv[argc++] = "--exit-with-parent"; /* a crashed test leaves no server behind */
   snprintf(args, sizeof args, "%s", extra_args ? extra_args : "");
   for (char *save = NULL, *tok = strtok_r(args, " \t", &save); tok && argc < 62;
        tok = strtok_r(NULL, " \t", &save)) {
