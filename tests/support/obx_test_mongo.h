@@ -20,7 +20,7 @@ typedef struct {
   char direct_uri[256];  /* mongodb://127.0.0.1:PORT/?directConnection=true */
 } obx_test_mongo_t;
 
-/* Spawns devmongod with --port 0 --port-file and extra_args (space-separated, may be NULL,
+/* Spawns devmongod with --port 0 --port-file --exit-with-parent and extra_args (space-separated, may be NULL,
  * e.g. "--oplog-size 10 --ttl-interval-ms 100"), waits until it listens (up to 20 s) and fills
  * m. The replica-set name in m->uri is rs0 unless extra_args has --set-name NAME. Returns false
  * (server stopped) when it did not come up. */

@@ -257,6 +257,8 @@ static const struct {
   {"{\"a\": 1.5}", "{\"a\": {\"%type\": \"number\"}}", 1},
   {"{\"a\": {\"$numberLong\": \"3\"}}", "{\"a\": {\"%type\": \"long\"}}", 1},
   {"{\"a\": 3}", "{\"a\": {\"%type\": [\"long\", \"int\"]}}", 1},
+  /* a type list of any length: the match is at entry 41 */
+  {"{\"a\": \"x\"}", "{\"a\": {\"%type\": [\"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"double\", \"string\"]}}", 1},
   {"{\"a\": null}", "{\"a\": {\"%type\": \"null\"}}", 1},
   {"{\"b\": 1}", "{\"a\": {\"%type\": \"null\"}}", 0},
   {"{\"a\": [1]}", "{\"a\": {\"%type\": \"array\"}}", 1},
@@ -1244,6 +1246,178 @@ static void test_malformed_inputs(void **state) {
   bson_destroy(doc);
 }
 
+/* ---- path lengths ---- */
+
+/* A dotted path of n components of len characters each ("aaa.bbb.ccc"). Owned. */
+static char *make_path(size_t n, size_t len) {
+  char *path = bson_malloc(n * (len + 1) + 1), *o = path;
+  for (size_t i = 0; i < n; i++) {
+    if (i) *o++ = '.';
+    memset(o, 'a' + (int)(i % 26), len);
+    o += len;
+  }
+  *o = '\0';
+  return path;
+}
+
+/* {_id: 1, <p0>: {<p1>: ... {<pn-1>: leaf}}} for the dotted path. */
+static bson_t *nested_doc(const char *path, const bson_value_t *leaf) {
+  char *copy = bson_strdup(path), *save = NULL;
+  const char *parts[256];
+  size_t n = 0;
+  for (char *t = strtok_r(copy, ".", &save); t && n < 256; t = strtok_r(NULL, ".", &save)) parts[n++] = t;
+  bson_t *cur = bson_new();
+  bson_append_value(cur, parts[n - 1], -1, leaf);
+  for (size_t i = n - 1; i-- > 0;) {
+    bson_t *outer = bson_new();
+    bson_append_document(outer, parts[i], -1, cur);
+    bson_destroy(cur);
+    cur = outer;
+  }
+  bson_t *doc = bson_new();
+  BSON_APPEND_INT32(doc, "_id", 1);
+  bson_concat(doc, cur);
+  bson_destroy(cur);
+  bson_free(copy);
+  return doc;
+}
+
+static bson_t *one_field(const char *key, const bson_value_t *v) {
+  bson_t *b = bson_new();
+  bson_append_value(b, key, -1, v);
+  return b;
+}
+
+static bson_t *op_doc(const char *op, const char *key, const bson_value_t *v) {
+  bson_t *inner = one_field(key, v), *b = bson_new();
+  bson_append_document(b, op, -1, inner);
+  bson_destroy(inner);
+  return b;
+}
+
+static void expect_match(const char *what, const char *path, const bson_t *doc, const bson_t *filter,
+                         int want) {
+  bson_error_t error = {0};
+  int got = dm_match(doc, filter, &error);
+  if (got != want)
+    fail_msg("%s on a %zu-character path: got %d (%s), want %d", what, strlen(path), got,
+             error.message, want);
+}
+
+/* Every operation that splits a dotted path, across the sizes where the split changes strategy
+ * (components and characters around the in-place limits, and far beyond them). */
+static void test_path_lengths(void **state) {
+  static const size_t counts[] = {1, 2, 7, 8, 9, 16, 64, 200};
+  static const size_t lens[] = {1, 13, 14, 15, 16, 59, 60, 118, 119, 120, 121, 300};
+  bson_value_t seven = {.value_type = BSON_TYPE_INT32, .value.v_int32 = 7};
+  bson_value_t eight = {.value_type = BSON_TYPE_INT32, .value.v_int32 = 8};
+  bson_value_t one = {.value_type = BSON_TYPE_INT32, .value.v_int32 = 1};
+  bson_value_t empty = {.value_type = BSON_TYPE_UTF8, .value.v_utf8 = {"", 0}};
+  for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+      char *path = make_path(counts[ci], lens[li]);
+      bson_t *doc = nested_doc(path, &seven), *other = nested_doc(path, &eight);
+      bson_t *eq7 = one_field(path, &seven), *eq8 = one_field(path, &eight);
+      bson_error_t error = {0};
+      bson_value_t v;
+
+      expect_match("equality", path, doc, eq7, 1);
+      expect_match("inequality", path, doc, eq8, 0);
+      assert_true(dm_get_path(doc, path, &v));
+      assert_int_equal(v.value.v_int32, 7);
+
+      bson_t *inc = op_doc("$inc", path, &one), out = BSON_INITIALIZER;
+      if (!dm_update_apply(doc, inc, false, &out, NULL, NOW_MS, &error))
+        fail_msg("$inc on a %zu-character path: %s", strlen(path), error.message);
+      expect_match("$inc result", path, &out, eq8, 1);
+      bson_destroy(&out);
+      bson_destroy(inc);
+
+      bson_t *unset = op_doc("$unset", path, &empty);
+      bson_init(&out);
+      assert_true(dm_update_apply(doc, unset, false, &out, NULL, NOW_MS, &error));
+      expect_match("$unset result", path, &out, eq7, 0);
+      bson_destroy(&out);
+      bson_destroy(unset);
+
+      bson_init(&out);
+      assert_true(dm_upsert_seed(eq7, &out, &error));
+      expect_match("upsert seed", path, &out, eq7, 1);
+      bson_destroy(&out);
+
+      bson_t *sort = one_field(path, &one);
+      assert_true(dm_sort_compare(doc, other, sort) < 0);
+      bson_init(&out);
+      if (!dm_project(doc, sort, &out, &error))
+        fail_msg("projection of a %zu-character path: %s", strlen(path), error.message);
+      expect_match("projection", path, &out, eq7, 1);
+      bson_destroy(&out);
+      bson_destroy(sort);
+
+      /* aggregation: $match, a "$path" expression and $unwind over the same path */
+      char *ref = bson_strdup_printf("$%s", path);
+      bson_t *pipeline = BCON_NEW("0", "{", "$match", BCON_DOCUMENT(eq7), "}",
+                                  "1", "{", "$addFields", "{", "copy", BCON_UTF8(ref), "}", "}",
+                                  "2", "{", "$unwind", "{", "path", BCON_UTF8(ref),
+                                  "includeArrayIndex", BCON_UTF8(path), "}", "}");
+      bson_t *in[1] = {doc}, **res = NULL;
+      size_t nres = 0;
+      if (!dm_aggregate(in, 1, pipeline, &res, &nres, &error))
+        fail_msg("pipeline over a %zu-character path: %s", strlen(path), error.message);
+      assert_int_equal(nres, 1);
+      bson_iter_t it;
+      assert_true(bson_iter_init_find(&it, res[0], "copy"));
+      assert_int_equal(bson_iter_as_int64(&it), 7);
+      dm_docs_free(res, nres);
+      bson_destroy(pipeline);
+      bson_free(ref);
+
+      bson_destroy(eq7);
+      bson_destroy(eq8);
+      bson_destroy(doc);
+      bson_destroy(other);
+      bson_free(path);
+    }
+  }
+}
+
+/* Empty components are refused (code 2) wherever a path is split, short or long. */
+static void test_path_empty_components(void **state) {
+  char *long_part = make_path(1, 300), *many = make_path(40, 3);
+  char *paths[] = {
+    bson_strdup(""), bson_strdup("."), bson_strdup("a."), bson_strdup(".a"), bson_strdup("a..b"),
+    bson_strdup_printf("%s.", long_part), bson_strdup_printf(".%s", long_part),
+    bson_strdup_printf("%s..%s", long_part, long_part), bson_strdup_printf("%s..x", many),
+    bson_strdup_printf("%s.", many),
+  };
+  bson_value_t one = {.value_type = BSON_TYPE_INT32, .value.v_int32 = 1};
+  bson_t *doc = json("{\"_id\": 1, \"a\": {\"b\": 1}}");
+  for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+    bson_t *filter = one_field(paths[i], &one), *set = op_doc("$set", paths[i], &one);
+    bson_t out = BSON_INITIALIZER;
+    bson_error_t error = {0};
+    int m = dm_match(doc, filter, &error);
+    if (m != -1 || error.code != 2)
+      fail_msg("filter on '%.20s...' (%zu chars): got %d code %u, want -1 code 2", paths[i],
+               strlen(paths[i]), m, error.code);
+    memset(&error, 0, sizeof error);
+    if (dm_update_apply(doc, set, false, &out, NULL, NOW_MS, &error) || error.code == 0)
+      fail_msg("$set of '%.20s...' (%zu chars): accepted or no code", paths[i], strlen(paths[i]));
+    bson_destroy(&out);
+    bson_init(&out);
+    memset(&error, 0, sizeof error);
+    if (dm_project(doc, filter, &out, &error) || error.code == 0)
+      fail_msg("projection of '%.20s...' (%zu chars): accepted or no code", paths[i], strlen(paths[i]));
+    bson_destroy(&out);
+    bson_destroy(filter);
+    bson_destroy(set);
+    bson_free(paths[i]);
+  }
+  bson_destroy(doc);
+  bson_free(long_part);
+  bson_free(many);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_value_compare), cmocka_unit_test(test_get_path),
@@ -1254,6 +1428,7 @@ int main(void) {
     cmocka_unit_test(test_project_errors), cmocka_unit_test(test_aggregate),
     cmocka_unit_test(test_expressions),   cmocka_unit_test(test_aggregate_errors),
     cmocka_unit_test(test_properties),    cmocka_unit_test(test_malformed_inputs),
+    cmocka_unit_test(test_path_lengths),  cmocka_unit_test(test_path_empty_components),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
