@@ -9,6 +9,7 @@
  * DLQ cells and the replay need RabbitMQ; without AMQP_URL they are skipped with a message.
  * A reprocessed event goes back to the relay: it is published to Kafka and becomes PUBLISHED. */
 #include "obx_test.h"
+#include "obx_test_doc.h"
 #include "obx_test_kafka.h"
 #include "obx_test_mongo.h"
 #include "obx_test_outboxd.h"
@@ -118,13 +119,6 @@ static void seed_dlq(const char *org, const char *key, char id[OBX_UUID_LEN + 1]
   obx_event_cleanup(&ev);
 }
 
-static bool readyz_ok(void *ctx) {
-  obx_test_http_resp_t resp;
-  bool ok = obx_test_http(*(int *)ctx, "GET", "/readyz", NULL, NULL, NULL, &resp) && resp.status == 200;
-  obx_test_http_resp_cleanup(&resp);
-  return ok;
-}
-
 static int group_setup(void **state) {
   (void)state;
   if (!obx_test_mongo_start(&mongo, NULL) || !obx_test_kafka_start(&kafka, 1, "domain-events:2")) return -1;
@@ -165,7 +159,7 @@ static void start_outboxd(void) {
   snprintf(prefix_arg, sizeof prefix_arg, "worker.queue_prefix=%s", prefix);
   char *args[] = {"--roles", "api,relay", "-X", kafka_arg, "-X", mongo_arg, "-X", keys_arg, "-X", amqp_arg, "-X", prefix_arg, NULL};
   if (!obx_test_outboxd_start(&outboxd, args)) fail_msg("outboxd did not start");
-  if (!obx_test_wait_for(readyz_ok, &outboxd.port, 60000, 50))
+  if (!obx_test_wait_for(obx_test_http_ready, &outboxd.port, 60000, 50))
     fail_msg("outboxd never became ready; log: %s", outboxd.proc.log_path);
 }
 
@@ -191,36 +185,13 @@ static void request(const char *method, const char *path, const char *key, const
 }
 
 static bool find_one(const char *name, const bson_t *filter, bson_t *out) {
-  mongoc_collection_t *c = coll(name);
-  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(c, filter, NULL, NULL);
-  const bson_t *doc;
-  bool found = mongoc_cursor_next(cursor, &doc);
-  if (found) bson_copy_to(doc, out);
-  mongoc_cursor_destroy(cursor);
-  mongoc_collection_destroy(c);
-  return found;
-}
-
-static const char *str_at(const bson_t *doc, const char *path) {
-  bson_iter_t it, v;
-  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_UTF8(&v)) return NULL;
-  return bson_iter_utf8(&v, NULL);
-}
-
-static int64_t int_at(const bson_t *doc, const char *path) {
-  bson_iter_t it, v;
-  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_NUMBER(&v)) return -1;
-  return bson_iter_as_int64(&v);
+  return obx_test_find_one(client, "outboxd", name, filter, out);
 }
 
 static int64_t audit_count(const char *action, const char *target) {
   bson_t *filter = BCON_NEW("action", BCON_UTF8(action), "target", BCON_UTF8(target));
-  mongoc_collection_t *c = coll("audit_log");
-  bson_error_t berr;
-  int64_t n = mongoc_collection_count_documents(c, filter, NULL, NULL, NULL, &berr);
-  mongoc_collection_destroy(c);
+  int64_t n = obx_test_count(client, "outboxd", "audit_log", filter);
   bson_destroy(filter);
-  if (n < 0) fail_msg("count audit_log: %s", berr.message);
   return n;
 }
 
@@ -315,12 +286,12 @@ static void test_route_table(void **state) {
   bson_t doc = BSON_INITIALIZER;
   bson_t *filter = BCON_NEW("_id", BCON_UTF8(acme_out));
   assert_true(find_one("outbox", filter, &doc));
-  assert_string_not_equal(str_at(&doc, "status"), "FAILED"); /* PENDING, or PUBLISHED already */
+  assert_string_not_equal(obx_test_doc_str(&doc, "status"), "FAILED"); /* PENDING, or PUBLISHED already */
   bson_destroy(filter);
   bson_reinit(&doc);
   filter = BCON_NEW("_id", BCON_UTF8(globex_out));
   assert_true(find_one("outbox", filter, &doc));
-  assert_string_equal(str_at(&doc, "status"), "FAILED"); /* globex's 404 changed nothing */
+  assert_string_equal(obx_test_doc_str(&doc, "status"), "FAILED"); /* globex's 404 changed nothing */
   bson_destroy(filter);
   bson_destroy(&doc);
   assert_int_equal(audit_count("outbox.reprocess", acme_out), 1);
@@ -370,9 +341,9 @@ static void test_reprocess(void **state) {
   request("POST", path, key_reprocess, NULL, 200, &resp);
   /* the answer is the document as the reprocess left it */
   assert_string_equal(obx_test_http_json_str(&resp, "status"), "PENDING");
-  assert_int_equal(int_at(&resp.json, "attempts"), 0);
-  assert_string_equal(str_at(&resp.json, "history.0.lastError"), "Local: Message timed out");
-  assert_int_equal(int_at(&resp.json, "history.0.attempts"), 10);
+  assert_int_equal(obx_test_doc_int(&resp.json, "attempts"), 0);
+  assert_string_equal(obx_test_doc_str(&resp.json, "history.0.lastError"), "Local: Message timed out");
+  assert_int_equal(obx_test_doc_int(&resp.json, "history.0.attempts"), 10);
   bson_iter_t it;
   assert_true(bson_iter_init_find(&it, &resp.json, "lastError") && BSON_ITER_HOLDS_NULL(&it));
   obx_test_http_resp_cleanup(&resp);
@@ -380,10 +351,10 @@ static void test_reprocess(void **state) {
   bson_t doc = BSON_INITIALIZER;
   bson_t *filter = BCON_NEW("action", BCON_UTF8("outbox.reprocess"), "target", BCON_UTF8(id));
   assert_true(find_one("audit_log", filter, &doc));
-  assert_string_equal(str_at(&doc, "orgId"), "acme");
-  assert_non_null(str_at(&doc, "who"));
-  assert_memory_equal(str_at(&doc, "who"), "apikey:", 7);
-  assert_string_equal(str_at(&doc, "details.lastError"), "Local: Message timed out");
+  assert_string_equal(obx_test_doc_str(&doc, "orgId"), "acme");
+  assert_non_null(obx_test_doc_str(&doc, "who"));
+  assert_memory_equal(obx_test_doc_str(&doc, "who"), "apikey:", 7);
+  assert_string_equal(obx_test_doc_str(&doc, "details.lastError"), "Local: Message timed out");
   assert_true(bson_iter_init_find(&it, &doc, "when") && BSON_ITER_HOLDS_DATE_TIME(&it));
   if (bson_iter_date_time(&it) < before - 1000) fail_msg("audit when %lld, want >= %lld", (long long)bson_iter_date_time(&it), (long long)before);
   bson_destroy(filter);
@@ -398,7 +369,7 @@ static void test_reprocess(void **state) {
   doc = (bson_t)BSON_INITIALIZER;
   filter = BCON_NEW("_id", BCON_UTF8(id));
   assert_true(find_one("outbox", filter, &doc));
-  assert_string_equal(str_at(&doc, "history.0.lastError"), "Local: Message timed out");
+  assert_string_equal(obx_test_doc_str(&doc, "history.0.lastError"), "Local: Message timed out");
   bson_destroy(filter);
   bson_destroy(&doc);
 
@@ -432,11 +403,12 @@ static void test_dlq_redrive_all(void **state) {
     return;
   }
   request("POST", "/api/dlq/redrive", key_globex, "{\"all\": true, \"dryRun\": true}", 200, &resp);
-  if (int_at(&resp.json, "moved") != 1 || !strstr(resp.body, globex_dlq) || strstr(resp.body, acme_dlq))
+  if (obx_test_doc_int(&resp.json, "moved") != 1 || !strstr(resp.body, globex_dlq) || strstr(resp.body, acme_dlq))
     fail_msg("globex dry run: got %s, want moved 1 with %s only", resp.body, globex_dlq);
   obx_test_http_resp_cleanup(&resp);
   request("POST", "/api/dlq/redrive", key_acme_dlq, "{\"all\": true}", 200, &resp);
-  if (int_at(&resp.json, "moved") != 0) fail_msg("acme all: got %s, want moved 0 (globex's is not acme's)", resp.body);
+  if (obx_test_doc_int(&resp.json, "moved") != 0)
+    fail_msg("acme all: got %s, want moved 0 (globex's is not acme's)", resp.body);
   obx_test_http_resp_cleanup(&resp);
   if (!obx_test_wait_for(queues_settled, NULL, 30000, 100))
     fail_msg("queues: got work %u dlq %u, want work 2 dlq 1", depth(obx_ladder_work_queue(ladder)),
@@ -448,24 +420,25 @@ static void test_dlq_redrive_all(void **state) {
   char acme_more[OBX_UUID_LEN + 1];
   seed_dlq("acme", "A-4", acme_more);
   request("POST", "/api/dlq/redrive", key_acme_dlq, "{\"all\": true}", 200, &resp);
-  if (int_at(&resp.json, "moved") != 1 || !strstr(resp.body, acme_more) || strstr(resp.body, globex_dlq))
+  if (obx_test_doc_int(&resp.json, "moved") != 1 || !strstr(resp.body, acme_more) || strstr(resp.body, globex_dlq))
     fail_msg("acme all: got %s, want moved 1 with %s only", resp.body, acme_more);
   obx_test_http_resp_cleanup(&resp);
   if (!obx_test_wait_for(queues_settled_3_1, NULL, 30000, 100))
     fail_msg("queues: got work %u dlq %u, want work 3 dlq 1", depth(obx_ladder_work_queue(ladder)),
              depth(obx_ladder_dlq_queue(ladder)));
   request("GET", "/api/dlq", key_globex, NULL, 200, &resp);
-  if (int_at(&resp.json, "count") != 1 || !strstr(resp.body, globex_dlq))
+  if (obx_test_doc_int(&resp.json, "count") != 1 || !strstr(resp.body, globex_dlq))
     fail_msg("globex's DLQ after acme's redrive: got %s, want %s alone", resp.body, globex_dlq);
   obx_test_http_resp_cleanup(&resp);
   bson_t doc = BSON_INITIALIZER;
   bson_t *filter = BCON_NEW("action", BCON_UTF8("dlq.redrive"), "orgId", BCON_UTF8("acme"), "details.ids",
                             BCON_UTF8(acme_more));
   if (!find_one("audit_log", filter, &doc)) fail_msg("no dlq.redrive audit entry of acme listing %s", acme_more);
-  if (int_at(&doc, "details.moved") != 1 || !str_at(&doc, "details.ids.0") || str_at(&doc, "details.ids.1"))
-    fail_msg("audit details: got moved %lld, ids.0 %s, ids.1 %s; want moved 1 with one id",
-             (long long)int_at(&doc, "details.moved"), str_at(&doc, "details.ids.0") ? str_at(&doc, "details.ids.0") : "-",
-             str_at(&doc, "details.ids.1") ? str_at(&doc, "details.ids.1") : "-");
+  int64_t moved = obx_test_doc_int(&doc, "details.moved");
+  const char *id0 = obx_test_doc_str(&doc, "details.ids.0"), *id1 = obx_test_doc_str(&doc, "details.ids.1");
+  if (moved != 1 || !id0 || id1)
+    fail_msg("audit details: got moved %lld, ids.0 %s, ids.1 %s; want moved 1 with one id", (long long)moved,
+             id0 ? id0 : "-", id1 ? id1 : "-");
   bson_destroy(filter);
   bson_destroy(&doc);
 }
@@ -486,8 +459,8 @@ static void test_outboxctl_reprocess(void **state) {
   bson_t doc = BSON_INITIALIZER;
   bson_t *filter = BCON_NEW("action", BCON_UTF8("outbox.reprocess"), "target", BCON_UTF8(id));
   assert_true(find_one("audit_log", filter, &doc));
-  assert_string_equal(str_at(&doc, "who"), "alice");
-  assert_string_equal(str_at(&doc, "orgId"), "acme");
+  assert_string_equal(obx_test_doc_str(&doc, "who"), "alice");
+  assert_string_equal(obx_test_doc_str(&doc, "orgId"), "acme");
   bson_destroy(filter);
   bson_destroy(&doc);
 
@@ -531,15 +504,17 @@ static void test_outboxctl_status(void **state) {
   bson_error_t berr;
   bson_t *doc = bson_new_from_json((const uint8_t *)out, -1, &berr);
   if (!doc) fail_msg("outboxctl status --json: not JSON (%s): %s", berr.message, out);
-  if (!str_at(doc, "relay.leader")) fail_msg("no relay leader: %s", out);
-  if (int_at(doc, "relay.checkpointAgeMs") < 0) fail_msg("no checkpoint age: %s", out);
-  assert_int_equal(int_at(doc, "relay.pending") >= 0, 1);
-  assert_true(int_at(doc, "outbox.FAILED") >= 1); /* globex's */
-  assert_true(int_at(doc, "outbox.PUBLISHED") >= 1);
-  assert_int_equal(int_at(doc, "inbox.DEAD"), 2); /* no worker runs here: acme's replay waits on the work queue */
-  assert_int_equal(int_at(doc, "parkedKeys"), 0);
-  if (ladder) assert_int_equal(int_at(doc, "dlq.depth"), 1);
-  else if (!str_at(doc, "dlq.error")) fail_msg("dlq depth without RabbitMQ should be unknown with a reason: %s", out);
+  if (!obx_test_doc_str(doc, "relay.leader")) fail_msg("no relay leader: %s", out);
+  if (obx_test_doc_int(doc, "relay.checkpointAgeMs") < 0) fail_msg("no checkpoint age: %s", out);
+  assert_int_equal(obx_test_doc_int(doc, "relay.pending") >= 0, 1);
+  assert_true(obx_test_doc_int(doc, "outbox.FAILED") >= 1); /* globex's */
+  assert_true(obx_test_doc_int(doc, "outbox.PUBLISHED") >= 1);
+  /* no worker runs here: acme's replay waits on the work queue */
+  assert_int_equal(obx_test_doc_int(doc, "inbox.DEAD"), 2);
+  assert_int_equal(obx_test_doc_int(doc, "parkedKeys"), 0);
+  if (ladder) assert_int_equal(obx_test_doc_int(doc, "dlq.depth"), 1);
+  else if (!obx_test_doc_str(doc, "dlq.error"))
+    fail_msg("dlq depth without RabbitMQ should be unknown with a reason: %s", out);
   bson_destroy(doc);
 
   rc = outboxctl("status", out, sizeof out);

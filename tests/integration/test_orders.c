@@ -108,14 +108,6 @@ static void expect_status(const obx_test_http_resp_t *resp, long want, const cha
   }
 }
 
-static bool readyz_ok(void *ctx) {
-  int port = *(int *)ctx;
-  obx_test_http_resp_t resp;
-  bool ok = obx_test_http(port, "GET", "/readyz", NULL, NULL, NULL, &resp) && resp.status == 200;
-  obx_test_http_resp_cleanup(&resp);
-  return ok;
-}
-
 /* extra: one more "key=value" setting, or NULL. */
 static bool start_outboxd(obx_test_outboxd_t *d, const char *uri, const char *extra) {
   char mongo_arg[300], keys_arg[340];
@@ -141,7 +133,8 @@ static int group_setup(void **state) {
   obx_test_apikey_add(keys_path, "acme", "orders:write,orders:read", key_acme);
   obx_test_apikey_add(keys_path, "globex", "orders:write,orders:read", key_globex);
   obx_test_apikey_add(keys_path, "acme", "orders:read", key_reader);
-  if (start_outboxd(&outboxd, mongo.uri, NULL) && obx_test_wait_for(readyz_ok, &outboxd.port, 60000, 50)) return 0;
+  if (start_outboxd(&outboxd, mongo.uri, NULL) && obx_test_wait_for(obx_test_http_ready, &outboxd.port, 60000, 50))
+    return 0;
   fprintf(stderr, "outboxd never became ready; log: %s\n", outboxd.proc.log_path);
   group_teardown(state);
   return -1;
@@ -504,7 +497,7 @@ static void test_mongo_down_then_up(void **state) {
   char args[32];
   snprintf(args, sizeof args, "--port %d", port);
   assert_true(obx_test_mongo_start(&extra_mongo, args));
-  assert_true(obx_test_wait_for(readyz_ok, &d->port, 60000, 200));
+  assert_true(obx_test_wait_for(obx_test_http_ready, &d->port, 60000, 200));
   assert_true(obx_test_http(d->port, "POST", "/orders", key_acme, seed_body, NULL, &resp));
   expect_status(&resp, 201, "POST once MongoDB is up");
   obx_test_http_resp_cleanup(&resp);

@@ -26,13 +26,6 @@ static char key_acme[64], key_acme_reader[64], key_globex[64], key_initech[64], 
 
 static const char order_body[] = "{\"customerEmail\": \"customer@company.com\", \"amount\": \"149.90\"}";
 
-static bool readyz_ok(void *ctx) {
-  obx_test_http_resp_t resp;
-  bool ok = obx_test_http(*(int *)ctx, "GET", "/readyz", NULL, NULL, NULL, &resp) && resp.status == 200;
-  obx_test_http_resp_cleanup(&resp);
-  return ok;
-}
-
 static int group_setup(void **state) {
   char keys_path[300], dir[300], file[400], mongo_arg[300], keys_arg[340], dir_arg[340];
   if (!(httpd = obx_test_httpd_start())) return -1;
@@ -61,7 +54,7 @@ static int group_setup(void **state) {
   char *args[] = {"--roles", "api", "-X", mongo_arg, "-X", keys_arg, "-X", dir_arg,
                   "-X", "egress.allow_networks=127.0.0.0/8", "-X", "egress.timeout=3000", NULL};
   if (!obx_test_outboxd_start(&outboxd, args)) return -1;
-  if (!obx_test_wait_for(readyz_ok, &outboxd.port, 60000, 50)) {
+  if (!obx_test_wait_for(obx_test_http_ready, &outboxd.port, 60000, 50)) {
     fprintf(stderr, "outboxd never became ready; log: %s\n", outboxd.proc.log_path);
     return -1;
   }

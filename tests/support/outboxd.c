@@ -117,6 +117,13 @@ bool obx_test_http(int port, const char *method, const char *path, const char *k
   return rc == CURLE_OK;
 }
 
+bool obx_test_http_ready(void *port) {
+  obx_test_http_resp_t resp;
+  bool ok = obx_test_http(*(int *)port, "GET", "/readyz", NULL, NULL, NULL, &resp) && resp.status == 200;
+  obx_test_http_resp_cleanup(&resp);
+  return ok;
+}
+
 void obx_test_http_resp_cleanup(obx_test_http_resp_t *resp) {
   free(resp->body);
   free(resp->headers);
