@@ -12,7 +12,6 @@
 #include <time.h>
 #include <microhttpd.h>
 
-#define HTTPD_MAX_ROUTES 32
 #define HTTPD_MAX_REQUESTS 256
 
 typedef struct {
@@ -27,8 +26,8 @@ struct obx_test_httpd {
   char *cert_pem, *key_pem; /* kept for the daemon's lifetime */
   atomic_bool stopping;
   pthread_mutex_t mu;
-  route_t routes[HTTPD_MAX_ROUTES];
-  int nroutes;
+  route_t *routes; /* grows as routes are added */
+  int nroutes, routes_cap;
   obx_test_httpd_request_t requests[HTTPD_MAX_REQUESTS];
   int nrequests;
 };
@@ -215,16 +214,19 @@ obx_test_httpd_t *obx_test_httpd_start_tls(const char *cert_pem, const char *key
   return start(cert_pem, key_pem);
 }
 
+static void route_free(route_t *route) {
+  free(route->path);
+  free(route->body);
+  free(route->content_type);
+  free(route->location);
+}
+
 void obx_test_httpd_stop(obx_test_httpd_t *httpd) {
   if (!httpd) return;
   atomic_store(&httpd->stopping, true);
   MHD_stop_daemon(httpd->daemon);
-  for (int i = 0; i < httpd->nroutes; i++) {
-    free(httpd->routes[i].path);
-    free(httpd->routes[i].body);
-    free(httpd->routes[i].content_type);
-    free(httpd->routes[i].location);
-  }
+  for (int i = 0; i < httpd->nroutes; i++) route_free(&httpd->routes[i]);
+  free(httpd->routes);
   for (int i = 0; i < httpd->nrequests; i++) {
     bson_destroy(&httpd->requests[i].headers);
     free(httpd->requests[i].body);
@@ -250,13 +252,14 @@ void obx_test_httpd_route(obx_test_httpd_t *httpd, const obx_test_httpd_route_t 
   int i = 0;
   while (i < httpd->nroutes && strcmp(httpd->routes[i].path, route->path) != 0) i++;
   if (i == httpd->nroutes) {
-    if (httpd->nroutes == HTTPD_MAX_ROUTES) abort();
+    if (httpd->nroutes == httpd->routes_cap) {
+      httpd->routes_cap = httpd->routes_cap ? 2 * httpd->routes_cap : 32;
+      httpd->routes = realloc(httpd->routes, (size_t)httpd->routes_cap * sizeof *httpd->routes);
+      if (!httpd->routes) abort();
+    }
     httpd->nroutes++;
   } else {
-    free(httpd->routes[i].path);
-    free(httpd->routes[i].body);
-    free(httpd->routes[i].content_type);
-    free(httpd->routes[i].location);
+    route_free(&httpd->routes[i]);
   }
   route_t *slot = &httpd->routes[i];
   slot->r = *route;
