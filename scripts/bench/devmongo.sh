@@ -7,16 +7,9 @@
 # Builds devmongod and the bench client in $OBX_BUILD_DIR (default build/), starts a private
 # devmongod on a free port, prints a table, stops the server.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-BUILD=${OBX_BUILD_DIR:-$PWD/build}
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$BUILD" --target devmongod devmongo_bench -j "$(nproc)" >/dev/null
-PORT_FILE=$(mktemp /tmp/devmongo-bench.XXXXXX)
-rm -f "$PORT_FILE"
-"$BUILD/tests/fixtures/devmongo/devmongod" --port 0 --port-file "$PORT_FILE" >/dev/null &
-PID=$!
-trap 'kill "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; rm -f "$PORT_FILE"' EXIT
-for _ in $(seq 1 200); do [ -s "$PORT_FILE" ] && break; sleep 0.05; done
-[ -s "$PORT_FILE" ] || { echo "devmongod did not start" >&2; exit 1; }
-PORT=$(cat "$PORT_FILE")
-"$BUILD/tests/fixtures/devmongo/devmongo_bench" "mongodb://127.0.0.1:$PORT/?replicaSet=rs0" "$@"
+# shellcheck source=scripts/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+bench_init devmongo
+bench_build devmongod devmongo_bench
+bench_start_mongo mongo
+"$BUILD/tests/fixtures/devmongo/devmongo_bench" "$MONGO_URI" "$@"

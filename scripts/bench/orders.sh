@@ -10,45 +10,20 @@
 # ratio HTTP/direct. Needs wrk (Debian package, in scripts/install-deps.sh). Builds into
 # $OBX_BUILD_DIR (default build/). Everything started here is stopped on exit.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-ROOT=$PWD
+# shellcheck source=scripts/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+bench_init orders
 SECONDS_RUN=${1:-10}
 CONNS=${2:-16}
-BUILD=${OBX_BUILD_DIR:-$ROOT/build}
-WORK=$(mktemp -d /tmp/obx-bench-orders.XXXXXX)
-PIDS=()
-
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT INT TERM
 
 command -v wrk >/dev/null || { echo "orders.sh: wrk is not installed (scripts/install-deps.sh)" >&2; exit 1; }
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$BUILD" -j "$(nproc)" --target obx outboxd outboxctl devmongod >/dev/null
+bench_build obx outboxd outboxctl devmongod
 # shellcheck disable=SC2046
 cc -O2 -o "$WORK/orders_direct" scripts/bench/orders_direct.c \
   $(pkg-config --cflags --libs libmongoc-1.0 libbson-1.0) -lpthread
 
-# wait_for CMD...: retries CMD for up to 30 s.
-wait_for() {
-  for _ in $(seq 300); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
-  echo "orders.sh: timed out waiting for: $*" >&2
-  return 1
-}
-
-# start_mongo NAME: starts devmongod, sets MONGO_URI.
-start_mongo() {
-  "$BUILD/tests/fixtures/devmongo/devmongod" --port 0 --port-file "$WORK/$1.port" >"$WORK/$1.log" 2>&1 &
-  PIDS+=($!)
-  wait_for test -s "$WORK/$1.port"
-  MONGO_URI="mongodb://127.0.0.1:$(head -1 "$WORK/$1.port")/?replicaSet=rs0"
-}
-
 # ---- HTTP: outboxd --roles api --------------------------------------------------------------
-start_mongo mongo-http
+bench_start_mongo mongo-http
 KEY_OUT=$("$BUILD/outboxctl" apikey new --org bench --perm orders:write)
 KEY=$(sed -n 's/^key:  //p' <<<"$KEY_OUT")
 sed -n 's/^line: //p' <<<"$KEY_OUT" >"$WORK/keys"
@@ -79,7 +54,7 @@ CREATED=$(curl -s "http://127.0.0.1:$PORT/metrics" |
   awk '/^outboxd_http_requests_total\{.*route="\/orders".*status="201"/ {print $NF}')
 
 # ---- direct: the same transaction through libmongoc ------------------------------------------
-start_mongo mongo-direct
+bench_start_mongo mongo-direct
 DIRECT=$("$WORK/orders_direct" "$MONGO_URI" "$SECONDS_RUN" "$CONNS")
 DIRECT_RPS=$(sed -n 's/.*orders_per_s=\([0-9.]*\).*/\1/p' <<<"$DIRECT")
 DIRECT_P50=$(sed -n 's/.*p50_ms=\([0-9.]*\).*/\1/p' <<<"$DIRECT")

@@ -16,52 +16,25 @@
 # Prints one table with the ratios. Builds into $OBX_BUILD_DIR (default build/). Everything
 # started here is stopped on exit.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-ROOT=$PWD
+# shellcheck source=scripts/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+bench_init relay
 EVENTS=${1:-20000}
 RATE=${2:-20}
 SECONDS_LOAD=${3:-15}
-BUILD=${OBX_BUILD_DIR:-$ROOT/build}
-WORK=$(mktemp -d /tmp/obx-bench-relay.XXXXXX)
-PIDS=()
 
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT INT TERM
-
-wait_for() {
-  for _ in $(seq 300); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
-  echo "relay.sh: timed out waiting for: $*" >&2
-  return 1
-}
-
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$BUILD" -j "$(nproc)" --target obx outboxd devmongod kafka-mockd >/dev/null
+bench_build obx outboxd devmongod kafka-mockd
 BENCH="$WORK/relay_bench"
-# shellcheck disable=SC2046
-cc -O2 -std=gnu11 -D_GNU_SOURCE -I include -o "$BENCH" scripts/bench/relay/relay_bench.c "$BUILD/libobx.a" \
-  $(pkg-config --cflags --libs libmongoc-1.0 libbson-1.0 rdkafka librabbitmq libcurl libmicrohttpd) -lcrypto -lpthread -lm
-
-"$BUILD/tests/fixtures/devmongo/devmongod" --port 0 --port-file "$WORK/mongo.port" \
-  --oplog-size $((EVENTS * 2 + 100000)) >"$WORK/mongo.log" 2>&1 &
-PIDS+=($!)
-"$BUILD/tests/fixtures/kafka-mock/kafka-mockd" --topic relay:6 --topic raw:6 --topic stream:6 --topic poll:6 \
-  --bootstrap-file "$WORK/bootstrap" --control "$WORK/kafka.ctl" >"$WORK/kafka.log" 2>&1 </dev/null &
-PIDS+=($!)
-wait_for test -s "$WORK/mongo.port"
-wait_for test -s "$WORK/bootstrap"
-URI="mongodb://127.0.0.1:$(head -1 "$WORK/mongo.port")/?replicaSet=rs0"
-BOOTSTRAP=$(head -1 "$WORK/bootstrap")
+bench_cc "$BENCH" scripts/bench/relay/relay_bench.c
+bench_start_mongo mongo --oplog-size $((EVENTS * 2 + 100000))
+bench_start_kafka relay:6 raw:6 stream:6 poll:6
 
 # Runs outboxd --roles relay on database $1, topic $2, extra environment after; waits until it
 # leads (and, in stream mode, finished its first scan). Sets RELAY_PID.
 relay_start() {
   local db=$1 topic=$2 log="$WORK/relay-$1.log"
   shift 2
-  env MONGO_URI="$URI" MONGO_DB="$db" KAFKA_BROKERS="$BOOTSTRAP" KAFKA_TOPIC="$topic" HTTP_PORT=0 \
+  env MONGO_URI="$MONGO_URI" MONGO_DB="$db" KAFKA_BROKERS="$BOOTSTRAP" KAFKA_TOPIC="$topic" HTTP_PORT=0 \
     HTTP_BIND=127.0.0.1 LOG_LEVEL=info "$@" "$BUILD/outboxd" --roles relay >"$log" 2>&1 &
   RELAY_PID=$!
   PIDS+=("$RELAY_PID")
@@ -71,24 +44,24 @@ relay_start() {
 echo "relay.sh: $EVENTS events, 500 keys, 6 partitions ($(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg))"
 
 # ---- drain ----
-TOKEN=$("$BENCH" token "$URI" drain)
-"$BENCH" preload "$URI" drain "$EVENTS" 500
-T_STREAM=$("$BENCH" stream "$URI" drain "$EVENTS" "$TOKEN")
-T_PRODUCE=$("$BENCH" produce "$BOOTSTRAP" raw "$URI" drain "$EVENTS")
-"$BENCH" checkpoint "$URI" drain "$TOKEN"
+TOKEN=$("$BENCH" token "$MONGO_URI" drain)
+"$BENCH" preload "$MONGO_URI" drain "$EVENTS" 500
+T_STREAM=$("$BENCH" stream "$MONGO_URI" drain "$EVENTS" "$TOKEN")
+T_PRODUCE=$("$BENCH" produce "$BOOTSTRAP" raw "$MONGO_URI" drain "$EVENTS")
+"$BENCH" checkpoint "$MONGO_URI" drain "$TOKEN"
 T0=$(date +%s.%N)
 relay_start drain relay
-T_RELAY=$("$BENCH" wait "$URI" drain "$EVENTS" 600)
+T_RELAY=$("$BENCH" wait "$MONGO_URI" drain "$EVENTS" 600)
 T_RELAY=$(echo "$T_RELAY $(date +%s.%N) $T0" | awk '{print $2 - $3}') # includes process start
 kill -TERM "$RELAY_PID"; wait "$RELAY_PID" || true
 
 # ---- latency under a steady load ----
 relay_start steady_stream stream
 wait_for grep -q "full scan" "$WORK/relay-steady_stream.log"
-read -r S50 S99 SN <<<"$("$BENCH" steady "$URI" steady_stream "$RATE" "$SECONDS_LOAD" 50)"
+read -r S50 S99 SN <<<"$("$BENCH" steady "$MONGO_URI" steady_stream "$RATE" "$SECONDS_LOAD" 50)"
 kill -TERM "$RELAY_PID"; wait "$RELAY_PID" || true
 relay_start steady_poll poll RELAY_MODE=poll OUTBOX_POLL_INTERVAL_MS=2000 OUTBOX_BATCH_SIZE=50
-read -r P50 P99 PN <<<"$("$BENCH" steady "$URI" steady_poll "$RATE" "$SECONDS_LOAD" 50)"
+read -r P50 P99 PN <<<"$("$BENCH" steady "$MONGO_URI" steady_poll "$RATE" "$SECONDS_LOAD" 50)"
 kill -TERM "$RELAY_PID"; wait "$RELAY_PID" || true
 
 awk -v n="$EVENTS" -v ts="$T_STREAM" -v tp="$T_PRODUCE" -v tr="$T_RELAY" \
