@@ -40,14 +40,11 @@ static int group_setup(void **state) {
   snprintf(dir, sizeof dir, "%s/pipelines", obx_test_tmpdir());
   mkdir(dir, 0755);
   snprintf(file, sizeof file, "%s/audit.json", dir);
-  FILE *f = fopen(file, "w");
-  if (!f) return -1;
-  fputs("{\"name\": \"audit\", \"orgId\": \"filed\", \"trigger\": \"event.OrderShipped\","
-        " \"nodes\": [{\"id\": \"start\", \"type\": \"start\"},"
-        " {\"id\": \"log\", \"type\": \"log\", \"config\": {\"message\": \"shipped {{orderNumber}}\"}}],"
-        " \"edges\": [{\"from\": \"start\", \"to\": \"log\"}]}",
-        f);
-  fclose(f);
+  obx_test_write_file(file, "{\"name\": \"audit\", \"orgId\": \"filed\", \"trigger\": \"event.OrderShipped\","
+                            " \"nodes\": [{\"id\": \"start\", \"type\": \"start\"},"
+                            " {\"id\": \"log\", \"type\": \"log\","
+                            " \"config\": {\"message\": \"shipped {{orderNumber}}\"}}],"
+                            " \"edges\": [{\"from\": \"start\", \"to\": \"log\"}]}");
   snprintf(mongo_arg, sizeof mongo_arg, "mongo.uri=%s", mongo.uri);
   snprintf(keys_arg, sizeof keys_arg, "api.keys_file=%s", keys_path);
   snprintf(dir_arg, sizeof dir_arg, "pipelines.dir=%s", dir);
@@ -320,11 +317,9 @@ static void test_outboxctl_apply_and_list(void **state) {
   /* an invalid file: exit 1, the node at fault named */
   char bad[400];
   snprintf(bad, sizeof bad, "%s/bad-pipeline.json", obx_test_tmpdir());
-  FILE *f = fopen(bad, "w");
-  fputs("{\"name\": \"bad\", \"orgId\": \"demo\", \"trigger\": \"order.post\", \"nodes\": [{\"id\": \"start\", \"type\": \"start\"}],"
-        " \"edges\": [{\"from\": \"start\", \"to\": \"nowhere\"}]}",
-        f);
-  fclose(f);
+  obx_test_write_file(bad, "{\"name\": \"bad\", \"orgId\": \"demo\", \"trigger\": \"order.post\","
+                           " \"nodes\": [{\"id\": \"start\", \"type\": \"start\"}],"
+                           " \"edges\": [{\"from\": \"start\", \"to\": \"nowhere\"}]}");
   const char *args[] = {"pipelines", "apply", bad, NULL};
   int rc = outboxctl(args, out, sizeof out);
   if (rc != 1 || !strstr(out, "edge 0 (start -> nowhere): unknown node \"nowhere\""))

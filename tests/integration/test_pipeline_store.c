@@ -319,19 +319,15 @@ static void test_apply_config_dir(void **state) {
   /* a changed file is an update (version 2); an invalid one is reported by name */
   char path[600];
   snprintf(path, sizeof path, "%s/changed.json", obx_test_tmpdir());
-  FILE *f = fopen(path, "w");
-  fputs("{\"name\": \"order-post-erp\", \"orgId\": \"demo\", \"trigger\": \"order.post\", \"enabled\": false,"
-        " \"nodes\": [{\"id\": \"start\", \"type\": \"start\"}]}",
-        f);
-  fclose(f);
+  obx_test_write_file(path, "{\"name\": \"order-post-erp\", \"orgId\": \"demo\", \"trigger\": \"order.post\","
+                            " \"enabled\": false, \"nodes\": [{\"id\": \"start\", \"type\": \"start\"}]}");
   obx_err_t err = OBX_ERR_INIT;
   assert_true(obx_pipeline_store_apply_path(g_client, db, path, false, NULL, &err));
   bson_t *filter = BCON_NEW("name", BCON_UTF8("order-post-erp"), "version", BCON_INT32(2), "enabled", BCON_BOOL(false));
   assert_int_equal(obx_test_count(g_client, db, "pipelines", filter), 1);
   bson_destroy(filter);
-  f = fopen(path, "w");
-  fputs("{\"name\": \"broken\", \"orgId\": \"demo\", \"trigger\": \"order.post\", \"nodes\": [{\"id\": \"a\", \"type\": \"log\"}]}", f);
-  fclose(f);
+  obx_test_write_file(path, "{\"name\": \"broken\", \"orgId\": \"demo\", \"trigger\": \"order.post\","
+                            " \"nodes\": [{\"id\": \"a\", \"type\": \"log\"}]}");
   assert_false(obx_pipeline_store_apply_path(g_client, db, path, true, NULL, &err));
   assert_non_null(strstr(err.msg, "changed.json: node \"a\" (log): config.message: required"));
   remove(path);

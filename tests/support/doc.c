@@ -55,6 +55,13 @@ char *obx_test_read_file(const char *path) {
   return buf;
 }
 
+void obx_test_write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (!f) fail_msg("cannot write %s", path);
+  fputs(text, f);
+  fclose(f);
+}
+
 int64_t obx_test_count(mongoc_client_t *client, const char *db, const char *coll, const bson_t *filter) {
   bson_t empty = BSON_INITIALIZER;
   bson_error_t berr;

@@ -22,6 +22,8 @@ bson_t *obx_test_json(const char *single_quoted);
 bson_t *obx_test_bson(const char *json);
 /* A whole file, NUL-terminated; NULL when it cannot be read. Caller frees. */
 char *obx_test_read_file(const char *path);
+/* Creates or replaces the file at path with text. */
+void obx_test_write_file(const char *path, const char *text);
 /* Documents of db.coll matching filter (NULL: all). */
 int64_t obx_test_count(mongoc_client_t *client, const char *db, const char *coll, const bson_t *filter);
 /* The first document of db.coll matching filter, copied to out (initialised by the caller,

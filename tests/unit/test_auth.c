@@ -1,17 +1,11 @@
 /* test_auth.c - API keys: hashing, generation, the keys file, permission checks */
 #include "obx_test.h"
+#include "obx_test_doc.h"
 
 #include <stdio.h>
 #include <string.h>
 
 #include "obx/obx_auth.h"
-
-static void write_file(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  fputs(text, f);
-  fclose(f);
-}
 
 static void test_hash_vector(void **state) {
   char hash[OBX_AUTH_HASH_LEN + 1];
@@ -38,7 +32,7 @@ static void test_load_and_find(void **state) {
   obx_auth_hash(key1, h1);
   obx_auth_hash(key2, h2);
   snprintf(text, sizeof text, "# keys\n\n%s acme orders:write,orders:read  # ops team\n  %s globex *\n", h1, h2);
-  write_file(path, text);
+  obx_test_write_file(path, text);
   obx_auth_t *auth = obx_auth_load(path, &err);
   if (!auth) print_error("load: %s\n", err.msg);
   assert_non_null(auth);
@@ -83,7 +77,7 @@ static void test_load_rejects(void **state) {
   snprintf(path, sizeof path, "%s/keys-bad", obx_test_tmpdir());
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     obx_err_t err = OBX_ERR_INIT;
-    write_file(path, cases[i].text);
+    obx_test_write_file(path, cases[i].text);
     obx_auth_t *auth = obx_auth_load(path, &err);
     if (auth || !strstr(err.msg, cases[i].want)) {
       print_error("case %zu: got %s [%s], want an error containing %s\n", i, auth ? "success" : "error", err.msg,

@@ -1,5 +1,6 @@
 /* test_conf.c - the configuration table: defaults, types, sources, passthrough, redaction, docs */
 #include "obx_test.h"
+#include "obx_test_doc.h"
 #include "obx/obx_conf.h"
 
 #include <stdio.h>
@@ -125,9 +126,7 @@ static void test_parse_duration(void **state) {
 static char *write_file(const char *name, const char *text) {
   char *path;
   if (asprintf(&path, "%s/%s", obx_test_tmpdir(), name) < 0) abort();
-  FILE *f = fopen(path, "w");
-  fputs(text, f);
-  fclose(f);
+  obx_test_write_file(path, text);
   return path;
 }
 
