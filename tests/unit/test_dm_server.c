@@ -403,6 +403,166 @@ static void test_ttl_pass(void **state) {
   bson_destroy(&res.reply);
 }
 
+/* ---- index lookups ---- */
+
+static int64_t scanned_objects(void) {
+  result_t res;
+  expect("admin", "{\"serverStatus\": 1}", 0, &res);
+  int64_t n = (int64_t)num_at(&res.reply, "metrics.queryExecutor.scannedObjects");
+  bson_destroy(&res.reply);
+  return n;
+}
+
+/* Runs count with the filter; fails with got/want unless it is want, and, when want_scanned
+ * is not -1, unless exactly that many documents were examined. */
+static void expect_count(const char *db, const char *filter, int want, int want_scanned) {
+  char cmd[1024];
+  result_t res;
+  snprintf(cmd, sizeof cmd, "{\"count\": \"c\", \"query\": %s}", filter);
+  int64_t before = scanned_objects();
+  expect(db, cmd, 0, &res);
+  int got = (int)num_at(&res.reply, "n");
+  bson_destroy(&res.reply);
+  int64_t scanned = scanned_objects() - before;
+  if (got != want) fail_msg("count %s: got %d, want %d", filter, got, want);
+  if (want_scanned >= 0 && scanned != want_scanned)
+    fail_msg("count %s: examined %lld documents, want %d", filter, (long long)scanned, want_scanned);
+}
+
+static const struct {
+  const char *filter;
+  int want, scanned; /* scanned -1: a scan (every document) */
+} lookup_cases[] = {
+  /* _id documents, as the inbox keys its entries */
+  {"{\"_id\": {\"consumer\": \"w\", \"eventId\": \"e7\"}}", 1, 1},
+  {"{\"_id\": {\"$eq\": {\"consumer\": \"w\", \"eventId\": \"e7\"}}}", 1, 1},
+  {"{\"$and\": [{\"_id\": {\"consumer\": \"w\", \"eventId\": \"e7\"}}, {\"n\": 7}]}", 1, 1},
+  {"{\"_id\": {\"consumer\": \"w\", \"eventId\": \"e7\"}, \"n\": 8}", 0, 1},
+  {"{\"_id\": {\"consumer\": \"w\", \"eventId\": \"nope\"}}", 0, 0},
+  {"{\"_id\": {\"eventId\": \"e7\", \"consumer\": \"w\"}}", 0, 0}, /* field order counts */
+  {"{\"_id\": {\"consumer\": \"w\"}}", 0, 0},
+  {"{\"_id.consumer\": \"w\", \"_id.eventId\": \"e7\"}", 1, -1},
+  {"{\"_id\": {\"$in\": [{\"consumer\": \"w\", \"eventId\": \"e7\"}]}}", 1, -1},
+  /* numbers of any type inside the key are the same key */
+  {"{\"_id\": {\"num\": 3}}", 1, 1},
+  {"{\"_id\": {\"num\": 3.0}}", 1, 1},
+  {"{\"_id\": {\"num\": {\"$numberLong\": \"3\"}}}", 1, 1},
+  {"{\"_id\": {\"num\": {\"$numberDecimal\": \"3\"}}}", 1, 1},
+  {"{\"_id\": 42.0}", 1, 1},
+  /* a unique secondary index, alone and compound */
+  {"{\"email\": \"u7@x\"}", 1, 1},
+  {"{\"email\": {\"$eq\": \"u7@x\"}, \"n\": {\"$gt\": 6}}", 1, 1},
+  {"{\"email\": \"nobody@x\"}", 0, 0},
+  {"{\"email\": {\"$in\": [\"u7@x\"]}}", 1, -1},
+  {"{\"email\": null}", 3, -1},
+  {"{\"org\": \"o1\", \"num\": 2}", 1, 1},
+  {"{\"org\": \"o1\", \"num\": {\"$numberLong\": \"2\"}}", 1, 1},
+  {"{\"org\": \"o1\"}", 10, -1},
+  /* multikey: an array on the key path makes equality match elements; scan */
+  {"{\"tag\": \"red\"}", 1, -1},
+  {"{\"tag\": \"t5\"}", 1, -1},
+};
+
+static void test_index_lookups(void **state) {
+  char cmd[512];
+  expect_done("ix", "{\"createIndexes\": \"c\", \"indexes\": [{\"key\": {\"email\": 1}, \"name\": \"email_1\", "
+                    "\"unique\": true, \"sparse\": true}, {\"key\": {\"org\": 1, \"num\": 1}, \"name\": "
+                    "\"org_num\", \"unique\": true}, {\"key\": {\"tag\": 1}, \"name\": \"tag_1\", \"unique\": true, "
+                    "\"sparse\": true}]}", 0);
+  for (int i = 0; i < 10; i++) {
+    snprintf(cmd, sizeof cmd, "{\"insert\": \"c\", \"documents\": [{\"_id\": {\"consumer\": \"w\", \"eventId\": "
+             "\"e%d\"}, \"n\": %d, \"email\": \"u%d@x\", \"org\": \"o1\", \"num\": %d, \"tag\": \"t%d\"}]}",
+             i, i, i, i, i);
+    expect_done("ix", cmd, 0);
+  }
+  expect_done("ix", "{\"insert\": \"c\", \"documents\": [{\"_id\": {\"num\": {\"$numberLong\": \"3\"}}, "
+                    "\"org\": \"o2\", \"num\": 1}, {\"_id\": 42, \"org\": \"o2\", \"num\": 2}, {\"_id\": 43, "
+                    "\"org\": \"o2\", \"num\": 3, \"tag\": [\"red\", \"blue\"]}]}", 0);
+  int total = 13;
+  for (size_t i = 0; i < sizeof lookup_cases / sizeof lookup_cases[0]; i++)
+    expect_count("ix", lookup_cases[i].filter, lookup_cases[i].want,
+                 lookup_cases[i].scanned < 0 ? total : lookup_cases[i].scanned);
+
+  /* writes find their document through the index and keep it current */
+  expect_done("ix", "{\"update\": \"c\", \"updates\": [{\"q\": {\"email\": \"u1@x\"}, \"u\": {\"$set\": "
+                    "{\"email\": \"new1@x\"}}}]}", 0);
+  expect_count("ix", "{\"email\": \"u1@x\"}", 0, 0);
+  expect_count("ix", "{\"email\": \"new1@x\", \"n\": 1}", 1, 1);
+  expect_done("ix", "{\"findAndModify\": \"c\", \"query\": {\"_id\": {\"consumer\": \"w\", \"eventId\": \"e2\"}}, "
+                    "\"update\": {\"$set\": {\"num\": 20}}}", 0);
+  expect_count("ix", "{\"org\": \"o1\", \"num\": 2}", 0, 0);
+  expect_count("ix", "{\"org\": \"o1\", \"num\": 20}", 1, 1);
+  expect_done("ix", "{\"delete\": \"c\", \"deletes\": [{\"q\": {\"email\": \"u4@x\"}, \"limit\": 1}]}", 0);
+  expect_count("ix", "{\"email\": \"u4@x\"}", 0, 0);
+  expect_count("ix", "{\"_id\": {\"consumer\": \"w\", \"eventId\": \"e4\"}}", 0, 0);
+  result_t res;
+  expect("ix", "{\"aggregate\": \"c\", \"pipeline\": [{\"$match\": {\"email\": \"u5@x\"}}, {\"$count\": \"n\"}], "
+               "\"cursor\": {}}", 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "cursor.firstBatch.0.n"), 1);
+  bson_destroy(&res.reply);
+  /* a malformed filter fails even when the lookup finds nothing */
+  expect_done("ix", "{\"find\": \"c\", \"filter\": {\"email\": \"none@x\", \"n\": {\"$bogus\": 1}}}", 2);
+  /* a dropped index no longer answers; a dropped collection starts empty */
+  expect_done("ix", "{\"dropIndexes\": \"c\", \"index\": \"email_1\"}", 0);
+  expect_count("ix", "{\"email\": \"u5@x\"}", 1, total - 1);
+  expect_done("ix", "{\"drop\": \"c\"}", 0);
+  expect_count("ix", "{\"_id\": {\"consumer\": \"w\", \"eventId\": \"e5\"}}", 0, 0);
+}
+
+/* Inside a transaction a lookup sees the transaction's own writes and its snapshot. */
+static void test_index_lookups_in_transaction(void **state) {
+  const char *a = "\"lsid\": {\"id\": {\"$binary\": {\"base64\": \"AAAAAAAAAAAAAAAAAAAAIA==\", \"subType\": \"04\"}}}";
+  char cmd[640];
+  result_t res;
+  expect_done("ixt", "{\"createIndexes\": \"c\", \"indexes\": [{\"key\": {\"k\": 1}, \"name\": \"k_1\", "
+                     "\"unique\": true}]}", 0);
+  expect_done("ixt", "{\"insert\": \"c\", \"documents\": [{\"_id\": {\"d\": 1}, \"k\": \"old\"}, "
+                     "{\"_id\": {\"d\": 2}, \"k\": \"gone\"}]}", 0);
+  snprintf(cmd, sizeof cmd, "{\"insert\": \"c\", \"documents\": [{\"_id\": {\"d\": 3}, \"k\": \"mine\"}], %s, "
+           "\"txnNumber\": 1, \"startTransaction\": true, \"autocommit\": false}", a);
+  expect_done("ixt", cmd, 0);
+  /* committed by others after the snapshot */
+  expect_done("ixt", "{\"update\": \"c\", \"updates\": [{\"q\": {\"k\": \"old\"}, \"u\": {\"$set\": {\"k\": \"new\"}}}]}", 0);
+  expect_done("ixt", "{\"delete\": \"c\", \"deletes\": [{\"q\": {\"k\": \"gone\"}, \"limit\": 1}]}", 0);
+  static const struct {
+    const char *filter;
+    int in_txn, outside;
+  } cases[] = {
+    {"{\"k\": \"mine\"}", 1, 0},
+    {"{\"_id\": {\"d\": 3}}", 1, 0},
+    {"{\"k\": \"old\"}", 1, 0},
+    {"{\"k\": \"new\"}", 0, 1},
+    {"{\"k\": \"gone\"}", 1, 0},
+    {"{\"_id\": {\"d\": 2}}", 1, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    snprintf(cmd, sizeof cmd, "{\"find\": \"c\", \"filter\": %s, %s, \"txnNumber\": 1, \"autocommit\": false}",
+             cases[i].filter, a);
+    expect("ixt", cmd, 0, &res);
+    int got = array_len(&res.reply, "cursor.firstBatch");
+    bson_destroy(&res.reply);
+    if (got != cases[i].in_txn) fail_msg("in the transaction %s: got %d, want %d", cases[i].filter, got, cases[i].in_txn);
+    expect_count("ixt", cases[i].filter, cases[i].outside, -1);
+  }
+  snprintf(cmd, sizeof cmd, "{\"commitTransaction\": 1, %s, \"txnNumber\": 1, \"autocommit\": false}", a);
+  expect_done("admin", cmd, 0);
+  expect_count("ixt", "{\"k\": \"mine\"}", 1, 1);
+  expect_count("ixt", "{\"_id\": {\"d\": 3}}", 1, 1);
+}
+
+/* Documents removed by the TTL pass leave the lookups too. */
+static void test_index_lookups_after_ttl(void **state) {
+  expect_done("ixl", "{\"createIndexes\": \"c\", \"indexes\": [{\"key\": {\"at\": 1}, \"name\": \"at_1\", "
+                     "\"expireAfterSeconds\": 0}, {\"key\": {\"k\": 1}, \"name\": \"k_1\", \"unique\": true}]}", 0);
+  expect_done("ixl", "{\"insert\": \"c\", \"documents\": [{\"_id\": {\"d\": 1}, \"k\": \"a\", \"at\": {\"$date\": 1000}}, "
+                     "{\"_id\": {\"d\": 2}, \"k\": \"b\"}]}", 0);
+  expect_count("ixl", "{\"k\": \"a\"}", 1, 1);
+  dm_ttl_pass();
+  expect_count("ixl", "{\"k\": \"a\"}", 0, 0);
+  expect_count("ixl", "{\"_id\": {\"d\": 1}}", 0, 0);
+  expect_count("ixl", "{\"k\": \"b\"}", 1, 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_hello_and_envelope),
@@ -415,6 +575,9 @@ int main(void) {
     cmocka_unit_test(test_change_stream_and_park),
     cmocka_unit_test(test_fail_command),
     cmocka_unit_test(test_ttl_pass),
+    cmocka_unit_test(test_index_lookups),
+    cmocka_unit_test(test_index_lookups_in_transaction),
+    cmocka_unit_test(test_index_lookups_after_ttl),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
