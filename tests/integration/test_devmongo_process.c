@@ -14,20 +14,6 @@
 #include "obx_test.h"
 #include "obx_test_mongo.h"
 
-/* True while pid runs (a zombie waiting to be reaped counts as gone). */
-static bool pid_running(pid_t pid) {
-  char path[64], stat[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(path, "r");
-  if (!f) return false;
-  bool ok = fgets(stat, sizeof stat, f) != NULL;
-  fclose(f);
-  const char *end = ok ? strrchr(stat, ')') : NULL; /* "pid (comm) S ..." */
-  return end && end[1] == ' ' && end[2] != 'Z' && end[2] != 'X';
-}
-
-static bool pid_gone(void *ctx) { return !pid_running(*(pid_t *)ctx); }
-
 static void test_exit_with_parent(void **state) {
   int fds[2];
   assert_int_equal(pipe(fds), 0);
@@ -54,7 +40,7 @@ static void test_exit_with_parent(void **state) {
   assert_int_equal(r, (ssize_t)sizeof report);
   pid_t server = (pid_t)report[0];
   if (server <= 0 || report[1] <= 0) fail_msg("the child could not start devmongod");
-  if (!obx_test_wait_for(pid_gone, &server, 30000, 20)) {
+  if (!obx_test_wait_for(obx_test_pid_gone, &server, 30000, 20)) {
     kill(server, SIGKILL);
     fail_msg("devmongod %d (port %d): still running 30 s after the process that started it exited",
              (int)server, report[1]);

@@ -407,20 +407,6 @@ static void test_stdin_commands_and_eof_exit(void **state) {
   }
 }
 
-/* True while pid runs (a zombie waiting to be reaped counts as gone). */
-static bool pid_running(pid_t pid) {
-  char path[64], stat[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(path, "r");
-  if (!f) return false;
-  bool ok = fgets(stat, sizeof stat, f) != NULL;
-  fclose(f);
-  const char *end = ok ? strrchr(stat, ')') : NULL; /* "pid (comm) S ..." */
-  return end && end[1] == ' ' && end[2] != 'Z' && end[2] != 'X';
-}
-
-static bool pid_gone(void *ctx) { return !pid_running(*(pid_t *)ctx); }
-
 /* --exit-with-parent: once the process that started kafka-mockd is gone, kafka-mockd goes too
  * (what keeps a crashed test from leaving clusters behind). */
 static void test_exit_with_parent(void **state) {
@@ -438,7 +424,7 @@ static void test_exit_with_parent(void **state) {
   assert_true(obx_test_read_first_line(pidf, line, sizeof line, 1000));
   pid_t pid = (pid_t)atoi(line);
   assert_true(pid > 0);
-  if (!obx_test_wait_for(pid_gone, &pid, 30000, 20))
+  if (!obx_test_wait_for(obx_test_pid_gone, &pid, 30000, 20))
     fail_msg("kafka-mockd %d: still running 30 s after its parent exited", (int)pid);
 }
 

@@ -34,6 +34,9 @@ bool obx_test_spawn(obx_test_proc_t *proc, char *const argv[], char *const env_e
  * exit, then SIGKILLs. Returns the wait status (or -1). Safe on a zeroed proc. */
 int obx_test_proc_stop(obx_test_proc_t *proc, int sig, int timeout_ms);
 bool obx_test_proc_alive(obx_test_proc_t *proc);
+/* An obx_test_wait_for condition: process *(pid_t *)pid no longer runs. It need not be our
+ * child (read from /proc); a zombie waiting to be reaped counts as gone. */
+bool obx_test_pid_gone(void *pid);
 
 /* Waits until `path` exists and has a first non-empty line; copies it to out. */
 bool obx_test_read_first_line(const char *path, char *out, size_t outlen, int timeout_ms);

@@ -87,6 +87,17 @@ bool obx_test_proc_alive(obx_test_proc_t *proc) {
   return r == 0;
 }
 
+bool obx_test_pid_gone(void *pid) {
+  char path[64], stat[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)*(pid_t *)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return true;
+  bool ok = fgets(stat, sizeof stat, f) != NULL;
+  fclose(f);
+  const char *end = ok ? strrchr(stat, ')') : NULL; /* "pid (comm) S ..." */
+  return !(end && end[1] == ' ' && end[2] != 'Z' && end[2] != 'X');
+}
+
 int obx_test_proc_stop(obx_test_proc_t *proc, int sig, int timeout_ms) {
   if (proc->pid <= 0) return -1;
   kill(proc->pid, sig);
