@@ -180,8 +180,7 @@ static int group_teardown(void **state) {
 
 static void request(const char *method, const char *path, const char *key, const char *body, long want,
                     obx_test_http_resp_t *resp) {
-  assert_true(obx_test_http(outboxd.port, method, path, key, body, NULL, resp));
-  if (resp->status != want) fail_msg("%s %s: got HTTP %ld %s, want %ld", method, path, resp->status, resp->body, want);
+  obx_test_http_expect(outboxd.port, method, path, key, body, want, resp);
 }
 
 static bool find_one(const char *name, const bson_t *filter, bson_t *out) {

@@ -95,13 +95,6 @@ static int64_t count(const char *coll, const char *field, const char *value) {
   return n;
 }
 
-static bool ready(void *ctx) {
-  obx_test_http_resp_t resp;
-  bool ok = obx_test_http(obx_http_port(http), "GET", "/readyz", NULL, NULL, NULL, &resp) && resp.status == 200;
-  obx_test_http_resp_cleanup(&resp);
-  return ok;
-}
-
 static int group_teardown(void **state) {
   obx_http_stop(http);
   obx_api_stop(api);
@@ -130,7 +123,7 @@ static int group_setup(void **state) {
   obx_api_set_pre_hook(&hook);
   if (!obx_conf_load(&conf, NULL, (char *const[]){NULL}, overrides, 4, &err) || !(http = obx_http_new(&conf, &err)) ||
       !obx_http_start(http, &err) || !(api = obx_api_start(&conf, http, &err)) ||
-      !obx_test_wait_for(ready, NULL, 60000, 50)) {
+      !obx_test_wait_for(obx_test_http_ready, &(int){obx_http_port(http)}, 60000, 50)) {
     fprintf(stderr, "setup: %s\n", err.msg[0] ? err.msg : "api never became ready");
     group_teardown(state);
     return -1;

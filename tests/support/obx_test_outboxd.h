@@ -37,6 +37,10 @@ typedef struct {
 bool obx_test_http(int port, const char *method, const char *path, const char *key, const char *body,
                    const char *const headers[], obx_test_http_resp_t *resp);
 void obx_test_http_resp_cleanup(obx_test_http_resp_t *resp);
+/* obx_test_http without extra headers that fails the running test unless the request was made
+ * and answered want; resp is filled either way (the caller cleans it up). */
+void obx_test_http_expect(int port, const char *method, const char *path, const char *key, const char *body,
+                          long want, obx_test_http_resp_t *resp);
 /* An obx_test_wait_for condition: GET /readyz on 127.0.0.1:*(int *)port answers 200. */
 bool obx_test_http_ready(void *port);
 /* A top-level string field of resp->json, or NULL. Borrowed from resp. */

@@ -117,6 +117,12 @@ bool obx_test_http(int port, const char *method, const char *path, const char *k
   return rc == CURLE_OK;
 }
 
+void obx_test_http_expect(int port, const char *method, const char *path, const char *key, const char *body,
+                          long want, obx_test_http_resp_t *resp) {
+  if (!obx_test_http(port, method, path, key, body, NULL, resp)) fail_msg("%s %s: no answer", method, path);
+  if (resp->status != want) fail_msg("%s %s: got HTTP %ld %s, want %ld", method, path, resp->status, resp->body, want);
+}
+
 bool obx_test_http_ready(void *port) {
   obx_test_http_resp_t resp;
   bool ok = obx_test_http(*(int *)port, "GET", "/readyz", NULL, NULL, NULL, &resp) && resp.status == 200;
