@@ -10,9 +10,12 @@
  * SKIPPED or DEAD, and the TTL index on it (INBOX_RETENTION) removes finished entries. `seq`
  * orders the entries of one key (the Kafka offset; the receive time for other sources).
  *
- * Collection `parked_keys`: { _id: {consumer, key}, headEventId, since, reason } exists while
- * the head event of the key is RETRYING or DEAD; later events of the key are stored BLOCKED and
- * released in seq order when the head succeeds or an operator releases the key.
+ * Collection `parked_keys`: { _id: {consumer, key}, headEventId, since, reason, admitted }
+ * exists while the head event of the key is RETRYING or DEAD; later events of the key are
+ * stored BLOCKED (admitted counts them) and released in seq order when the head succeeds or an
+ * operator releases the key. Storing an event BLOCKED and unparking the key are transactions
+ * that both write this document, so across worker processes an event is never stored BLOCKED
+ * behind a key that has just been unparked.
  *
  * Every function takes the client and database of the caller and an optional session (NULL:
  * outside a transaction). Mongo errors are wrapped with obx_err_from_bson (retriable when
@@ -63,7 +66,8 @@ typedef struct {
 } obx_inbox_entry_t;
 
 /* Inserts the entry as `status` (RECEIVED or BLOCKED). When the event is already there,
- * *inserted is false and *existing holds its status. */
+ * *inserted is false and *existing holds its status. With a session the entry is looked up
+ * before the insert (a duplicate key error would abort the transaction). */
 bool obx_inbox_claim(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                      const obx_inbox_entry_t *entry, obx_inbox_status_t status, bool *inserted,
                      obx_inbox_status_t *existing, obx_err_t *err);
@@ -93,6 +97,13 @@ bool obx_inbox_key_parked(mongoc_client_t *client, const char *db, mongoc_client
 bool obx_inbox_park_key(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                         const char *consumer, const char *key, const char *head_event_id, const char *reason,
                         obx_err_t *err);
+/* Holds a parked key for one more BLOCKED event: when the key is parked behind a head other
+ * than event_id, bumps its `admitted` count and *held is true; otherwise *held is false and
+ * nothing is written. Run in the transaction that stores the event BLOCKED: the write makes
+ * that transaction and a concurrent unpark (a transaction that found no BLOCKED entry) conflict
+ * on the parked_keys document, so one of them runs again and sees the other. */
+bool obx_inbox_hold_key(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                        const char *consumer, const char *key, const char *event_id, bool *held, obx_err_t *err);
 bool obx_inbox_unpark_key(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                           const char *consumer, const char *key, obx_err_t *err);
 /* The oldest BLOCKED entry of the key (lowest seq) into out (initialised); *found false when

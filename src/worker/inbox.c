@@ -131,26 +131,31 @@ bool obx_inbox_claim(mongoc_client_t *client, const char *db, mongoc_client_sess
   bson_append_array_end(&doc, &child);
 
   if (!opts_with_session(&opts, session, err)) goto done_noopts;
-  bson_error_t berr;
-  if (mongoc_collection_insert_one(c, &doc, &opts, &reply, &berr)) {
-    *inserted = true;
-    ok = true;
-    goto done;
-  }
-  obx_err_from_bson(err, &berr, &reply);
-  if (!obx_err_is_duplicate_key(err)) goto done;
-  obx_err_clear(err);
   bson_t filter = BSON_INITIALIZER, found_doc = BSON_INITIALIZER;
   append_id(&filter, "_id", entry->consumer, "eventId", ev->id);
   bool found = false;
-  ok = find_one(c, &filter, NULL, session, &found_doc, &found, err);
-  if (ok && (!found || !read_status(&found_doc, existing))) {
+  bson_error_t berr;
+  /* In a transaction a duplicate key error would abort it: look first there. */
+  if (session && !find_one(c, &filter, NULL, session, &found_doc, &found, err)) goto done_filter;
+  if (!found) {
+    if (mongoc_collection_insert_one(c, &doc, &opts, &reply, &berr)) {
+      *inserted = true;
+      ok = true;
+      goto done_filter;
+    }
+    obx_err_from_bson(err, &berr, &reply);
+    if (session || !obx_err_is_duplicate_key(err)) goto done_filter;
+    obx_err_clear(err);
+    if (!find_one(c, &filter, NULL, session, &found_doc, &found, err)) goto done_filter;
+  }
+  ok = true;
+  if (!found || !read_status(&found_doc, existing)) {
     obx_err_set(err, OBX_ERR_CONFLICT, 0, true, "inbox entry %s vanished or has no status", ev->id);
     ok = false;
   }
+done_filter:
   bson_destroy(&found_doc);
   bson_destroy(&filter);
-done:
   bson_destroy(&opts);
 done_noopts:
   mongoc_collection_destroy(c);
@@ -293,6 +298,36 @@ bool obx_inbox_park_key(mongoc_client_t *client, const char *db, mongoc_client_s
   bson_error_t berr;
   ok = mongoc_collection_update_one(c, &filter, &update, &opts, &reply, &berr);
   if (!ok) obx_err_from_bson(err, &berr, &reply);
+  bson_destroy(&opts);
+done_noopts:
+  mongoc_collection_destroy(c);
+  bson_destroy(&reply);
+  bson_destroy(&update);
+  bson_destroy(&filter);
+  return ok;
+}
+
+bool obx_inbox_hold_key(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                        const char *consumer, const char *key, const char *event_id, bool *held, obx_err_t *err) {
+  bool ok = false;
+  *held = false;
+  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child, opts, reply;
+  bson_init(&reply);
+  append_id(&filter, "_id", consumer, "key", key);
+  BSON_APPEND_DOCUMENT_BEGIN(&filter, "headEventId", &child);
+  BSON_APPEND_UTF8(&child, "$ne", event_id);
+  bson_append_document_end(&filter, &child);
+  BSON_APPEND_DOCUMENT_BEGIN(&update, "$inc", &child);
+  BSON_APPEND_INT64(&child, "admitted", 1);
+  bson_append_document_end(&update, &child);
+  mongoc_collection_t *c = coll(client, db, "parked_keys");
+  if (!opts_with_session(&opts, session, err)) goto done_noopts;
+  bson_error_t berr;
+  ok = mongoc_collection_update_one(c, &filter, &update, &opts, &reply, &berr);
+  if (!ok) obx_err_from_bson(err, &berr, &reply);
+  bson_iter_t it;
+  if (ok && bson_iter_init_find(&it, &reply, "matchedCount") && BSON_ITER_HOLDS_NUMBER(&it))
+    *held = bson_iter_as_int64(&it) > 0;
   bson_destroy(&opts);
 done_noopts:
   mongoc_collection_destroy(c);

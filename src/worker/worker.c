@@ -419,6 +419,47 @@ done:
   return outcome;
 }
 
+/* Unparks a key that has no BLOCKED event left, in a transaction: a worker process storing an
+ * event of the key BLOCKED at the same time writes the parked_keys document too
+ * (obx_inbox_hold_key), so one of the two transactions runs again and sees the other's event
+ * or the unpark. */
+typedef struct {
+  obx_worker_t *w;
+  const char *key;
+  bool unparked;
+} unpark_t;
+
+static bool unpark_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *err) {
+  unpark_t *u = ctx;
+  mongoc_client_t *client = mongoc_client_session_get_client(session);
+  bson_t doc = BSON_INITIALIZER;
+  bool found = false;
+  bool ok = obx_inbox_next_blocked(client, u->w->db, session, u->w->consumer, u->key, &doc, &found, err) &&
+            (found || obx_inbox_unpark_key(client, u->w->db, session, u->w->consumer, u->key, err));
+  u->unparked = ok && !found;
+  bson_destroy(&doc);
+  return ok;
+}
+
+/* Stores a fresh event of a parked key: BLOCKED when the key is still parked behind another
+ * head (holding it, see obx_inbox_hold_key), else RECEIVED. One transaction. */
+typedef struct {
+  obx_worker_t *w;
+  const obx_inbox_entry_t *entry;
+  bool blocked, inserted;
+  obx_inbox_status_t existing;
+} admit_t;
+
+static bool admit_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *err) {
+  admit_t *a = ctx;
+  mongoc_client_t *client = mongoc_client_session_get_client(session);
+  const obx_event_t *ev = a->entry->event;
+  return obx_inbox_hold_key(client, a->w->db, session, a->w->consumer, ev->partition_key, ev->id, &a->blocked,
+                            err) &&
+         obx_inbox_claim(client, a->w->db, session, a->entry, a->blocked ? OBX_INBOX_BLOCKED : OBX_INBOX_RECEIVED,
+                         &a->inserted, &a->existing, err);
+}
+
 /* After the head of a parked key finished: runs its BLOCKED events in order until one fails
  * (it becomes the new head) or none is left (the key is released). */
 static worker_outcome_t release_key(obx_worker_t *w, mongoc_client_t *client, const char *key) {
@@ -433,10 +474,12 @@ static worker_outcome_t release_key(obx_worker_t *w, mongoc_client_t *client, co
     }
     if (!found) {
       bson_destroy(&doc);
-      if (!obx_inbox_unpark_key(client, w->db, NULL, w->consumer, key, &err)) {
+      unpark_t u = {.w = w, .key = key};
+      if (!obx_mongo_transaction(w->mongo, unpark_txn, &u, &err)) {
         obx_warn("unparking key %s: %s", key, err.msg);
         return WORKER_INFRA;
       }
+      if (!u.unparked) continue; /* an event was stored BLOCKED meanwhile: run it first */
       obx_info("key %s released", key);
       return WORKER_DONE;
     }
@@ -524,8 +567,17 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
   bool blocked = parked && strcmp(head, ev.id) != 0;
   bool inserted = false;
   obx_inbox_status_t existing = OBX_INBOX_RECEIVED;
-  if (!obx_inbox_claim(client, w->db, NULL, &entry, blocked ? OBX_INBOX_BLOCKED : OBX_INBOX_RECEIVED, &inserted,
-                       &existing, &err)) {
+  if (blocked) {
+    /* The head may finish in another worker process right now: decide and store together. */
+    admit_t a = {.w = w, .entry = &entry};
+    if (!obx_mongo_transaction(w->mongo, admit_txn, &a, &err)) {
+      obx_log_event(OBX_LOG_WARN, ev.id, ev.correlation_id, "inbox claim failed: %s", err.msg);
+      goto done;
+    }
+    blocked = a.blocked;
+    inserted = a.inserted;
+    existing = a.existing;
+  } else if (!obx_inbox_claim(client, w->db, NULL, &entry, OBX_INBOX_RECEIVED, &inserted, &existing, &err)) {
     obx_log_event(OBX_LOG_WARN, ev.id, ev.correlation_id, "inbox claim failed: %s", err.msg);
     goto done;
   }
