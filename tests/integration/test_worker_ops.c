@@ -34,6 +34,21 @@ static int64_t audit_by(wt_fx_t *fx, const char *action, const char *who) {
   return n;
 }
 
+/* Every entry of action by the tester has the one audit_log shape
+ * {_id, who, when, action, target, orgId, details}, with orgId org (NULL: null). */
+static void want_audit_shape(wt_fx_t *fx, const char *action, const char *org) {
+  bson_t *filter = BCON_NEW("action", BCON_UTF8(action), "who", BCON_UTF8("wt-tester"), "_id", "{", "$type",
+                            BCON_UTF8("string"), "}", "when", "{", "$type", BCON_UTF8("date"), "}", "target", "{",
+                            "$type", BCON_UTF8("string"), "}", "details", "{", "$type", BCON_UTF8("object"), "}");
+  if (org) BSON_APPEND_UTF8(filter, "orgId", org);
+  else BCON_APPEND(filter, "orgId", "{", "$type", BCON_UTF8("null"), "}");
+  int64_t shaped = wt_count(fx, "audit_log", filter), all = audit_by(fx, action, "wt-tester");
+  bson_destroy(filter);
+  if (all == 0 || shaped != all)
+    fail_msg("audit_log %s: got %lld of %lld entries with the shape {_id, who, when, action, target, orgId: %s, "
+             "details}, want all (and at least one)", action, (long long)shaped, (long long)all, org ? org : "null");
+}
+
 static void test_dlq_list_peek_redrive_purge(void **state) {
   WT_NEED_BROKER();
   wt_fx_t *fx = *state;
@@ -80,6 +95,8 @@ static void test_dlq_list_peek_redrive_purge(void **state) {
   wt_wait_depth(fx, obx_ladder_dlq_queue(fx->ladder), 0);
   assert_int_equal(audit_by(fx, "dlq.redrive", "wt-tester"), 2); /* dry run included */
   assert_int_equal(audit_by(fx, "dlq.purge", "wt-tester"), 1);
+  want_audit_shape(fx, "dlq.redrive", NULL);
+  want_audit_shape(fx, "dlq.purge", NULL);
   obx_event_cleanup(&bad);
   obx_event_cleanup(&worse);
 }
@@ -123,6 +140,8 @@ static void test_inbox_show_and_replay(void **state) {
   want_in(out, "0 events", "replay of an unseen type");
   assert_int_equal(audit_by(fx, "inbox.replay", "wt-tester"), 1);
   assert_int_equal(audit_by(fx, "inbox.replay_type", "wt-tester"), 3);
+  want_audit_shape(fx, "inbox.replay", WT_ORG);
+  want_audit_shape(fx, "inbox.replay_type", NULL);
   for (int i = 0; i < 3; i++) obx_event_cleanup(&ev[i]);
 }
 
@@ -159,6 +178,7 @@ static void test_keys_list_and_release(void **state) {
   if (wt_last_call_index(fx, "S-1") > wt_last_call_index(fx, "S-2")) fail_msg("S-2 ran before S-1");
   wt_wait_status(fx, head.id, "DEAD"); /* the head stays in the DLQ */
   assert_int_equal(audit_by(fx, "keys.release", "wt-tester"), 1);
+  want_audit_shape(fx, "keys.release", WT_ORG);
   obx_event_cleanup(&head);
   for (int i = 0; i < 2; i++) obx_event_cleanup(&later[i]);
 }
