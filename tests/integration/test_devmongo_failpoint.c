@@ -18,17 +18,7 @@ static int setup(void **state) { return obx_test_fixture_mongo_setup(&g_m, NULL,
 
 static int teardown(void **state) { return obx_test_fixture_mongo_teardown(&g_m, g_client); }
 
-static int64_t fail_point(const char *json) {
-  bson_error_t error;
-  bson_t *cmd = obx_test_bson(json), reply;
-  if (!mongoc_client_command_simple(g_client, "admin", cmd, NULL, &reply, &error))
-    fail_msg("configureFailPoint: %s", error.message);
-  bson_iter_t it;
-  int64_t n = bson_iter_init_find(&it, &reply, "count") ? bson_iter_as_int64(&it) : -1;
-  bson_destroy(&reply);
-  bson_destroy(cmd);
-  return n;
-}
+static int64_t fail_point(const char *json) { return obx_test_fail_point(g_client, json); }
 
 static int64_t fail_off(const char *name) {
   char json[128];

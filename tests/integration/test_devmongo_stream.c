@@ -347,17 +347,7 @@ static void test_history_lost(void **state) {
   obx_test_mongo_stop(&m);
 }
 
-/* Configures a fail point; returns how often the previous configuration fired. */
-static int64_t fail_point(const char *json) {
-  bson_error_t error;
-  bson_t *cmd = obx_test_bson(json), reply;
-  if (!mongoc_client_command_simple(g_client, "admin", cmd, NULL, &reply, &error))
-    fail_msg("configureFailPoint: %s", error.message);
-  int64_t n = int_at(&reply, "count");
-  bson_destroy(&reply);
-  bson_destroy(cmd);
-  return n;
-}
+static int64_t fail_point(const char *json) { return obx_test_fail_point(g_client, json); }
 
 /* Reads ids first..last in order from cs. */
 static void expect_ids(mongoc_change_stream_t *cs, int first, int last) {

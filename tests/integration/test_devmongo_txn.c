@@ -16,14 +16,7 @@ static int setup(void **state) { return obx_test_fixture_mongo_setup(&g_m, NULL,
 
 static int teardown(void **state) { return obx_test_fixture_mongo_teardown(&g_m, g_client); }
 
-static void fail_point(const char *json) {
-  bson_error_t error;
-  bson_t *cmd = bson_new_from_json((const uint8_t *)json, -1, &error);
-  assert_non_null(cmd);
-  if (!mongoc_client_command_simple(g_client, "admin", cmd, NULL, NULL, &error))
-    fail_msg("configureFailPoint: %s", error.message);
-  bson_destroy(cmd);
-}
+static void fail_point(const char *json) { obx_test_fail_point(g_client, json); }
 
 static int64_t count(mongoc_collection_t *c, const bson_t *opts) {
   bson_error_t error;

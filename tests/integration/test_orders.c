@@ -3,7 +3,7 @@
  * One devmongod and one `outboxd --roles api` serve every test of the group (each test uses
  * its own order numbers and idempotency keys); the MongoDB-down test runs its own pair. */
 #include "obx_test.h"
-#include "obx_test_mongo.h"
+#include "obx_test_fixture.h"
 #include "obx_test_outboxd.h"
 
 #include <pthread.h>
@@ -61,21 +61,7 @@ static bool find_one(const char *coll, const char *field, const char *value, bso
   return found;
 }
 
-/* Runs configureFailPoint; returns the reply's count: how often the previous configuration
- * of the fail point fired. */
-static int64_t failpoint(const char *json) {
-  bson_t cmd, reply;
-  bson_error_t berr;
-  bson_iter_t it;
-  assert_true(bson_init_from_json(&cmd, json, -1, &berr));
-  bool ok = mongoc_client_command_simple(client, "admin", &cmd, NULL, &reply, &berr);
-  if (!ok) print_error("configureFailPoint: %s\n", berr.message);
-  assert_true(ok);
-  int64_t fired = bson_iter_init_find(&it, &reply, "count") ? bson_iter_as_int64(&it) : -1;
-  bson_destroy(&reply);
-  bson_destroy(&cmd);
-  return fired;
-}
+static int64_t failpoint(const char *json) { return obx_test_fail_point(client, json); }
 
 static int64_t failpoint_off(void) {
   return failpoint("{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}");

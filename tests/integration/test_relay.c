@@ -17,7 +17,7 @@
 #include "obx/obx_relay.h"
 #include "obx_test.h"
 #include "obx_test_kafka.h"
-#include "obx_test_mongo.h"
+#include "obx_test_fixture.h"
 #include "../../src/relay/relay_int.h"
 
 static obx_test_mongo_t g_mongo;
@@ -501,20 +501,7 @@ static void test_kafka_down_20s_backpressure(void **state) {
   ctx_cleanup(&ctx);
 }
 
-/* Configures a fail point; returns how often the previous configuration fired. */
-static int64_t fail_point(const char *json) {
-  bson_error_t berr;
-  bson_t reply;
-  bson_iter_t it;
-  bson_t *cmd = bson_new_from_json((const uint8_t *)json, -1, &berr);
-  assert_non_null(cmd);
-  if (!mongoc_client_command_simple(g_client, "admin", cmd, NULL, &reply, &berr))
-    fail_msg("configureFailPoint: %s", berr.message);
-  int64_t fired = bson_iter_init_find(&it, &reply, "count") ? bson_iter_as_int64(&it) : -1;
-  bson_destroy(&reply);
-  bson_destroy(cmd);
-  return fired;
-}
+static int64_t fail_point(const char *json) { return obx_test_fail_point(g_client, json); }
 
 static void test_getmore_faults(void **state) {
   static const char *const faults[] = {

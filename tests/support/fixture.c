@@ -1,5 +1,7 @@
 /* fixture.c - group fixtures of obx_test_fixture.h */
 #include "obx_test_fixture.h"
+#include "obx_test.h"
+#include "obx_test_doc.h"
 
 int obx_test_fixture_mongo_setup(obx_test_mongo_t *m, const char *extra_args, mongoc_client_t **client) {
   *client = NULL;
@@ -14,4 +16,19 @@ int obx_test_fixture_mongo_teardown(obx_test_mongo_t *m, mongoc_client_t *client
   mongoc_client_destroy(client);
   obx_test_mongo_stop(m);
   return 0;
+}
+
+int64_t obx_test_fail_point(mongoc_client_t *client, const char *json) {
+  bson_error_t berr;
+  bson_t reply;
+  bson_iter_t it;
+  bson_t *cmd = obx_test_bson(json);
+  if (!mongoc_client_command_simple(client, "admin", cmd, NULL, &reply, &berr)) {
+    bson_destroy(cmd);
+    fail_msg("configureFailPoint %s: %s", json, berr.message);
+  }
+  int64_t fired = bson_iter_init_find(&it, &reply, "count") ? bson_iter_as_int64(&it) : -1;
+  bson_destroy(&reply);
+  bson_destroy(cmd);
+  return fired;
 }

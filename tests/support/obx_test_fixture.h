@@ -1,8 +1,9 @@
-/* obx_test_fixture.h - cmocka group fixtures shared by the integration suites
+/* obx_test_fixture.h - devmongod fixtures shared by the integration suites
  *
- * DESIGN: a group that runs against one devmongod and one client calls these from its
- * setup/teardown instead of repeating the start/connect/stop sequence. Nothing here asserts:
- * group setups report failure by returning -1, as cmocka expects. */
+ * DESIGN: a group that runs against one devmongod and one client calls the setup/teardown
+ * pair instead of repeating the start/connect/stop sequence; those do not assert (group setups
+ * report failure by returning -1, as cmocka expects). Fail points are configured through one
+ * helper, which fails the running test when the server refuses. */
 #ifndef OBX_TEST_FIXTURE_H
 #define OBX_TEST_FIXTURE_H
 
@@ -16,5 +17,10 @@
 int obx_test_fixture_mongo_setup(obx_test_mongo_t *m, const char *extra_args, mongoc_client_t **client);
 /* Destroys client (may be NULL) and stops m (safe when never started). Returns 0. */
 int obx_test_fixture_mongo_teardown(obx_test_mongo_t *m, mongoc_client_t *client);
+
+/* Runs configureFailPoint (json as written, e.g. {"configureFailPoint": "failCommand", ...})
+ * on admin; returns the reply's count: how often the previous configuration of that fail
+ * point fired (-1 when the reply has none). */
+int64_t obx_test_fail_point(mongoc_client_t *client, const char *json);
 
 #endif
