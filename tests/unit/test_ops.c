@@ -1,6 +1,7 @@
 /* test_ops.c - the pure parts of the operator operations (obx_ops.h): status names per store,
  * DLQ messages as documents. */
 #include "obx_test.h"
+#include "obx_test_doc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -33,12 +34,6 @@ static void test_status_check(void **state) {
   }
 }
 
-static const char *str_at(const bson_t *doc, const char *path) {
-  bson_iter_t it, v;
-  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_UTF8(&v)) return NULL;
-  return bson_iter_utf8(&v, NULL);
-}
-
 static void test_dlq_msg_to_bson(void **state) {
   (void)state;
   obx_ladder_msg_t msg;
@@ -61,7 +56,7 @@ static void test_dlq_msg_to_bson(void **state) {
     {"history.0.error", "HTTP 503"}, {"history.1.class", "terminal"},
   };
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-    const char *got = str_at(&doc, fields[i].path);
+    const char *got = obx_test_doc_str(&doc, fields[i].path);
     if (!got || strcmp(got, fields[i].want) != 0)
       fail_msg("%s: got %s, want %s", fields[i].path, got ? got : "(none)", fields[i].want);
   }
