@@ -15,7 +15,11 @@
 
 #define NEVENTS 30 /* the scripted ERP holds at most 32 routes */
 
-static int setup(void **state) { return wt_setup_state(state); }
+/* The killed worker may die inside a transaction that already wrote an event's inbox entry.
+ * MongoDB keeps such a transaction (and its write locks) until transactionLifetimeLimitSeconds
+ * (60 s by default) ends it; until then the restarted worker's writes to that entry conflict and
+ * are retried. devmongod models the same limit; a short one keeps the test within its deadline. */
+static int setup(void **state) { return wt_setup_state_with(state, "--txn-lifetime-ms 3000"); }
 
 static obx_test_outboxd_t outboxd; /* stopped by teardown, also when the test fails */
 

@@ -185,12 +185,14 @@ static inline wt_fx_t *wt_setup(int partitions, const char *mongo_args) {
 
 /* Per-test cmocka setup of the suites that need only the fixture: wt_setup(3, NULL) into
  * *state; nothing when AMQP_URL is unset (the tests then skip, WT_NEED_BROKER). */
-static inline int wt_setup_state(void **state) {
+static inline int wt_setup_state_with(void **state, const char *mongo_args) {
   if (!getenv("AMQP_URL")) return 0;
-  wt_fx_t *fx = wt_setup(3, NULL);
+  wt_fx_t *fx = wt_setup(3, mongo_args);
   *state = fx;
   return fx ? 0 : -1;
 }
+
+static inline int wt_setup_state(void **state) { return wt_setup_state_with(state, NULL); }
 
 static inline void wt_start_worker(wt_fx_t *fx) {
   char n[16];
