@@ -509,6 +509,49 @@ static void test_index_lookups(void **state) {
   expect_count("ix", "{\"_id\": {\"consumer\": \"w\", \"eventId\": \"e5\"}}", 0, 0);
 }
 
+/* Index keys hold numbers exactly as the matcher compares them: one key for one value across
+ * types, different keys for values a double cannot tell apart. */
+static void test_index_number_keys(void **state) {
+  result_t res;
+  expect_done("ixn", "{\"createIndexes\": \"c\", \"indexes\": [{\"key\": {\"k\": 1}, \"name\": \"k_1\", "
+                     "\"unique\": true}]}", 0);
+  expect("ixn", "{\"insert\": \"c\", \"documents\": [{\"_id\": 1, \"k\": {\"$numberLong\": \"9007199254740993\"}}, "
+                "{\"_id\": 2, \"k\": {\"$numberLong\": \"9007199254740992\"}}, {\"_id\": 3, \"k\": "
+                "{\"$numberDecimal\": \"0.1\"}}, {\"_id\": 4, \"k\": 0.1}, {\"_id\": 5, \"k\": 1}, "
+                "{\"_id\": 6, \"k\": {\"$numberDouble\": \"-0.0\"}}]}", 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "n"), 6);
+  bson_destroy(&res.reply);
+  expect("ixn", "{\"insert\": \"c\", \"documents\": [{\"_id\": 7, \"k\": {\"$numberDecimal\": \"1.0\"}}]}", 0, &res);
+  assert_int_equal((int)num_at(&res.reply, "writeErrors.0.code"), 11000);
+  bson_destroy(&res.reply);
+  static const struct {
+    const char *filter;
+    int id;
+  } cases[] = {
+    {"{\"k\": {\"$numberLong\": \"9007199254740993\"}}", 1},
+    {"{\"k\": {\"$numberLong\": \"9007199254740992\"}}", 2},
+    {"{\"k\": 9007199254740992.0}", 2},
+    {"{\"k\": {\"$numberDecimal\": \"0.1\"}}", 3},
+    {"{\"k\": 0.1}", 4},
+    {"{\"k\": {\"$numberDecimal\": \"1.00\"}}", 5},
+    {"{\"k\": 1.0}", 5},
+    {"{\"k\": 0}", 6},
+    {"{\"_id\": {\"$numberDecimal\": \"4\"}}", 4},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "{\"find\": \"c\", \"filter\": %s}", cases[i].filter);
+    int64_t before = scanned_objects();
+    expect("ixn", cmd, 0, &res);
+    int n = array_len(&res.reply, "cursor.firstBatch"), id = (int)num_at(&res.reply, "cursor.firstBatch.0._id");
+    bson_destroy(&res.reply);
+    int64_t scanned = scanned_objects() - before;
+    if (n != 1 || id != cases[i].id || scanned != 1)
+      fail_msg("find %s: got %d documents (_id %d, %lld examined), want _id %d alone, 1 examined",
+               cases[i].filter, n, id, (long long)scanned, cases[i].id);
+  }
+}
+
 /* Inside a transaction a lookup sees the transaction's own writes and its snapshot. */
 static void test_index_lookups_in_transaction(void **state) {
   const char *a = "\"lsid\": {\"id\": {\"$binary\": {\"base64\": \"AAAAAAAAAAAAAAAAAAAAIA==\", \"subType\": \"04\"}}}";
@@ -576,6 +619,7 @@ int main(void) {
     cmocka_unit_test(test_fail_command),
     cmocka_unit_test(test_ttl_pass),
     cmocka_unit_test(test_index_lookups),
+    cmocka_unit_test(test_index_number_keys),
     cmocka_unit_test(test_index_lookups_in_transaction),
     cmocka_unit_test(test_index_lookups_after_ttl),
   };
