@@ -10,12 +10,15 @@
  * SKIPPED or DEAD, and the TTL index on it (INBOX_RETENTION) removes finished entries. `seq`
  * orders the entries of one key (the Kafka offset; the receive time for other sources).
  *
- * Collection `parked_keys`: { _id: {consumer, key}, headEventId, since, reason, admitted }
- * exists while the head event of the key is RETRYING or DEAD; later events of the key are
- * stored BLOCKED (admitted counts them) and released in seq order when the head succeeds or an
- * operator releases the key. Storing an event BLOCKED and unparking the key are transactions
- * that both write this document, so across worker processes an event is never stored BLOCKED
- * behind a key that has just been unparked.
+ * Collection `parked_keys`: { _id: {consumer, key}, headEventId, since, reason, admitted,
+ * releasedBy, sent } exists while the head event of the key is RETRYING or DEAD; later events of the
+ * key are stored BLOCKED (admitted counts them) and released one at a time in seq order: the
+ * process that finishes the head moves headEventId to the oldest BLOCKED event (releasedBy: the
+ * finished head) and sends it to the work queue, or unparks the key when none is left; an
+ * operator release does the same. Storing an event BLOCKED, moving the head and unparking are
+ * transactions that all write this document, so across worker processes they are serialised
+ * per key: an event is never stored BLOCKED behind a key just unparked, and one head is
+ * released once.
  *
  * Every function takes the client and database of the caller and an optional session (NULL:
  * outside a transaction). Mongo errors are wrapped with obx_err_from_bson (retriable when
@@ -93,10 +96,26 @@ bool obx_inbox_entry_event(const bson_t *doc, obx_event_t *ev, obx_err_t *err);
 bool obx_inbox_key_parked(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                           const char *consumer, const char *key, bool *parked, char head_event_id[OBX_UUID_LEN + 1],
                           obx_err_t *err);
-/* Parks the key (or moves its head) with head_event_id and reason. */
+/* Parks the key (or moves its head) with head_event_id and reason (releasedBy and sent are
+ * cleared). */
 bool obx_inbox_park_key(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                         const char *consumer, const char *key, const char *head_event_id, const char *reason,
                         obx_err_t *err);
+/* The parked_keys document of the key into out (initialised); *found false when not parked. */
+bool obx_inbox_key_get(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                       const char *consumer, const char *key, bson_t *out, bool *found, obx_err_t *err);
+/* Moves the head of a parked key from from_event_id (finished) to to_event_id, recording
+ * releasedBy = from_event_id and sent = false; only when the head still is from_event_id (*moved says whether
+ * it was). The conditional update is the per-key lock of a release step: of two processes that
+ * finished the same head, one moves it and the other finds it moved. */
+bool obx_inbox_move_head(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                         const char *consumer, const char *key, const char *from_event_id, const char *to_event_id,
+                         bool *moved, obx_err_t *err);
+/* Records that the head moved by obx_inbox_move_head (still head_event_id) was sent to the work
+ * queue (sent: true). Until then the finished head that moved it sends it again when it comes
+ * back (its process stopped between the move and the send). */
+bool obx_inbox_mark_sent(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                         const char *consumer, const char *key, const char *head_event_id, obx_err_t *err);
 /* Holds a parked key for one more BLOCKED event: when the key is parked behind a head other
  * than event_id, bumps its `admitted` count and *held is true; otherwise *held is false and
  * nothing is written. Run in the transaction that stores the event BLOCKED: the write makes

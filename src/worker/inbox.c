@@ -292,9 +292,82 @@ bool obx_inbox_park_key(mongoc_client_t *client, const char *db, mongoc_client_s
   BSON_APPEND_DOCUMENT_BEGIN(&update, "$setOnInsert", &child);
   BSON_APPEND_DATE_TIME(&child, "since", obx_time_now_ms());
   bson_append_document_end(&update, &child);
+  BSON_APPEND_DOCUMENT_BEGIN(&update, "$unset", &child);
+  BSON_APPEND_UTF8(&child, "releasedBy", "");
+  BSON_APPEND_UTF8(&child, "sent", "");
+  bson_append_document_end(&update, &child);
   mongoc_collection_t *c = coll(client, db, "parked_keys");
   if (!opts_with_session(&opts, session, err)) goto done_noopts;
   BSON_APPEND_BOOL(&opts, "upsert", true);
+  bson_error_t berr;
+  ok = mongoc_collection_update_one(c, &filter, &update, &opts, &reply, &berr);
+  if (!ok) obx_err_from_bson(err, &berr, &reply);
+  bson_destroy(&opts);
+done_noopts:
+  mongoc_collection_destroy(c);
+  bson_destroy(&reply);
+  bson_destroy(&update);
+  bson_destroy(&filter);
+  return ok;
+}
+
+bool obx_inbox_key_get(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                       const char *consumer, const char *key, bson_t *out, bool *found, obx_err_t *err) {
+  bson_t filter = BSON_INITIALIZER;
+  append_id(&filter, "_id", consumer, "key", key);
+  mongoc_collection_t *c = coll(client, db, "parked_keys");
+  bool ok = find_one(c, &filter, NULL, session, out, found, err);
+  mongoc_collection_destroy(c);
+  bson_destroy(&filter);
+  return ok;
+}
+
+bool obx_inbox_move_head(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                         const char *consumer, const char *key, const char *from_event_id, const char *to_event_id,
+                         bool *moved, obx_err_t *err) {
+  bool ok = false;
+  *moved = false;
+  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child, opts, reply;
+  bson_init(&reply);
+  append_id(&filter, "_id", consumer, "key", key);
+  BSON_APPEND_UTF8(&filter, "headEventId", from_event_id);
+  char reason[64 + OBX_UUID_LEN];
+  snprintf(reason, sizeof reason, "released after %s", from_event_id);
+  BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &child);
+  BSON_APPEND_UTF8(&child, "headEventId", to_event_id);
+  BSON_APPEND_UTF8(&child, "releasedBy", from_event_id);
+  BSON_APPEND_BOOL(&child, "sent", false);
+  BSON_APPEND_UTF8(&child, "reason", reason);
+  bson_append_document_end(&update, &child);
+  mongoc_collection_t *c = coll(client, db, "parked_keys");
+  if (!opts_with_session(&opts, session, err)) goto done_noopts;
+  bson_error_t berr;
+  ok = mongoc_collection_update_one(c, &filter, &update, &opts, &reply, &berr);
+  if (!ok) obx_err_from_bson(err, &berr, &reply);
+  bson_iter_t it;
+  if (ok && bson_iter_init_find(&it, &reply, "matchedCount") && BSON_ITER_HOLDS_NUMBER(&it))
+    *moved = bson_iter_as_int64(&it) > 0;
+  bson_destroy(&opts);
+done_noopts:
+  mongoc_collection_destroy(c);
+  bson_destroy(&reply);
+  bson_destroy(&update);
+  bson_destroy(&filter);
+  return ok;
+}
+
+bool obx_inbox_mark_sent(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                         const char *consumer, const char *key, const char *head_event_id, obx_err_t *err) {
+  bool ok = false;
+  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child, opts, reply;
+  bson_init(&reply);
+  append_id(&filter, "_id", consumer, "key", key);
+  BSON_APPEND_UTF8(&filter, "headEventId", head_event_id);
+  BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &child);
+  BSON_APPEND_BOOL(&child, "sent", true);
+  bson_append_document_end(&update, &child);
+  mongoc_collection_t *c = coll(client, db, "parked_keys");
+  if (!opts_with_session(&opts, session, err)) goto done_noopts;
   bson_error_t berr;
   ok = mongoc_collection_update_one(c, &filter, &update, &opts, &reply, &berr);
   if (!ok) obx_err_from_bson(err, &berr, &reply);

@@ -276,15 +276,21 @@ static void *lane_main(void *arg) {
 
 /* ---- event handling ------------------------------------------------------------------------ */
 
-/* Publishes with retries while RabbitMQ is away; false only when the worker stops. */
+#define PUBLISH_DLQ (-1)
+#define PUBLISH_WORK (-2)
+
+/* Publishes to retry tier `tier`, to the DLQ (PUBLISH_DLQ) or to the work queue (PUBLISH_WORK),
+ * with retries while RabbitMQ is away; false only when the worker stops. */
 static bool publish_until_confirmed(obx_worker_t *w, const obx_ladder_msg_t *msg, int tier) {
   int64_t backoff = INFRA_BACKOFF_MIN_MS;
   for (;;) {
     obx_err_t err = OBX_ERR_INIT;
-    bool ok = tier >= 0 ? obx_ladder_publish_retry(w->ladder, msg, tier, &err) : obx_ladder_publish_dlq(w->ladder, msg, &err);
+    bool ok = tier >= 0 ? obx_ladder_publish_retry(w->ladder, msg, tier, &err)
+              : tier == PUBLISH_DLQ ? obx_ladder_publish_dlq(w->ladder, msg, &err)
+                                    : obx_ladder_publish_work(w->ladder, msg, &err);
     if (ok) return true;
     obx_log_event(OBX_LOG_WARN, msg->message_id, NULL, "publish to %s failed, retrying: %s",
-                  tier >= 0 ? "retry tier" : "DLQ", err.msg);
+                  tier >= 0 ? "retry tier" : tier == PUBLISH_DLQ ? "DLQ" : "work queue", err.msg);
     if (!err.retriable) return false;
     if (!nap(w, backoff)) return false;
     backoff = backoff * 2 > INFRA_BACKOFF_MAX_MS ? INFRA_BACKOFF_MAX_MS : backoff * 2;
@@ -309,7 +315,7 @@ static worker_outcome_t handle_malformed(obx_worker_t *w, obx_ladder_msg_t *msg,
   free(msg->reason);
   msg->reason = strdup(reason);
   obx_log_event(OBX_LOG_WARN, msg->message_id, NULL, "%s; parking it in the DLQ", reason);
-  if (!publish_until_confirmed(w, msg, -1)) return WORKER_INFRA;
+  if (!publish_until_confirmed(w, msg, PUBLISH_DLQ)) return WORKER_INFRA;
   count_dlq(w, "malformed");
   return WORKER_DEAD;
 }
@@ -397,7 +403,7 @@ static worker_outcome_t run_event(obx_worker_t *w, mongoc_client_t *client, obx_
       } else {
         free(msg->reason);
         msg->reason = strdup(transient ? "attempts exhausted" : "terminal failure");
-        if (!publish_until_confirmed(w, msg, -1)) goto done;
+        if (!publish_until_confirmed(w, msg, PUBLISH_DLQ)) goto done;
         count_dlq(w, transient ? "transient" : "terminal");
         t.status = OBX_INBOX_DEAD;
         outcome = WORKER_DEAD;
@@ -419,28 +425,6 @@ done:
   return outcome;
 }
 
-/* Unparks a key that has no BLOCKED event left, in a transaction: a worker process storing an
- * event of the key BLOCKED at the same time writes the parked_keys document too
- * (obx_inbox_hold_key), so one of the two transactions runs again and sees the other's event
- * or the unpark. */
-typedef struct {
-  obx_worker_t *w;
-  const char *key;
-  bool unparked;
-} unpark_t;
-
-static bool unpark_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *err) {
-  unpark_t *u = ctx;
-  mongoc_client_t *client = mongoc_client_session_get_client(session);
-  bson_t doc = BSON_INITIALIZER;
-  bool found = false;
-  bool ok = obx_inbox_next_blocked(client, u->w->db, session, u->w->consumer, u->key, &doc, &found, err) &&
-            (found || obx_inbox_unpark_key(client, u->w->db, session, u->w->consumer, u->key, err));
-  u->unparked = ok && !found;
-  bson_destroy(&doc);
-  return ok;
-}
-
 /* Stores a fresh event of a parked key: BLOCKED when the key is still parked behind another
  * head (holding it, see obx_inbox_hold_key), else RECEIVED. One transaction. */
 typedef struct {
@@ -460,63 +444,125 @@ static bool admit_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *er
                          &a->inserted, &a->existing, err);
 }
 
-/* After the head of a parked key finished: runs its BLOCKED events in order until one fails
- * (it becomes the new head) or none is left (the key is released). */
-static worker_outcome_t release_key(obx_worker_t *w, mongoc_client_t *client, const char *key) {
+static const char *doc_str(const bson_t *doc, const char *path) {
+  bson_iter_t it, v;
+  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_UTF8(&v)) return NULL;
+  return bson_iter_utf8(&v, NULL);
+}
+
+/* One release step of a key after its head `done` finished, in a transaction: the head moves
+ * to the oldest BLOCKED event (obx_inbox_move_head, the per-key lock), or the key is unparked
+ * when none is left. Every step, every BLOCKED store (obx_inbox_hold_key) and every unpark
+ * writes the parked_keys document, so concurrent ones in other worker processes conflict and
+ * run again: of two processes that finished the same head only one moves it. */
+typedef struct {
+  obx_worker_t *w;
+  const char *key;
+  const char *done;
+  bool redelivered; /* done's message came back from the broker (its process stopped) */
+  bson_t next;   /* inbox entry of the new head, to send to the work queue */
+  bool send;     /* next holds an event to send */
+  bool unparked;
+} step_t;
+
+static bool step_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *err) {
+  step_t *s = ctx;
+  obx_worker_t *w = s->w;
+  mongoc_client_t *client = mongoc_client_session_get_client(session);
+  bson_t parked = BSON_INITIALIZER;
+  bool found = false, ok = false;
+  s->send = s->unparked = false;
+  bson_reinit(&s->next);
+  if (!obx_inbox_key_get(client, w->db, session, w->consumer, s->key, &parked, &found, err)) goto done;
+  ok = true;
+  if (!found) goto done;
+  const char *head = doc_str(&parked, "headEventId"), *released_by = doc_str(&parked, "releasedBy");
+  if (!head || strcmp(head, s->done) != 0) {
+    /* Moved on already. When this head moved it, the new head is not recorded as sent and this
+     * is the broker's redelivery of the head's message (the process that moved it stopped
+     * before sending), send it again. */
+    bool entry = false;
+    bson_iter_t it;
+    bool sent = bson_iter_init_find(&it, &parked, "sent") && BSON_ITER_HOLDS_BOOL(&it) && bson_iter_bool(&it);
+    if (s->redelivered && head && released_by && strcmp(released_by, s->done) == 0 && !sent) {
+      ok = obx_inbox_get(client, w->db, session, w->consumer, head, &s->next, &entry, err);
+      const char *status = entry ? doc_str(&s->next, "status") : NULL;
+      s->send = ok && status && strcmp(status, obx_inbox_status_name(OBX_INBOX_BLOCKED)) == 0;
+    }
+    goto done;
+  }
+  ok = obx_inbox_next_blocked(client, w->db, session, w->consumer, s->key, &s->next, &found, err);
+  if (ok && found) {
+    const char *next = doc_str(&s->next, "_id.eventId");
+    bool moved = false;
+    ok = next && obx_inbox_move_head(client, w->db, session, w->consumer, s->key, s->done, next, &moved, err);
+    s->send = ok && moved;
+  } else if (ok) {
+    ok = obx_inbox_unpark_key(client, w->db, session, w->consumer, s->key, err);
+    s->unparked = ok;
+  }
+done:
+  bson_destroy(&parked);
+  return ok;
+}
+
+/* After the head `done` of a parked key finished: hands the head on to the next BLOCKED event
+ * and sends it to the work queue, where any worker process runs it and, when it finishes, takes
+ * the next step; so BLOCKED events run one at a time in seq order. An entry that no longer
+ * decodes cannot block its key forever: it is marked DEAD and the step goes on past it. */
+static worker_outcome_t release_key(obx_worker_t *w, mongoc_client_t *client, const char *key, const char *done,
+                                    bool redelivered) {
+  char cur[OBX_UUID_LEN + 1];
+  snprintf(cur, sizeof cur, "%s", done);
   for (;;) {
     obx_err_t err = OBX_ERR_INIT;
-    bson_t doc = BSON_INITIALIZER;
-    bool found = false;
-    if (!obx_inbox_next_blocked(client, w->db, NULL, w->consumer, key, &doc, &found, &err)) {
-      bson_destroy(&doc);
+    step_t s = {.w = w, .key = key, .done = cur, .redelivered = redelivered};
+    bson_init(&s.next);
+    if (!obx_mongo_transaction(w->mongo, step_txn, &s, &err)) {
+      bson_destroy(&s.next);
       obx_warn("releasing key %s: %s", key, err.msg);
       return WORKER_INFRA;
     }
-    if (!found) {
-      bson_destroy(&doc);
-      unpark_t u = {.w = w, .key = key};
-      if (!obx_mongo_transaction(w->mongo, unpark_txn, &u, &err)) {
-        obx_warn("unparking key %s: %s", key, err.msg);
-        return WORKER_INFRA;
-      }
-      if (!u.unparked) continue; /* an event was stored BLOCKED meanwhile: run it first */
-      obx_info("key %s released", key);
+    if (s.unparked) obx_info("key %s released", key);
+    if (!s.send) {
+      bson_destroy(&s.next);
       return WORKER_DONE;
     }
     obx_event_t ev;
     obx_event_init(&ev);
     obx_ladder_msg_t msg;
     obx_ladder_msg_init(&msg);
-    worker_outcome_t outcome;
-    if (!obx_inbox_entry_event(&doc, &ev, &err) || !obx_ladder_msg_from_event(&msg, &ev, &err)) {
-      /* A stored entry that no longer decodes cannot block its key forever. */
-      obx_warn("blocked entry of key %s does not decode (%s); marking it DEAD", key, err.msg);
-      bson_iter_t it, d;
-      const char *id = bson_iter_init(&it, &doc) && bson_iter_find_descendant(&it, "_id.eventId", &d) ? bson_iter_utf8(&d, NULL) : "";
-      outcome = obx_inbox_set_status(client, w->db, NULL, w->consumer, id, OBX_INBOX_DEAD, -1, err.msg, NULL, &err)
-                  ? WORKER_DEAD : WORKER_INFRA;
+    worker_outcome_t outcome = WORKER_DONE;
+    const char *next = doc_str(&s.next, "_id.eventId");
+    snprintf(cur, sizeof cur, "%s", next ? next : "");
+    if (!obx_inbox_entry_event(&s.next, &ev, &err) || !obx_ladder_msg_from_event(&msg, &ev, &err)) {
+      obx_warn("blocked entry %s of key %s does not decode (%s); marking it DEAD", cur, key, err.msg);
+      outcome = obx_inbox_set_status(client, w->db, NULL, w->consumer, cur, OBX_INBOX_DEAD, -1, err.msg, NULL, &err)
+                  ? WORKER_SKIPPED : WORKER_INFRA;
     } else {
-      outcome = run_event(w, client, &msg, &ev);
+      obx_log_event(OBX_LOG_INFO, ev.id, ev.correlation_id, "key %s: next in order after %s", key, done);
+      outcome = publish_until_confirmed(w, &msg, PUBLISH_WORK) ? WORKER_DONE : WORKER_INFRA;
+      /* Not recorded: the next copy of `done` sends it once more (at least once). */
+      if (outcome == WORKER_DONE && !obx_inbox_mark_sent(client, w->db, NULL, w->consumer, key, cur, &err))
+        obx_log_event(OBX_LOG_WARN, ev.id, ev.correlation_id, "recording the send failed: %s", err.msg);
     }
     obx_ladder_msg_cleanup(&msg);
     obx_event_cleanup(&ev);
-    bson_destroy(&doc);
-    if (outcome == WORKER_INFRA) return outcome;
-    if (outcome == WORKER_RETRYING || outcome == WORKER_DEAD) return WORKER_DONE; /* new head parked */
+    bson_destroy(&s.next);
+    if (outcome != WORKER_SKIPPED) return outcome; /* SKIPPED: past an undecodable entry */
   }
 }
 
-/* When ev is the head of its parked key, runs the key's blocked events (release_key), retrying
- * while MongoDB is away. A stop leaves the key parked: the head coming back from the work queue
- * (`outboxctl keys release`, or a redrive) finishes the release. */
-static void release_if_head(obx_worker_t *w, mongoc_client_t *client, const obx_event_t *ev) {
+/* After ev (from the work queue) finished: when it is, or was, the head of its parked key,
+ * takes the release step, retrying while MongoDB or RabbitMQ is away. A stop leaves the step
+ * undone: ev's message is not acked, comes back redelivered, and finishes it. */
+static void release_if_head(obx_worker_t *w, mongoc_client_t *client, const obx_event_t *ev, bool redelivered) {
   int64_t backoff = INFRA_BACKOFF_MIN_MS;
   for (;;) {
     bool parked = false;
-    char head[OBX_UUID_LEN + 1] = "";
     obx_err_t err = OBX_ERR_INIT;
-    if (obx_inbox_key_parked(client, w->db, NULL, w->consumer, ev->partition_key, &parked, head, &err)) {
-      if (!parked || strcmp(head, ev->id) != 0 || release_key(w, client, ev->partition_key) != WORKER_INFRA) return;
+    if (obx_inbox_key_parked(client, w->db, NULL, w->consumer, ev->partition_key, &parked, NULL, &err)) {
+      if (!parked || release_key(w, client, ev->partition_key, ev->id, redelivered) != WORKER_INFRA) return;
     } else {
       obx_log_event(OBX_LOG_WARN, ev->id, ev->correlation_id, "parked-key lookup failed: %s", err.msg);
     }
@@ -599,7 +645,7 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
       outcome = WORKER_DUPLICATE;
       /* A finished head that comes back (a copy, or a release interrupted by a stop) still
        * frees its key. */
-      if (finished && source == WORKER_SOURCE_WORK) release_if_head(w, client, &ev);
+      if (finished && source == WORKER_SOURCE_WORK) release_if_head(w, client, &ev, msg->redelivered);
       goto done;
     }
     if (existing != OBX_INBOX_RECEIVED &&
@@ -610,7 +656,7 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
   }
   outcome = run_event(w, client, msg, &ev);
   if ((outcome == WORKER_DONE || outcome == WORKER_SKIPPED) && source == WORKER_SOURCE_WORK)
-    release_if_head(w, client, &ev);
+    release_if_head(w, client, &ev, msg->redelivered);
 done:
   obx_mongo_push(w->mongo, client);
   obx_event_cleanup(&ev);

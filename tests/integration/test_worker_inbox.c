@@ -249,8 +249,82 @@ static void test_status_and_park_in_one_transaction(void **state) {
   obx_event_cleanup(&ev);
 }
 
+/* The per-key lock across worker processes: a head moves only from the head it is (once), the
+ * send is recorded, a new park clears both; holding a key for a BLOCKED store and unparking it
+ * are transactions that conflict on the parked_keys document whichever starts first. */
+static void test_head_moves_once_and_hold_conflicts_with_unpark(void **state) {
+  fx_t *fx = *state;
+  obx_err_t err = OBX_ERR_INIT;
+  obx_event_t head, next;
+  make_event(&head, "K5");
+  make_event(&next, "K5");
+  if (!obx_inbox_park_key(fx->client, fx->db, NULL, "c1", "K5", head.id, "RETRYING", &err)) fail_msg("%s", err.msg);
+  bool moved = false, held = false, found = false;
+  assert_true(obx_inbox_move_head(fx->client, fx->db, NULL, "c1", "K5", head.id, next.id, &moved, &err));
+  assert_true(moved);
+  /* A second process that finished the same head finds it moved. */
+  assert_true(obx_inbox_move_head(fx->client, fx->db, NULL, "c1", "K5", head.id, "other", &moved, &err));
+  assert_false(moved);
+  bson_t doc = BSON_INITIALIZER;
+  assert_true(obx_inbox_key_get(fx->client, fx->db, NULL, "c1", "K5", &doc, &found, &err) && found);
+  assert_string_equal(str_field(&doc, "headEventId"), next.id);
+  assert_string_equal(str_field(&doc, "releasedBy"), head.id);
+  bson_iter_t it;
+  assert_true(bson_iter_init_find(&it, &doc, "sent") && !bson_iter_bool(&it));
+  assert_true(obx_inbox_mark_sent(fx->client, fx->db, NULL, "c1", "K5", next.id, &err));
+  bson_reinit(&doc);
+  assert_true(obx_inbox_key_get(fx->client, fx->db, NULL, "c1", "K5", &doc, &found, &err) && found);
+  assert_true(bson_iter_init_find(&it, &doc, "sent") && bson_iter_bool(&it));
+  if (!obx_inbox_park_key(fx->client, fx->db, NULL, "c1", "K5", next.id, "RETRYING", &err)) fail_msg("%s", err.msg);
+  bson_reinit(&doc);
+  assert_true(obx_inbox_key_get(fx->client, fx->db, NULL, "c1", "K5", &doc, &found, &err) && found);
+  assert_false(has_field(&doc, "releasedBy") || has_field(&doc, "sent"));
+  bson_destroy(&doc);
+  /* Holding: only behind another head, only while parked. */
+  assert_true(obx_inbox_hold_key(fx->client, fx->db, NULL, "c1", "K5", next.id, &held, &err));
+  assert_false(held);
+  assert_true(obx_inbox_hold_key(fx->client, fx->db, NULL, "c1", "K5", head.id, &held, &err));
+  assert_true(held);
+
+  /* Interleaved: each order, the second writer of the parked_keys document conflicts. */
+  for (int hold_first = 0; hold_first < 2; hold_first++) {
+    mongoc_client_t *other = obx_mongo_pop(fx->mongo);
+    bson_error_t berr;
+    mongoc_client_session_t *s_hold = mongoc_client_start_session(fx->client, NULL, &berr);
+    mongoc_client_session_t *s_unpark = mongoc_client_start_session(other, NULL, &berr);
+    assert_non_null(s_hold);
+    assert_non_null(s_unpark);
+    assert_true(mongoc_client_session_start_transaction(s_hold, NULL, &berr));
+    assert_true(mongoc_client_session_start_transaction(s_unpark, NULL, &berr));
+    bool first_ok, second_ok;
+    obx_err_t first = OBX_ERR_INIT, second = OBX_ERR_INIT;
+    if (hold_first) {
+      first_ok = obx_inbox_hold_key(fx->client, fx->db, s_hold, "c1", "K5", head.id, &held, &first);
+      second_ok = obx_inbox_unpark_key(other, fx->db, s_unpark, "c1", "K5", &second);
+    } else {
+      first_ok = obx_inbox_unpark_key(other, fx->db, s_unpark, "c1", "K5", &first);
+      second_ok = obx_inbox_hold_key(fx->client, fx->db, s_hold, "c1", "K5", head.id, &held, &second);
+    }
+    if (!first_ok) fail_msg("%s first: %s", hold_first ? "hold" : "unpark", first.msg);
+    if (second_ok) fail_msg("%s after an uncommitted %s: got success, want a write conflict",
+                            hold_first ? "unpark" : "hold", hold_first ? "hold" : "unpark");
+    if (!second.retriable) fail_msg("conflict: got a final error (%s), want a retriable one", second.msg);
+    mongoc_client_session_abort_transaction(s_hold, NULL);
+    mongoc_client_session_abort_transaction(s_unpark, NULL);
+    mongoc_client_session_destroy(s_hold);
+    mongoc_client_session_destroy(s_unpark);
+    obx_mongo_push(fx->mongo, other);
+  }
+  bool parked = false;
+  assert_true(obx_inbox_key_parked(fx->client, fx->db, NULL, "c1", "K5", &parked, NULL, &err));
+  assert_true(parked); /* both aborted */
+  obx_event_cleanup(&head);
+  obx_event_cleanup(&next);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+    cmocka_unit_test_setup_teardown(test_head_moves_once_and_hold_conflicts_with_unpark, setup, teardown),
     cmocka_unit_test_setup_teardown(test_claim_detects_duplicates_with_their_status, setup, teardown),
     cmocka_unit_test_setup_teardown(test_parked_key_releases_blocked_in_seq_order, setup, teardown),
     cmocka_unit_test_setup_teardown(test_status_and_park_in_one_transaction, setup, teardown),
