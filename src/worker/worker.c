@@ -554,21 +554,22 @@ static worker_outcome_t release_key(obx_worker_t *w, mongoc_client_t *client, co
 }
 
 /* After ev (from the work queue) finished: when it is, or was, the head of its parked key,
- * takes the release step, retrying while MongoDB or RabbitMQ is away. A stop leaves the step
- * undone: ev's message is not acked, comes back redelivered, and finishes it. */
-static void release_if_head(obx_worker_t *w, mongoc_client_t *client, const obx_event_t *ev, bool redelivered) {
+ * takes the release step, retrying while MongoDB or RabbitMQ is away. False when the worker
+ * stops with the step undone: ev's message is then given back to the broker (WORKER_INFRA),
+ * comes back redelivered, and finishes it. */
+static bool release_if_head(obx_worker_t *w, mongoc_client_t *client, const obx_event_t *ev, bool redelivered) {
   int64_t backoff = INFRA_BACKOFF_MIN_MS;
   for (;;) {
     bool parked = false;
     obx_err_t err = OBX_ERR_INIT;
     if (obx_inbox_key_parked(client, w->db, NULL, w->consumer, ev->partition_key, &parked, NULL, &err)) {
-      if (!parked || release_key(w, client, ev->partition_key, ev->id, redelivered) != WORKER_INFRA) return;
+      if (!parked || release_key(w, client, ev->partition_key, ev->id, redelivered) != WORKER_INFRA) return true;
     } else {
       obx_log_event(OBX_LOG_WARN, ev->id, ev->correlation_id, "parked-key lookup failed: %s", err.msg);
     }
     if (!nap(w, backoff)) {
-      obx_warn("stopping: key %s stays parked until its head comes back or it is released", ev->partition_key);
-      return;
+      obx_warn("stopping: key %s is handed on when its head's message comes back", ev->partition_key);
+      return false;
     }
     backoff = backoff * 2 > INFRA_BACKOFF_MAX_MS ? INFRA_BACKOFF_MAX_MS : backoff * 2;
   }
@@ -644,8 +645,9 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
                     obx_inbox_status_name(existing));
       outcome = WORKER_DUPLICATE;
       /* A finished head that comes back (a copy, or a release interrupted by a stop) still
-       * frees its key. */
-      if (finished && source == WORKER_SOURCE_WORK) release_if_head(w, client, &ev, msg->redelivered);
+       * hands its key on. */
+      if (finished && source == WORKER_SOURCE_WORK && !release_if_head(w, client, &ev, msg->redelivered))
+        outcome = WORKER_INFRA;
       goto done;
     }
     if (existing != OBX_INBOX_RECEIVED &&
@@ -655,8 +657,9 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
     }
   }
   outcome = run_event(w, client, msg, &ev);
-  if ((outcome == WORKER_DONE || outcome == WORKER_SKIPPED) && source == WORKER_SOURCE_WORK)
-    release_if_head(w, client, &ev, msg->redelivered);
+  if ((outcome == WORKER_DONE || outcome == WORKER_SKIPPED) && source == WORKER_SOURCE_WORK &&
+      !release_if_head(w, client, &ev, msg->redelivered))
+    outcome = WORKER_INFRA;
 done:
   obx_mongo_push(w->mongo, client);
   obx_event_cleanup(&ev);

@@ -7,7 +7,8 @@
  * must finish while the heads still fail. Two extra copies of K-A's head go to the work queue
  * once it can succeed, so several processes may finish that head at once. The scripted ERP's
  * recorded calls give the order of execution: per key, the head's first success, then its later
- * events in offset order, each exactly once. */
+ * events in offset order, each exactly once. A second test plays a process stopping between a
+ * head hand-over and its send. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,9 +165,99 @@ static void test_two_replicas_keep_key_order(void **state) {
   for (int i = 0; i < NOTHER; i++) obx_event_cleanup(&other_ev[i]);
 }
 
+/* Stores ev in the inbox as the worker would, with status and seq. */
+static void store(wt_fx_t *fx, const obx_event_t *ev, obx_inbox_status_t status, int64_t seq) {
+  obx_kafka_record_t rec;
+  memset(&rec, 0, sizeof rec);
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_event_to_kafka(ev, NULL, &rec, &err)) fail_msg("to_kafka: %s", err.msg);
+  const char *names[OBX_CE_MAX_HEADERS];
+  char *values[OBX_CE_MAX_HEADERS];
+  for (int i = 0; i < rec.nheaders; i++) {
+    names[i] = rec.headers[i].name;
+    values[i] = strndup(rec.headers[i].value, rec.headers[i].len);
+  }
+  obx_inbox_entry_t entry = {.consumer = fx->group, .event = ev, .header_names = names,
+                             .header_values = (const char *const *)values, .nheaders = rec.nheaders,
+                             .source_kind = "amqp", .seq = seq};
+  bool inserted = false;
+  obx_inbox_status_t existing;
+  if (!obx_inbox_claim(fx->client, obx_mongo_db_name(fx->mongo), NULL, &entry, status, &inserted, &existing, &err) ||
+      !inserted)
+    fail_msg("store %s: %s", ev->id, inserted ? err.msg : "already there");
+  for (int i = 0; i < rec.nheaders; i++) free(values[i]);
+  obx_kafka_record_cleanup(&rec);
+}
+
+/* A process moved the head of K-R from the finished H to the BLOCKED E and stopped before
+ * sending E. A copy of H that merely arrives (a redrive) must not send E (the mover may still
+ * be about to); H's message redelivered by the broker (the mover is gone) sends it, E runs
+ * once, and the key is unparked. */
+static void test_redelivered_head_sends_the_unsent_next(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  const char *db = obx_mongo_db_name(fx->mongo);
+  obx_event_t head, next;
+  wt_event(&head, "OrderConfirmed", "K-R", "R-0");
+  wt_event(&next, "OrderConfirmed", "K-R", "R-1");
+  wt_route(fx, "R-0", 200);
+  wt_route(fx, "R-1", 200);
+  store(fx, &head, OBX_INBOX_DONE, 1);
+  store(fx, &next, OBX_INBOX_BLOCKED, 2);
+  obx_err_t err = OBX_ERR_INIT;
+  bool moved = false;
+  if (!obx_inbox_park_key(fx->client, db, NULL, fx->group, "K-R", head.id, "RETRYING", &err) ||
+      !obx_inbox_move_head(fx->client, db, NULL, fx->group, "K-R", head.id, next.id, &moved, &err) || !moved)
+    fail_msg("park and move: %s", err.msg);
+
+  obx_ladder_msg_t msg;
+  obx_ladder_msg_init(&msg);
+  if (!obx_ladder_msg_from_event(&msg, &head, &err) || !obx_ladder_publish_work(fx->ladder, &msg, &err))
+    fail_msg("copy of the head: %s", err.msg);
+  wt_start_worker(fx);
+  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
+  obx_worker_stats_t st;
+  do {
+    usleep(20000);
+    obx_worker_stats(fx->worker, &st);
+  } while (st.duplicates < 1 && obx_test_now_ms() < deadline);
+  if (st.duplicates < 1) fail_msg("the copy of the head: got %llu duplicates, want 1", (unsigned long long)st.duplicates);
+  wt_wait_depth(fx, obx_ladder_work_queue(fx->ladder), 0);
+  wt_wait_status(fx, next.id, "BLOCKED");
+  assert_int_equal(wt_erp_calls(fx, "R-1"), 0);
+  assert_true(wt_key_parked(fx, "K-R"));
+  obx_worker_destroy(fx->worker);
+  fx->worker = NULL;
+
+  /* The same message taken and given back unacked: the broker redelivers it. */
+  if (!obx_ladder_publish_work(fx->ladder, &msg, &err)) fail_msg("head: %s", err.msg);
+  obx_ladder_opts_t lo = {.url = getenv("AMQP_URL"), .prefix = fx->prefix, .tiers_ms = fx->conf.retry_ladder.ms,
+                          .ntiers = fx->conf.retry_ladder.n};
+  obx_ladder_consumer_t *taker = obx_ladder_consumer_new(&lo, 1, &err);
+  if (!taker) fail_msg("consumer: %s", err.msg);
+  obx_ladder_msg_t got;
+  obx_ladder_msg_init(&got);
+  bool have = false;
+  deadline = obx_test_now_ms() + WT_WAIT_MS;
+  while (!have && obx_test_now_ms() < deadline)
+    if (!obx_ladder_consumer_next(taker, &got, 200, &have, &err)) print_message("consume: %s\n", err.msg);
+  if (!have) fail_msg("the head's message never reached the work queue");
+  obx_ladder_msg_cleanup(&got);
+  obx_ladder_consumer_destroy(taker);
+  wt_start_worker(fx);
+  wt_wait_status(fx, next.id, "DONE");
+  wt_wait_unparked(fx, "K-R");
+  assert_int_equal(wt_erp_calls(fx, "R-1"), 1);
+  assert_int_equal(wt_erp_calls(fx, "R-0"), 0); /* the head itself is never run again */
+  obx_ladder_msg_cleanup(&msg);
+  obx_event_cleanup(&head);
+  obx_event_cleanup(&next);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_two_replicas_keep_key_order, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_redelivered_head_sends_the_unsent_next, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
