@@ -6,7 +6,10 @@
  *   decode (malformed -> DLQ with the reason) -> inbox claim {consumer, eventId} (a finished
  *   duplicate is skipped and counted) -> parked key? store BLOCKED -> trigger (OrderConfirmed ->
  *   order.post, T -> event.T) -> no enabled pipeline: SKIPPED -> run the pipeline -> one
- *   transaction: execution + emitted events + inbox status (+ parked key).
+ *   transaction: execution + emitted events + inbox status (+ parked key). A head of a parked
+ *   key that finishes from the work queue hands the key on to its oldest BLOCKED event (sent to
+ *   the work queue) or unparks it; these steps are serialised per key in MongoDB, across worker
+ *   processes (obx_inbox.h).
  * A transient failure is first published to the next retry tier (confirmed), then recorded
  * RETRYING; after ORDER_POST_ATTEMPTS attempts, or at once for a terminal failure, it goes to
  * the DLQ and the inbox says DEAD. The order is never undone. A Kafka offset is committed only

@@ -459,7 +459,8 @@ typedef struct {
   obx_worker_t *w;
   const char *key;
   const char *done;
-  bool redelivered; /* done's message came back from the broker (its process stopped) */
+  bool may_resend;  /* done's message came back from the broker (the process that took the step
+                     * stopped), or this process retries its own step */
   bson_t next;   /* inbox entry of the new head, to send to the work queue */
   bool send;     /* next holds an event to send */
   bool unparked;
@@ -484,7 +485,7 @@ static bool step_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *err
     bool entry = false;
     bson_iter_t it;
     bool sent = bson_iter_init_find(&it, &parked, "sent") && BSON_ITER_HOLDS_BOOL(&it) && bson_iter_bool(&it);
-    if (s->redelivered && head && released_by && strcmp(released_by, s->done) == 0 && !sent) {
+    if (s->may_resend && head && released_by && strcmp(released_by, s->done) == 0 && !sent) {
       ok = obx_inbox_get(client, w->db, session, w->consumer, head, &s->next, &entry, err);
       const char *status = entry ? doc_str(&s->next, "status") : NULL;
       s->send = ok && status && strcmp(status, obx_inbox_status_name(OBX_INBOX_BLOCKED)) == 0;
@@ -511,12 +512,12 @@ done:
  * the next step; so BLOCKED events run one at a time in seq order. An entry that no longer
  * decodes cannot block its key forever: it is marked DEAD and the step goes on past it. */
 static worker_outcome_t release_key(obx_worker_t *w, mongoc_client_t *client, const char *key, const char *done,
-                                    bool redelivered) {
+                                    bool may_resend) {
   char cur[OBX_UUID_LEN + 1];
   snprintf(cur, sizeof cur, "%s", done);
   for (;;) {
     obx_err_t err = OBX_ERR_INIT;
-    step_t s = {.w = w, .key = key, .done = cur, .redelivered = redelivered};
+    step_t s = {.w = w, .key = key, .done = cur, .may_resend = may_resend};
     bson_init(&s.next);
     if (!obx_mongo_transaction(w->mongo, step_txn, &s, &err)) {
       bson_destroy(&s.next);
@@ -542,7 +543,7 @@ static worker_outcome_t release_key(obx_worker_t *w, mongoc_client_t *client, co
     } else {
       obx_log_event(OBX_LOG_INFO, ev.id, ev.correlation_id, "key %s: next in order after %s", key, done);
       outcome = publish_until_confirmed(w, &msg, PUBLISH_WORK) ? WORKER_DONE : WORKER_INFRA;
-      /* Not recorded: the next copy of `done` sends it once more (at least once). */
+      /* Not recorded: a redelivered copy of `done` sends it once more (at least once). */
       if (outcome == WORKER_DONE && !obx_inbox_mark_sent(client, w->db, NULL, w->consumer, key, cur, &err))
         obx_log_event(OBX_LOG_WARN, ev.id, ev.correlation_id, "recording the send failed: %s", err.msg);
     }
@@ -557,13 +558,14 @@ static worker_outcome_t release_key(obx_worker_t *w, mongoc_client_t *client, co
  * takes the release step, retrying while MongoDB or RabbitMQ is away. False when the worker
  * stops with the step undone: ev's message is then given back to the broker (WORKER_INFRA),
  * comes back redelivered, and finishes it. */
-static bool release_if_head(obx_worker_t *w, mongoc_client_t *client, const obx_event_t *ev, bool redelivered) {
+static bool release_if_head(obx_worker_t *w, mongoc_client_t *client, const obx_event_t *ev, bool may_resend) {
   int64_t backoff = INFRA_BACKOFF_MIN_MS;
   for (;;) {
     bool parked = false;
     obx_err_t err = OBX_ERR_INIT;
     if (obx_inbox_key_parked(client, w->db, NULL, w->consumer, ev->partition_key, &parked, NULL, &err)) {
-      if (!parked || release_key(w, client, ev->partition_key, ev->id, redelivered) != WORKER_INFRA) return true;
+      if (!parked || release_key(w, client, ev->partition_key, ev->id, may_resend) != WORKER_INFRA) return true;
+      may_resend = true; /* a hand-over this process moved but did not send is its own to send */
     } else {
       obx_log_event(OBX_LOG_WARN, ev->id, ev->correlation_id, "parked-key lookup failed: %s", err.msg);
     }
