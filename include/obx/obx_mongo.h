@@ -40,6 +40,13 @@ const char *obx_mongo_db_name(const obx_mongo_t *mongo);
  * valid while the client is popped. */
 mongoc_collection_t *obx_mongo_collection(obx_mongo_t *mongo, mongoc_client_t *client, const char *name);
 
+/* Reads the first document of `collection` matching filter (in sort order when sort is not
+ * NULL; in session's transaction when session is not NULL) and appends it to out (initialised
+ * by the caller); *found false when none matches. MongoDB errors are wrapped with
+ * obx_err_from_bson. */
+bool obx_mongo_find_one(mongoc_collection_t *collection, const bson_t *filter, const bson_t *sort,
+                        mongoc_client_session_t *session, bson_t *out, bool *found, obx_err_t *err);
+
 /* One index for obx_mongo_create_indexes: keys and options are relaxed extended JSON, e.g.
  *   {"outbox_published_ttl", "{\"publishedAt\": 1}",
  *    "{\"expireAfterSeconds\": 604800, \"partialFilterExpression\": {\"status\": \"PUBLISHED\"}}"}

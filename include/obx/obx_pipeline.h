@@ -237,6 +237,8 @@ bool obx_pipeline_store_update(mongoc_client_t *client, const char *db, const ch
  * dry_run nothing is written; *action receives "create", "update" or "unchanged". */
 bool obx_pipeline_store_apply(mongoc_client_t *client, const char *db, const char *org_id, const bson_t *def,
                               bool dry_run, const char **action, bson_t *saved, obx_err_t *err);
+/* Pipeline `id` of org_id into out (initialised by the caller); OBX_ERR_NOT_FOUND when absent
+ * or another org's. */
 bool obx_pipeline_store_get(mongoc_client_t *client, const char *db, const char *org_id, const char *id, bson_t *out,
                             obx_err_t *err);
 /* { "pipelines": [ ... ] } of org_id (org_id NULL: every org), sorted by name. */

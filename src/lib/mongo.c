@@ -91,6 +91,27 @@ mongoc_collection_t *obx_mongo_collection(obx_mongo_t *mongo, mongoc_client_t *c
   return mongoc_client_get_collection(client, mongo->db, name);
 }
 
+bool obx_mongo_find_one(mongoc_collection_t *collection, const bson_t *filter, const bson_t *sort,
+                        mongoc_client_session_t *session, bson_t *out, bool *found, obx_err_t *err) {
+  bson_t opts = BSON_INITIALIZER;
+  bson_error_t berr;
+  BSON_APPEND_INT64(&opts, "limit", 1);
+  if (sort) BSON_APPEND_DOCUMENT(&opts, "sort", sort);
+  bool ok = !session || mongoc_client_session_append(session, &opts, &berr);
+  mongoc_cursor_t *cursor = ok ? mongoc_collection_find_with_opts(collection, filter, &opts, NULL) : NULL;
+  const bson_t *doc, *reply = NULL;
+  *found = false;
+  if (ok && mongoc_cursor_next(cursor, &doc)) {
+    bson_concat(out, doc);
+    *found = true;
+  }
+  if (cursor && mongoc_cursor_error_document(cursor, &berr, &reply)) ok = false;
+  if (!ok) obx_err_from_bson(err, &berr, reply);
+  mongoc_cursor_destroy(cursor);
+  bson_destroy(&opts);
+  return ok;
+}
+
 /* Parses relaxed extended JSON that the caller wrote in code: a syntax error is a bug. */
 static bool json_to_bson(const char *json, bson_t *out, const char *what, obx_err_t *err) {
   bson_error_t berr;

@@ -135,28 +135,6 @@ bool obx_ops_counts(const obx_ops_t *ops, obx_ops_store_t store, const char *org
   return ok;
 }
 
-/* Reads the first document matching filter (with session when not NULL) into out. */
-static bool find_one(mongoc_collection_t *c, const bson_t *filter, const bson_t *sort,
-                     mongoc_client_session_t *session, bson_t *out, bool *found, obx_err_t *err) {
-  bson_t opts = BSON_INITIALIZER;
-  bson_error_t berr;
-  BSON_APPEND_INT64(&opts, "limit", 1);
-  if (sort) BSON_APPEND_DOCUMENT(&opts, "sort", sort);
-  bool ok = !session || mongoc_client_session_append(session, &opts, &berr);
-  mongoc_cursor_t *cursor = ok ? mongoc_collection_find_with_opts(c, filter, &opts, NULL) : NULL;
-  const bson_t *doc, *reply = NULL;
-  *found = false;
-  if (ok && mongoc_cursor_next(cursor, &doc)) {
-    bson_concat(out, doc);
-    *found = true;
-  }
-  if (cursor && mongoc_cursor_error_document(cursor, &berr, &reply)) ok = false;
-  if (!ok) obx_err_from_bson(err, &berr, reply);
-  mongoc_cursor_destroy(cursor);
-  bson_destroy(&opts);
-  return ok;
-}
-
 static const char *doc_str(const bson_t *doc, const char *path) {
   bson_iter_t it, v;
   if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_UTF8(&v)) return NULL;
@@ -214,7 +192,7 @@ static bool reprocess_txn(mongoc_client_session_t *session, void *p, obx_err_t *
 
   BSON_APPEND_UTF8(&filter, "_id", r->id);
   if (r->org) BSON_APPEND_UTF8(&filter, "orgId", r->org);
-  if (!find_one(outbox, &filter, NULL, session, &doc, &found, err)) goto done;
+  if (!obx_mongo_find_one(outbox, &filter, NULL, session, &doc, &found, err)) goto done;
   if (!found) {
     obx_err_set(err, OBX_ERR_NOT_FOUND, 0, false, "no outbox event %s", r->id);
     goto done;
@@ -260,7 +238,7 @@ static bool reprocess_txn(mongoc_client_session_t *session, void *p, obx_err_t *
     bson_reinit(r->out);
     bson_t by_id = BSON_INITIALIZER;
     BSON_APPEND_UTF8(&by_id, "_id", r->id);
-    ok = find_one(outbox, &by_id, NULL, session, r->out, &found, err);
+    ok = obx_mongo_find_one(outbox, &by_id, NULL, session, r->out, &found, err);
     bson_destroy(&by_id);
   } else {
     ok = true;
@@ -469,9 +447,9 @@ static bool status_relay(const obx_ops_t *ops, mongoc_client_t *client, bson_t *
   mongoc_collection_t *outbox = obx_mongo_collection(ops->mongo, client, "outbox");
   bool has_lease = false, has_ckpt = false, has_oldest = false;
   bson_error_t berr;
-  bool ok = find_one(leases, lease_q, NULL, NULL, &lease, &has_lease, err) &&
-            find_one(ckpts, ckpt_q, NULL, NULL, &ckpt, &has_ckpt, err) &&
-            find_one(outbox, due_q, sort, NULL, &oldest, &has_oldest, err);
+  bool ok = obx_mongo_find_one(leases, lease_q, NULL, NULL, &lease, &has_lease, err) &&
+            obx_mongo_find_one(ckpts, ckpt_q, NULL, NULL, &ckpt, &has_ckpt, err) &&
+            obx_mongo_find_one(outbox, due_q, sort, NULL, &oldest, &has_oldest, err);
   int64_t pending = ok ? mongoc_collection_count_documents(outbox, pending_q, NULL, NULL, NULL, &berr) : 0;
   if (ok && pending < 0) {
     obx_err_from_bson(err, &berr, NULL);

@@ -119,25 +119,6 @@ static bool check_unique_enabled(mongoc_collection_t *coll, const bson_t *doc, o
   return ok;
 }
 
-/* Finds one document; *found false when none. */
-static bool find_one(mongoc_collection_t *coll, const bson_t *filter, const bson_t *opts, bson_t *out, bool *found,
-                     obx_err_t *err) {
-  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(coll, filter, opts, NULL);
-  const bson_t *doc;
-  bson_error_t berr;
-  bool ok = true;
-  *found = false;
-  if (mongoc_cursor_next(cursor, &doc)) {
-    *found = true;
-    if (out) bson_copy_to(doc, out);
-  } else if (mongoc_cursor_error_document(cursor, &berr, &doc)) {
-    obx_err_from_bson(err, &berr, doc);
-    ok = false;
-  }
-  mongoc_cursor_destroy(cursor);
-  return ok;
-}
-
 static void copy_out(const bson_t *doc, bson_t *saved) {
   if (!saved) return;
   bson_reinit(saved);
@@ -211,7 +192,7 @@ bool obx_pipeline_store_get(mongoc_client_t *client, const char *db, const char 
   mongoc_collection_t *coll = pipelines_coll(client, db);
   bson_t *filter = BCON_NEW("_id", BCON_UTF8(id), "orgId", BCON_UTF8(org_id));
   bool found;
-  bool ok = find_one(coll, filter, NULL, out, &found, err);
+  bool ok = obx_mongo_find_one(coll, filter, NULL, NULL, out, &found, err);
   if (ok && !found) {
     obx_err_set(err, OBX_ERR_NOT_FOUND, 0, false, "pipeline %s not found", id);
     ok = false;
@@ -258,7 +239,7 @@ bool obx_pipeline_store_apply(mongoc_client_t *client, const char *db, const cha
   bson_t old = BSON_INITIALIZER, check = BSON_INITIALIZER, a = BSON_INITIALIZER, b = BSON_INITIALIZER;
   bson_t *filter = BCON_NEW("orgId", BCON_UTF8(org_id), "name", BCON_UTF8(name));
   bool found, ok = false;
-  if (!find_one(coll, filter, NULL, &old, &found, err)) goto done;
+  if (!obx_mongo_find_one(coll, filter, NULL, NULL, &old, &found, err)) goto done;
   /* validate in every mode, dry run included */
   if (!build_doc(def, "dry-run", org_id, 1, 0, &check, err)) goto done;
   if (!found) {
@@ -324,16 +305,10 @@ bool obx_pipeline_store_find_enabled(mongoc_client_t *client, const char *db, mo
                                      const char *org_id, const char *trigger, obx_pipeline_t **out, obx_err_t *err) {
   mongoc_collection_t *coll = pipelines_coll(client, db);
   bson_t *filter = BCON_NEW("orgId", BCON_UTF8(org_id), "trigger", BCON_UTF8(trigger), "enabled", BCON_BOOL(true));
-  bson_t opts = BSON_INITIALIZER, doc = BSON_INITIALIZER;
-  bson_error_t berr;
+  bson_t doc = BSON_INITIALIZER;
   bool found = false, ok = false;
   *out = NULL;
-  BSON_APPEND_INT64(&opts, "limit", 1);
-  if (session && !mongoc_client_session_append(session, &opts, &berr)) {
-    obx_err_from_bson(err, &berr, NULL);
-    goto done;
-  }
-  if (!find_one(coll, filter, &opts, &doc, &found, err)) goto done;
+  if (!obx_mongo_find_one(coll, filter, NULL, session, &doc, &found, err)) goto done;
   if (found && !obx_pipeline_parse(&doc, out, err)) {
     obx_err_prefix(err, "stored pipeline of %s/%s", org_id, trigger);
     goto done;
@@ -341,7 +316,6 @@ bool obx_pipeline_store_find_enabled(mongoc_client_t *client, const char *db, mo
   ok = true;
 done:
   bson_destroy(&doc);
-  bson_destroy(&opts);
   bson_destroy(filter);
   mongoc_collection_destroy(coll);
   return ok;

@@ -73,29 +73,6 @@ static bool read_status(const bson_t *doc, obx_inbox_status_t *status) {
          obx_inbox_status_parse(bson_iter_utf8(&it, NULL), status);
 }
 
-/* Finds one document into out; *found false when none. */
-static bool find_one(mongoc_collection_t *c, const bson_t *filter, const bson_t *sort,
-                     mongoc_client_session_t *session, bson_t *out, bool *found, obx_err_t *err) {
-  bson_t opts;
-  if (!opts_with_session(&opts, session, err)) return false;
-  BSON_APPEND_INT64(&opts, "limit", 1);
-  if (sort) BSON_APPEND_DOCUMENT(&opts, "sort", sort);
-  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(c, filter, &opts, NULL);
-  const bson_t *doc;
-  *found = false;
-  if (mongoc_cursor_next(cursor, &doc)) {
-    bson_copy_to_excluding_noinit(doc, out, "", NULL);
-    *found = true;
-  }
-  bson_error_t berr;
-  const bson_t *reply = NULL;
-  bool ok = !mongoc_cursor_error_document(cursor, &berr, &reply);
-  if (!ok) obx_err_from_bson(err, &berr, reply);
-  mongoc_cursor_destroy(cursor);
-  bson_destroy(&opts);
-  return ok;
-}
-
 bool obx_inbox_claim(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                      const obx_inbox_entry_t *entry, obx_inbox_status_t status, bool *inserted,
                      obx_inbox_status_t *existing, obx_err_t *err) {
@@ -136,7 +113,7 @@ bool obx_inbox_claim(mongoc_client_t *client, const char *db, mongoc_client_sess
   bool found = false;
   bson_error_t berr;
   /* In a transaction a duplicate key error would abort it: look first there. */
-  if (session && !find_one(c, &filter, NULL, session, &found_doc, &found, err)) goto done_filter;
+  if (session && !obx_mongo_find_one(c, &filter, NULL, session, &found_doc, &found, err)) goto done_filter;
   if (!found) {
     if (mongoc_collection_insert_one(c, &doc, &opts, &reply, &berr)) {
       *inserted = true;
@@ -146,7 +123,7 @@ bool obx_inbox_claim(mongoc_client_t *client, const char *db, mongoc_client_sess
     obx_err_from_bson(err, &berr, &reply);
     if (session || !obx_err_is_duplicate_key(err)) goto done_filter;
     obx_err_clear(err);
-    if (!find_one(c, &filter, NULL, session, &found_doc, &found, err)) goto done_filter;
+    if (!obx_mongo_find_one(c, &filter, NULL, session, &found_doc, &found, err)) goto done_filter;
   }
   ok = true;
   if (!found || !read_status(&found_doc, existing)) {
@@ -215,7 +192,7 @@ bool obx_inbox_get(mongoc_client_t *client, const char *db, mongoc_client_sessio
   bson_t filter = BSON_INITIALIZER;
   append_id(&filter, "_id", consumer, "eventId", event_id);
   mongoc_collection_t *c = coll(client, db, "inbox");
-  bool ok = find_one(c, &filter, NULL, session, out, found, err);
+  bool ok = obx_mongo_find_one(c, &filter, NULL, session, out, found, err);
   mongoc_collection_destroy(c);
   bson_destroy(&filter);
   return ok;
@@ -265,7 +242,7 @@ bool obx_inbox_key_parked(mongoc_client_t *client, const char *db, mongoc_client
   bson_t filter = BSON_INITIALIZER, doc = BSON_INITIALIZER;
   append_id(&filter, "_id", consumer, "key", key);
   mongoc_collection_t *c = coll(client, db, "parked_keys");
-  bool ok = find_one(c, &filter, NULL, session, &doc, parked, err);
+  bool ok = obx_mongo_find_one(c, &filter, NULL, session, &doc, parked, err);
   if (ok && *parked && head_event_id) {
     bson_iter_t it;
     head_event_id[0] = '\0';
@@ -316,7 +293,7 @@ bool obx_inbox_key_get(mongoc_client_t *client, const char *db, mongoc_client_se
   bson_t filter = BSON_INITIALIZER;
   append_id(&filter, "_id", consumer, "key", key);
   mongoc_collection_t *c = coll(client, db, "parked_keys");
-  bool ok = find_one(c, &filter, NULL, session, out, found, err);
+  bool ok = obx_mongo_find_one(c, &filter, NULL, session, out, found, err);
   mongoc_collection_destroy(c);
   bson_destroy(&filter);
   return ok;
@@ -437,7 +414,7 @@ bool obx_inbox_next_blocked(mongoc_client_t *client, const char *db, mongoc_clie
   BSON_APPEND_UTF8(&filter, "status", obx_inbox_status_name(OBX_INBOX_BLOCKED));
   BSON_APPEND_INT32(&sort, "seq", 1);
   mongoc_collection_t *c = coll(client, db, "inbox");
-  bool ok = find_one(c, &filter, &sort, session, out, found, err);
+  bool ok = obx_mongo_find_one(c, &filter, &sort, session, out, found, err);
   mongoc_collection_destroy(c);
   bson_destroy(&sort);
   bson_destroy(&filter);
