@@ -2,10 +2,12 @@
  *
  * One devmongod, one kafka-mockd, `outboxd --roles api,relay` and, when AMQP_URL is set (scripts/test.sh sets it),
  * RabbitMQ queues under a private prefix (deleted at the end). Two orgs: acme and globex, each
- * with a FAILED outbox event, a DEAD inbox entry and a DLQ message. The table runs every route
- * with {no key -> 401, a key with every permission but the route's -> 403, globex's key on
- * acme's data -> 404 for an id / a list without acme's items, acme's key with only the route's
- * permission -> 2xx} and checks what the allowed call did (queue depths, documents, audit_log).
+ * with a FAILED outbox event, a DEAD inbox entry, a DLQ message, an order and a pipeline. The
+ * table runs every keyed route of DESIGN.md §7 (orders, pipelines, ops) with {no key -> 401, a
+ * key with every permission but the route's -> 403, globex's key on acme's data -> 404 for an
+ * id / a list without acme's items / a create in globex's own org, acme's key with only the
+ * route's permission -> 2xx} and checks what the allowed call did (queue depths, documents,
+ * audit_log).
  * DLQ cells and the replay need RabbitMQ; without AMQP_URL they are skipped with a message.
  * A reprocessed event goes back to the relay: it is published to Kafka and becomes PUBLISHED. */
 #include "obx_test.h"
@@ -32,12 +34,14 @@ static obx_test_outboxd_t outboxd;
 static mongoc_client_t *client;
 static obx_ladder_t *ladder; /* NULL without AMQP_URL */
 static char prefix[64], keys_path[300];
-static char key_globex[64], key_reprocess[64], key_acme_dlq[64];
+static char key_globex[64], key_acme_all[64], key_reprocess[64], key_acme_dlq[64];
 /* acme's and globex's ids: outbox FAILED event, inbox DEAD entry, DLQ message */
 static char acme_out[OBX_UUID_LEN + 1], acme_in[OBX_UUID_LEN + 1], acme_dlq[OBX_UUID_LEN + 1];
 static char globex_out[OBX_UUID_LEN + 1], globex_in[OBX_UUID_LEN + 1], globex_dlq[OBX_UUID_LEN + 1];
+/* acme's and globex's order and pipeline, created through the API once outboxd runs */
+static char acme_order[64], acme_pipe[64], globex_order[64], globex_pipe[64];
 
-static const char *const all_perms[] = {"orders:write", "outbox:read", "outbox:reprocess", "inbox:read",
+static const char *const all_perms[] = {"orders:write", "orders:read", "outbox:read", "outbox:reprocess", "inbox:read",
                                         "inbox:replay", "dlq:read",     "dlq:redrive",      "pipelines:read",
                                         "pipelines:write"};
 #define NPERMS ((int)(sizeof all_perms / sizeof all_perms[0]))
@@ -125,6 +129,7 @@ static int group_setup(void **state) {
   client = obx_test_mongo_client(&mongo, NULL, "test_ops_api");
   snprintf(keys_path, sizeof keys_path, "%s/ops-api-keys", obx_test_tmpdir());
   obx_test_apikey_add(keys_path, "globex", "*", key_globex);
+  obx_test_apikey_add(keys_path, "acme", "*", key_acme_all);
   obx_test_apikey_add(keys_path, "acme", "outbox:reprocess,outbox:read", key_reprocess);
   obx_test_apikey_add(keys_path, "acme", "dlq:redrive", key_acme_dlq);
   snprintf(prefix, sizeof prefix, "opsapi.%d", (int)getpid());
@@ -213,34 +218,82 @@ static bool queues_settled_3_1(void *ctx) {
 
 /* ---- the route table --------------------------------------------------------------------- */
 
+#define ORDER_BODY "{\"customerEmail\": \"customer@company.com\", \"amount\": \"149.90\"}"
+#define PIPE_BODY(name, trigger)                                                                                       \
+  "{\"name\": \"" name "\", \"trigger\": \"" trigger "\", \"nodes\": [{\"id\": \"start\", \"type\": \"start\"}]}"
+
+typedef enum {
+  ROUTE_ID,     /* acts on or reads one of acme's ids: another org's key gets 404 */
+  ROUTE_LIST,   /* a list scoped to the key's org: another org's key gets 200 without acme's items */
+  ROUTE_CREATE, /* creates in the key's org: another org's key creates in its own org */
+} route_kind_t;
+
 typedef struct {
   const char *method;
-  const char *path;      /* %s: acme's id of the route (outbox event, inbox entry, DLQ message) */
+  const char *path;      /* %s: acme's id of the route (outbox event, inbox entry, DLQ message, order, pipeline) */
   const char *perm;
   const char *body;      /* %s as in path; NULL: no body */
   const char *acme_id;   /* acme's id, which the allowed call must see or act on */
   const char *globex_id; /* globex's id, which acme's key must never see */
-  bool is_list;          /* other org: 200 without acme's items; else 404 */
+  route_kind_t kind;
   long allowed;
   bool needs_amqp;
+  const char *coll;      /* ROUTE_CREATE: the collection of what it creates, found by the answer's id_field */
+  const char *id_field;
 } route_t;
 
+/* A create route's answer names a document of collection r->coll that belongs to org. */
+static void check_created(const route_t *r, const obx_test_http_resp_t *resp, const char *org) {
+  const char *id = obx_test_doc_str(&resp->json, r->id_field);
+  if (!id) fail_msg("%s %s: no %s in %s", r->method, r->path, r->id_field, resp->body);
+  bson_t doc = BSON_INITIALIZER;
+  bson_t *filter = BCON_NEW("_id", BCON_UTF8(id));
+  if (!find_one(r->coll, filter, &doc)) fail_msg("%s %s: %s %s not in %s", r->method, r->path, r->id_field, id, r->coll);
+  const char *got = obx_test_doc_str(&doc, "orgId");
+  if (!got || strcmp(got, org) != 0) fail_msg("%s %s: created %s of org %s, want %s", r->method, r->path, id, got ? got : "-", org);
+  bson_destroy(filter);
+  bson_destroy(&doc);
+}
+
 static void check_allowed(const route_t *r, const obx_test_http_resp_t *resp) {
-  if (r->is_list) {
+  switch (r->kind) {
+  case ROUTE_LIST:
     if (!strstr(resp->body, r->acme_id)) fail_msg("%s %s: acme's %s missing from %s", r->method, r->path, r->acme_id, resp->body);
     if (strstr(resp->body, r->globex_id)) fail_msg("%s %s: globex's %s listed to acme: %s", r->method, r->path, r->globex_id, resp->body);
+    break;
+  case ROUTE_CREATE: check_created(r, resp, "acme"); break;
+  case ROUTE_ID: break;
   }
+}
+
+/* Creates through the API what the order and pipeline routes act on; the id into id. */
+static void create(const char *path, const char *key, const char *body, const char *id_field, char id[64]) {
+  obx_test_http_resp_t resp;
+  request("POST", path, key, body, 201, &resp);
+  const char *got = obx_test_doc_str(&resp.json, id_field);
+  if (!got) fail_msg("POST %s: no %s in %s", path, id_field, resp.body);
+  snprintf(id, 64, "%s", got);
+  obx_test_http_resp_cleanup(&resp);
 }
 
 static void test_route_table(void **state) {
   (void)state;
   const route_t routes[] = {
-    {"GET", "/api/outbox?status=FAILED", "outbox:read", NULL, acme_out, globex_out, true, 200, false},
-    {"POST", "/api/outbox/%s/reprocess", "outbox:reprocess", NULL, acme_out, globex_out, false, 200, false},
-    {"GET", "/api/inbox?status=DEAD", "inbox:read", NULL, acme_in, globex_in, true, 200, false},
-    {"POST", "/api/inbox/%s/replay", "inbox:replay", NULL, acme_in, globex_in, false, 202, true},
-    {"GET", "/api/dlq", "dlq:read", NULL, acme_dlq, globex_dlq, true, 200, true},
-    {"POST", "/api/dlq/redrive", "dlq:redrive", "{\"ids\": [\"%s\"]}", acme_dlq, globex_dlq, false, 200, true},
+    {"POST", "/orders", "orders:write", ORDER_BODY, acme_order, globex_order, ROUTE_CREATE, 201, false, "orders", "id"},
+    {"GET", "/orders/%s", "orders:read", NULL, acme_order, globex_order, ROUTE_ID, 200, false, NULL, NULL},
+    {"GET", "/api/outbox?status=FAILED", "outbox:read", NULL, acme_out, globex_out, ROUTE_LIST, 200, false, NULL, NULL},
+    {"POST", "/api/outbox/%s/reprocess", "outbox:reprocess", NULL, acme_out, globex_out, ROUTE_ID, 200, false, NULL, NULL},
+    {"GET", "/api/pipelines", "pipelines:read", NULL, acme_pipe, globex_pipe, ROUTE_LIST, 200, false, NULL, NULL},
+    {"POST", "/api/pipelines", "pipelines:write", PIPE_BODY("table", "event.OrderCancelled"), acme_pipe, globex_pipe,
+     ROUTE_CREATE, 201, false, "pipelines", "_id"},
+    {"GET", "/api/pipelines/%s", "pipelines:read", NULL, acme_pipe, globex_pipe, ROUTE_ID, 200, false, NULL, NULL},
+    {"PUT", "/api/pipelines/%s", "pipelines:write", PIPE_BODY("shipped-v2", "event.OrderShipped"), acme_pipe,
+     globex_pipe, ROUTE_ID, 200, false, NULL, NULL},
+    {"GET", "/api/pipelines/%s/executions", "pipelines:read", NULL, acme_pipe, globex_pipe, ROUTE_ID, 200, false, NULL, NULL},
+    {"GET", "/api/inbox?status=DEAD", "inbox:read", NULL, acme_in, globex_in, ROUTE_LIST, 200, false, NULL, NULL},
+    {"POST", "/api/inbox/%s/replay", "inbox:replay", NULL, acme_in, globex_in, ROUTE_ID, 202, true, NULL, NULL},
+    {"GET", "/api/dlq", "dlq:read", NULL, acme_dlq, globex_dlq, ROUTE_LIST, 200, true, NULL, NULL},
+    {"POST", "/api/dlq/redrive", "dlq:redrive", "{\"ids\": [\"%s\"]}", acme_dlq, globex_dlq, ROUTE_ID, 200, true, NULL, NULL},
   };
   enum { NROUTES = sizeof routes / sizeof routes[0] };
   char allowed[NROUTES][64], denied[NROUTES][64];
@@ -253,6 +306,10 @@ static void test_route_table(void **state) {
     obx_test_apikey_add(keys_path, "acme", others, denied[i]);
   }
   start_outboxd();
+  create("/orders", key_acme_all, ORDER_BODY, "id", acme_order);
+  create("/orders", key_globex, ORDER_BODY, "id", globex_order);
+  create("/api/pipelines", key_acme_all, PIPE_BODY("shipped", "event.OrderShipped"), "_id", acme_pipe);
+  create("/api/pipelines", key_globex, PIPE_BODY("shipped", "event.OrderShipped"), "_id", globex_pipe);
 
   for (int i = 0; i < NROUTES; i++) {
     const route_t *r = &routes[i];
@@ -270,11 +327,12 @@ static void test_route_table(void **state) {
       print_message("AMQP_URL not set: %s %s other-org and allowed cells skipped\n", r->method, r->path);
       continue;
     }
-    request(r->method, path, key_globex, b, r->is_list ? 200 : 404, &resp);
-    if (r->is_list && strstr(resp.body, r->acme_id))
+    request(r->method, path, key_globex, b, r->kind == ROUTE_ID ? 404 : r->allowed, &resp);
+    if (r->kind == ROUTE_LIST && strstr(resp.body, r->acme_id))
       fail_msg("%s %s: globex's key sees acme's %s: %s", r->method, path, r->acme_id, resp.body);
-    if (r->is_list && !strstr(resp.body, r->globex_id))
+    if (r->kind == ROUTE_LIST && !strstr(resp.body, r->globex_id))
       fail_msg("%s %s: globex's key misses its own %s: %s", r->method, path, r->globex_id, resp.body);
+    if (r->kind == ROUTE_CREATE) check_created(r, &resp, "globex");
     obx_test_http_resp_cleanup(&resp);
     request(r->method, path, allowed[i], b, r->allowed, &resp);
     check_allowed(r, &resp);
@@ -295,6 +353,19 @@ static void test_route_table(void **state) {
   bson_destroy(&doc);
   assert_int_equal(audit_count("outbox.reprocess", acme_out), 1);
   assert_int_equal(audit_count("outbox.reprocess", globex_out), 0);
+  /* acme's PUT renamed acme's pipeline; globex's 404 left globex's as it was */
+  static const struct {
+    const char *id, *want;
+  } pipes[] = {{acme_pipe, "shipped-v2"}, {globex_pipe, "shipped"}};
+  for (size_t i = 0; i < sizeof pipes / sizeof pipes[0]; i++) {
+    doc = (bson_t)BSON_INITIALIZER;
+    filter = BCON_NEW("_id", BCON_UTF8(pipes[i].id));
+    assert_true(find_one("pipelines", filter, &doc));
+    const char *name = obx_test_doc_str(&doc, "name");
+    if (!name || strcmp(name, pipes[i].want) != 0) fail_msg("pipeline %s: got name %s, want %s", pipes[i].id, name ? name : "-", pipes[i].want);
+    bson_destroy(filter);
+    bson_destroy(&doc);
+  }
   if (ladder) {
     assert_int_equal(audit_count("inbox.replay", acme_in), 1);
     assert_int_equal(audit_count("inbox.replay", globex_in), 0);
@@ -325,6 +396,14 @@ static bool outbox_published(void *id) {
   bson_destroy(filter);
   bson_destroy(&doc);
   return found;
+}
+
+static bool outbox_settled(void *ctx) {
+  (void)ctx;
+  bson_t *filter = BCON_NEW("status", "{", "$nin", "[", BCON_UTF8("PUBLISHED"), BCON_UTF8("FAILED"), "]", "}");
+  int64_t n = obx_test_count(client, "outboxd", "outbox", filter);
+  bson_destroy(filter);
+  return n == 0;
 }
 
 /* A FAILED event reprocessed through the API: PENDING with attempts reset, due now, its last
@@ -362,8 +441,13 @@ static void test_reprocess(void **state) {
   /* picked up by the relay: published to Kafka, PUBLISHED, history kept */
   if (!obx_test_wait_for(outbox_published, id, 60000, 100)) fail_msg("reprocessed event %s never PUBLISHED", id);
   record_ctx_t rec = {.id = id};
-  /* the topic holds two events by now: acme's reprocessed by test_route_table, and this one */
-  obx_test_kafka_consume_all(kafka.bootstrap, "domain-events", NULL, 2, 60000, on_record, &rec);
+  /* once nothing but FAILED events waits, the topic holds every PUBLISHED event: the orders of
+   * test_route_table, acme's event it reprocessed, and this one */
+  if (!obx_test_wait_for(outbox_settled, NULL, 60000, 100)) fail_msg("outbox events still waiting for the relay");
+  bson_t *published = BCON_NEW("status", BCON_UTF8("PUBLISHED"));
+  int64_t npublished = obx_test_count(client, "outboxd", "outbox", published);
+  bson_destroy(published);
+  obx_test_kafka_consume_all(kafka.bootstrap, "domain-events", NULL, (int)npublished, 60000, on_record, &rec);
   if (!rec.seen) fail_msg("reprocessed event %s not in Kafka", id);
   doc = (bson_t)BSON_INITIALIZER;
   filter = BCON_NEW("_id", BCON_UTF8(id));
