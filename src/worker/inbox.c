@@ -73,6 +73,30 @@ static bool read_status(const bson_t *doc, obx_inbox_status_t *status) {
          obx_inbox_status_parse(bson_iter_utf8(&it, NULL), status);
 }
 
+/* updateOne on collection `name` of db (deleteOne when update is NULL), in session's
+ * transaction when there is one; *matched (when not NULL) receives the reply's matchedCount,
+ * -1 when it has none. */
+static bool write_one(mongoc_client_t *client, const char *db, const char *name, mongoc_client_session_t *session,
+                      const bson_t *filter, const bson_t *update, bool upsert, int64_t *matched, obx_err_t *err) {
+  bool ok = false;
+  bson_t opts, reply;
+  bson_init(&reply);
+  mongoc_collection_t *c = coll(client, db, name);
+  if (!opts_with_session(&opts, session, err)) goto done_noopts;
+  if (upsert) BSON_APPEND_BOOL(&opts, "upsert", true);
+  bson_error_t berr;
+  ok = update ? mongoc_collection_update_one(c, filter, update, &opts, &reply, &berr)
+              : mongoc_collection_delete_one(c, filter, &opts, &reply, &berr);
+  if (!ok) obx_err_from_bson(err, &berr, &reply);
+  bson_iter_t it;
+  if (ok && matched) *matched = bson_iter_init_find(&it, &reply, "matchedCount") ? bson_iter_as_int64(&it) : -1;
+  bson_destroy(&opts);
+done_noopts:
+  mongoc_collection_destroy(c);
+  bson_destroy(&reply);
+  return ok;
+}
+
 bool obx_inbox_claim(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                      const obx_inbox_entry_t *entry, obx_inbox_status_t status, bool *inserted,
                      obx_inbox_status_t *existing, obx_err_t *err) {
@@ -144,9 +168,7 @@ done_noopts:
 bool obx_inbox_set_status(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                           const char *consumer, const char *event_id, obx_inbox_status_t status, int attempts,
                           const char *last_error, const char *execution_id, obx_err_t *err) {
-  bool ok = false;
-  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, set, opts, reply, child;
-  bson_init(&reply);
+  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, set, child;
   append_id(&filter, "_id", consumer, "eventId", event_id);
   BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &set);
   BSON_APPEND_UTF8(&set, "status", obx_inbox_status_name(status));
@@ -164,24 +186,12 @@ bool obx_inbox_set_status(mongoc_client_t *client, const char *db, mongoc_client
     BSON_APPEND_UTF8(&child, "executionIds", execution_id);
     bson_append_document_end(&update, &child);
   }
-  mongoc_collection_t *c = coll(client, db, "inbox");
-  if (!opts_with_session(&opts, session, err)) goto done_noopts;
-  bson_error_t berr;
-  if (!mongoc_collection_update_one(c, &filter, &update, &opts, &reply, &berr)) {
-    obx_err_from_bson(err, &berr, &reply);
-    goto done;
-  }
-  bson_iter_t it;
-  if (bson_iter_init_find(&it, &reply, "matchedCount") && bson_iter_as_int64(&it) == 0) {
+  int64_t matched;
+  bool ok = write_one(client, db, "inbox", session, &filter, &update, false, &matched, err);
+  if (ok && matched == 0) {
     obx_err_set(err, OBX_ERR_NOT_FOUND, 0, false, "no inbox entry for event %s of %s", event_id, consumer);
-    goto done;
+    ok = false;
   }
-  ok = true;
-done:
-  bson_destroy(&opts);
-done_noopts:
-  mongoc_collection_destroy(c);
-  bson_destroy(&reply);
   bson_destroy(&update);
   bson_destroy(&filter);
   return ok;
@@ -258,9 +268,7 @@ bool obx_inbox_key_parked(mongoc_client_t *client, const char *db, mongoc_client
 bool obx_inbox_park_key(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                         const char *consumer, const char *key, const char *head_event_id, const char *reason,
                         obx_err_t *err) {
-  bool ok = false;
-  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child, opts, reply;
-  bson_init(&reply);
+  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child;
   append_id(&filter, "_id", consumer, "key", key);
   BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &child);
   BSON_APPEND_UTF8(&child, "headEventId", head_event_id);
@@ -273,16 +281,7 @@ bool obx_inbox_park_key(mongoc_client_t *client, const char *db, mongoc_client_s
   BSON_APPEND_UTF8(&child, "releasedBy", "");
   BSON_APPEND_UTF8(&child, "sent", "");
   bson_append_document_end(&update, &child);
-  mongoc_collection_t *c = coll(client, db, "parked_keys");
-  if (!opts_with_session(&opts, session, err)) goto done_noopts;
-  BSON_APPEND_BOOL(&opts, "upsert", true);
-  bson_error_t berr;
-  ok = mongoc_collection_update_one(c, &filter, &update, &opts, &reply, &berr);
-  if (!ok) obx_err_from_bson(err, &berr, &reply);
-  bson_destroy(&opts);
-done_noopts:
-  mongoc_collection_destroy(c);
-  bson_destroy(&reply);
+  bool ok = write_one(client, db, "parked_keys", session, &filter, &update, true, NULL, err);
   bson_destroy(&update);
   bson_destroy(&filter);
   return ok;
@@ -302,10 +301,7 @@ bool obx_inbox_key_get(mongoc_client_t *client, const char *db, mongoc_client_se
 bool obx_inbox_move_head(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                          const char *consumer, const char *key, const char *from_event_id, const char *to_event_id,
                          bool *moved, obx_err_t *err) {
-  bool ok = false;
-  *moved = false;
-  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child, opts, reply;
-  bson_init(&reply);
+  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child;
   append_id(&filter, "_id", consumer, "key", key);
   BSON_APPEND_UTF8(&filter, "headEventId", from_event_id);
   char reason[64 + OBX_UUID_LEN];
@@ -316,18 +312,9 @@ bool obx_inbox_move_head(mongoc_client_t *client, const char *db, mongoc_client_
   BSON_APPEND_BOOL(&child, "sent", false);
   BSON_APPEND_UTF8(&child, "reason", reason);
   bson_append_document_end(&update, &child);
-  mongoc_collection_t *c = coll(client, db, "parked_keys");
-  if (!opts_with_session(&opts, session, err)) goto done_noopts;
-  bson_error_t berr;
-  ok = mongoc_collection_update_one(c, &filter, &update, &opts, &reply, &berr);
-  if (!ok) obx_err_from_bson(err, &berr, &reply);
-  bson_iter_t it;
-  if (ok && bson_iter_init_find(&it, &reply, "matchedCount") && BSON_ITER_HOLDS_NUMBER(&it))
-    *moved = bson_iter_as_int64(&it) > 0;
-  bson_destroy(&opts);
-done_noopts:
-  mongoc_collection_destroy(c);
-  bson_destroy(&reply);
+  int64_t matched;
+  bool ok = write_one(client, db, "parked_keys", session, &filter, &update, false, &matched, err);
+  *moved = ok && matched > 0;
   bson_destroy(&update);
   bson_destroy(&filter);
   return ok;
@@ -335,23 +322,13 @@ done_noopts:
 
 bool obx_inbox_mark_sent(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                          const char *consumer, const char *key, const char *head_event_id, obx_err_t *err) {
-  bool ok = false;
-  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child, opts, reply;
-  bson_init(&reply);
+  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child;
   append_id(&filter, "_id", consumer, "key", key);
   BSON_APPEND_UTF8(&filter, "headEventId", head_event_id);
   BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &child);
   BSON_APPEND_BOOL(&child, "sent", true);
   bson_append_document_end(&update, &child);
-  mongoc_collection_t *c = coll(client, db, "parked_keys");
-  if (!opts_with_session(&opts, session, err)) goto done_noopts;
-  bson_error_t berr;
-  ok = mongoc_collection_update_one(c, &filter, &update, &opts, &reply, &berr);
-  if (!ok) obx_err_from_bson(err, &berr, &reply);
-  bson_destroy(&opts);
-done_noopts:
-  mongoc_collection_destroy(c);
-  bson_destroy(&reply);
+  bool ok = write_one(client, db, "parked_keys", session, &filter, &update, false, NULL, err);
   bson_destroy(&update);
   bson_destroy(&filter);
   return ok;
@@ -359,10 +336,7 @@ done_noopts:
 
 bool obx_inbox_hold_key(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                         const char *consumer, const char *key, const char *event_id, bool *held, obx_err_t *err) {
-  bool ok = false;
-  *held = false;
-  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child, opts, reply;
-  bson_init(&reply);
+  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child;
   append_id(&filter, "_id", consumer, "key", key);
   BSON_APPEND_DOCUMENT_BEGIN(&filter, "headEventId", &child);
   BSON_APPEND_UTF8(&child, "$ne", event_id);
@@ -370,18 +344,9 @@ bool obx_inbox_hold_key(mongoc_client_t *client, const char *db, mongoc_client_s
   BSON_APPEND_DOCUMENT_BEGIN(&update, "$inc", &child);
   BSON_APPEND_INT64(&child, "admitted", 1);
   bson_append_document_end(&update, &child);
-  mongoc_collection_t *c = coll(client, db, "parked_keys");
-  if (!opts_with_session(&opts, session, err)) goto done_noopts;
-  bson_error_t berr;
-  ok = mongoc_collection_update_one(c, &filter, &update, &opts, &reply, &berr);
-  if (!ok) obx_err_from_bson(err, &berr, &reply);
-  bson_iter_t it;
-  if (ok && bson_iter_init_find(&it, &reply, "matchedCount") && BSON_ITER_HOLDS_NUMBER(&it))
-    *held = bson_iter_as_int64(&it) > 0;
-  bson_destroy(&opts);
-done_noopts:
-  mongoc_collection_destroy(c);
-  bson_destroy(&reply);
+  int64_t matched;
+  bool ok = write_one(client, db, "parked_keys", session, &filter, &update, false, &matched, err);
+  *held = ok && matched > 0;
   bson_destroy(&update);
   bson_destroy(&filter);
   return ok;
@@ -389,19 +354,9 @@ done_noopts:
 
 bool obx_inbox_unpark_key(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                           const char *consumer, const char *key, obx_err_t *err) {
-  bool ok = false;
-  bson_t filter = BSON_INITIALIZER, opts, reply;
-  bson_init(&reply);
+  bson_t filter = BSON_INITIALIZER;
   append_id(&filter, "_id", consumer, "key", key);
-  mongoc_collection_t *c = coll(client, db, "parked_keys");
-  if (!opts_with_session(&opts, session, err)) goto done_noopts;
-  bson_error_t berr;
-  ok = mongoc_collection_delete_one(c, &filter, &opts, &reply, &berr);
-  if (!ok) obx_err_from_bson(err, &berr, &reply);
-  bson_destroy(&opts);
-done_noopts:
-  mongoc_collection_destroy(c);
-  bson_destroy(&reply);
+  bool ok = write_one(client, db, "parked_keys", session, &filter, NULL, false, NULL, err);
   bson_destroy(&filter);
   return ok;
 }
