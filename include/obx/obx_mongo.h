@@ -10,7 +10,8 @@
  * mongoc_client_session_with_transaction with majority write concern: the driver retries the
  * whole callback on TransientTransactionError and the commit on
  * UnknownTransactionCommitResult (for up to 120 s); the wrapper counts transactions in
- * /metrics: outboxd_mongo_transactions_total{result="committed"|"failed"} and
+ * /metrics: outboxd_mongo_transactions_total{result="committed"|"conflict"|"failed"} (conflict:
+ * the transaction failed on a duplicate key, the expected loser of a race on a unique index) and
  * outboxd_mongo_transaction_retries_total (extra runs of the body). Thread-safe. */
 #ifndef OBX_MONGO_H
 #define OBX_MONGO_H

@@ -62,7 +62,9 @@ obx_mongo_t *obx_mongo_new(const obx_conf_t *conf, obx_err_t *err) {
   pthread_mutex_init(&mongo->probe_mu, NULL);
   mongo->db = strdup(conf->mongo_db);
   mongo->txns = obx_metrics_counter("outboxd_mongo_transactions_total",
-                                    "MongoDB transactions by outcome (committed, failed)", "result");
+                                    "MongoDB transactions by outcome (committed; conflict: a duplicate key, the expected "
+                                    "loss of a race on a unique index; failed: any other error)",
+                                    "result");
   mongo->txn_reruns = obx_metrics_counter("outboxd_mongo_transaction_retries_total",
                                           "Transaction bodies run again after a transient error", NULL);
 done:
@@ -220,6 +222,7 @@ static bool mongo_txn_cb(mongoc_client_session_t *session, void *vtxn, bson_t **
 
 bool obx_mongo_transaction(obx_mongo_t *mongo, obx_mongo_txn_fn_t fn, void *ctx, obx_err_t *err) {
   mongo_txn_t txn = {.fn = fn, .ctx = ctx};
+  obx_err_t failure = OBX_ERR_INIT; /* classified for the metric even when err is NULL */
   bson_error_t berr;
   bson_t reply;
   bool ok = false;
@@ -230,21 +233,22 @@ bool obx_mongo_transaction(obx_mongo_t *mongo, obx_mongo_txn_fn_t fn, void *ctx,
   mongoc_transaction_opts_set_write_concern(topts, wc);
   mongoc_client_session_t *session = mongoc_client_start_session(client, NULL, &berr);
   if (!session) {
-    obx_err_from_bson(err, &berr, NULL);
+    obx_err_from_bson(&failure, &berr, NULL);
     bson_init(&reply);
     goto done;
   }
   ok = mongoc_client_session_with_transaction(session, mongo_txn_cb, topts, &txn, &reply, &berr);
   if (!ok) {
     if (txn.fn_failed) {
-      if (err) *err = txn.err;
+      failure = txn.err;
     } else {
-      obx_err_from_bson(err, &berr, &reply);
+      obx_err_from_bson(&failure, &berr, &reply);
     }
-    obx_err_prefix(err, "transaction");
+    obx_err_prefix(&failure, "transaction");
   }
 done:
-  obx_counter_inc(mongo->txns, ok ? "committed" : "failed");
+  obx_counter_inc(mongo->txns, ok ? "committed" : obx_err_is_duplicate_key(&failure) ? "conflict" : "failed");
+  if (!ok && err) *err = failure;
   if (txn.runs > 1) obx_counter_add(mongo->txn_reruns, txn.runs - 1);
   bson_destroy(&reply);
   mongoc_client_session_destroy(session);

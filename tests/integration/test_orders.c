@@ -67,17 +67,41 @@ static int64_t failpoint_off(void) {
   return failpoint("{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}");
 }
 
-/* The value of an unlabelled metric in outboxd's /metrics (0 when absent). */
-static double metric(const char *name) {
+/* The value of one series in outboxd's /metrics (0 when absent): an unlabelled metric's name or
+ * name{label="value",...} with the labels in the order the metric declares them. */
+static double metric(const char *series) {
   obx_test_http_resp_t resp;
-  char needle[128];
+  char needle[256];
   double v = 0;
   assert_true(obx_test_http(outboxd.port, "GET", "/metrics", NULL, NULL, NULL, &resp));
-  snprintf(needle, sizeof needle, "\n%s ", name);
+  snprintf(needle, sizeof needle, "\n%s ", series);
   const char *p = strstr(resp.body, needle);
   if (p) v = strtod(p + strlen(needle), NULL);
   obx_test_http_resp_cleanup(&resp);
   return v;
+}
+
+#define TXN_COMMITTED "outboxd_mongo_transactions_total{result=\"committed\"}"
+#define TXN_CONFLICT "outboxd_mongo_transactions_total{result=\"conflict\"}"
+#define TXN_FAILED "outboxd_mongo_transactions_total{result=\"failed\"}"
+
+typedef struct {
+  double committed, conflict, failed;
+} txn_counts_t;
+
+static txn_counts_t txn_counts(void) {
+  return (txn_counts_t){metric(TXN_COMMITTED), metric(TXN_CONFLICT), metric(TXN_FAILED)};
+}
+
+/* The transaction outcomes counted since `before` are exactly the wanted ones. */
+static void expect_txn_delta(txn_counts_t before, double committed, double conflict, double failed, const char *what) {
+  txn_counts_t now = txn_counts();
+  txn_counts_t got = {now.committed - before.committed, now.conflict - before.conflict, now.failed - before.failed};
+  if (got.committed != committed || got.conflict != conflict || got.failed != failed) {
+    print_error("%s: transactions committed/conflict/failed went up by %g/%g/%g, want %g/%g/%g\n", what,
+                got.committed, got.conflict, got.failed, committed, conflict, failed);
+    fail();
+  }
 }
 
 static void post_order(const char *key, const char *body, const char *idem_key, obx_test_http_resp_t *resp) {
@@ -220,6 +244,33 @@ static void test_items_totals(void **state) {
   obx_test_http_resp_cleanup(&resp);
 }
 
+/* /metrics counts a POST: by route, method and status, in the route's latency histogram, and
+ * its transaction as committed (nothing as conflict or failed). */
+static void test_metrics_count_a_post(void **state) {
+  static const char *const series[] = {
+    "outboxd_http_requests_total{route=\"/orders\",method=\"POST\",status=\"201\"}",
+    "outboxd_http_request_duration_seconds_count{route=\"/orders\"}",
+    "outboxd_http_request_duration_seconds_bucket{route=\"/orders\",le=\"+Inf\"}",
+  };
+  enum { NSERIES = sizeof series / sizeof series[0] };
+  double before[NSERIES];
+  for (int i = 0; i < NSERIES; i++) before[i] = metric(series[i]);
+  txn_counts_t txns = txn_counts();
+  obx_test_http_resp_t resp;
+  post_order(key_acme, "{\"customerEmail\": \"m@b.co\", \"amount\": \"3.00\", \"orderNumber\": \"METRICS-1\"}", NULL,
+             &resp);
+  expect_status(&resp, 201, "POST");
+  obx_test_http_resp_cleanup(&resp);
+  for (int i = 0; i < NSERIES; i++) {
+    double got = metric(series[i]) - before[i];
+    if (got != 1) {
+      print_error("%s went up by %g, want 1\n", series[i], got);
+      fail();
+    }
+  }
+  expect_txn_delta(txns, 1, 0, 0, "one created order");
+}
+
 typedef struct {
   const char *name, *body, *fields;
 } bad_case_t;
@@ -297,9 +348,13 @@ static void test_idempotency(void **state) {
   assert_true(obx_test_http_header(&again, "Idempotent-Replayed", replayed, sizeof replayed));
   assert_int_equal(count("orders", "{\"orderNumber\": \"IDEM-1\"}"), 1);
   assert_int_equal(count("outbox", "{\"payload.orderNumber\": \"IDEM-1\"}"), 1);
+  int64_t orders_before = count("orders", "{}"), events_before = count("outbox", "{}");
   post_order(key_acme, other, "idem-key-1", &mismatch);
   expect_status(&mismatch, 422, "same key, other body");
   assert_int_equal(count("orders", "{\"orderNumber\": \"IDEM-2\"}"), 0);
+  assert_int_equal(count("outbox", "{\"payload.orderNumber\": \"IDEM-2\"}"), 0);
+  assert_int_equal(count("orders", "{}"), orders_before);
+  assert_int_equal(count("outbox", "{}"), events_before);
   /* Keys are per org: globex may use the same key for its own order. */
   obx_test_http_resp_t globex;
   post_order(key_globex, other, "idem-key-1", &globex);
@@ -313,48 +368,117 @@ static void test_idempotency(void **state) {
 #define RACERS 4
 
 typedef struct {
-  const char *body;
-  long status;
-  pthread_barrier_t *barrier;
+  const char *body, *idem_key; /* idem_key: NULL for none */
+  pthread_barrier_t *barrier; /* NULL: start at once */
+  long status;   /* out */
+  char id[64];   /* out: the order id of a 201 */
 } racer_t;
 
 static void *race(void *arg) {
   racer_t *r = arg;
   obx_test_http_resp_t resp;
-  pthread_barrier_wait(r->barrier);
-  obx_test_http(outboxd.port, "POST", "/orders", key_acme, r->body, NULL, &resp);
+  if (r->barrier) pthread_barrier_wait(r->barrier);
+  post_order(key_acme, r->body, r->idem_key, &resp);
   r->status = resp.status;
+  const char *id = resp.status == 201 ? obx_test_http_json_str(&resp, "id") : NULL;
+  snprintf(r->id, sizeof r->id, "%s", id ? id : "");
   obx_test_http_resp_cleanup(&resp);
   return NULL;
 }
 
-static void test_concurrent_order_number(void **state) {
-  const char *body = "{\"customerEmail\": \"r@b.co\", \"amount\": \"5.00\", \"orderNumber\": \"RACE-1\"}";
+/* RACERS POSTs of body at once, released together. */
+static void race_all(racer_t racers[RACERS], const char *body, const char *idem_key) {
   pthread_barrier_t barrier;
   pthread_t threads[RACERS];
-  racer_t racers[RACERS];
   pthread_barrier_init(&barrier, NULL, RACERS);
   for (int i = 0; i < RACERS; i++) {
-    racers[i] = (racer_t){body, 0, &barrier};
+    racers[i] = (racer_t){.body = body, .idem_key = idem_key, .barrier = &barrier};
     pthread_create(&threads[i], NULL, race, &racers[i]);
   }
+  for (int i = 0; i < RACERS; i++) pthread_join(threads[i], NULL);
+  pthread_barrier_destroy(&barrier);
+}
+
+/* One wins; the others lose the race on {orgId, orderNumber}: 409, counted as conflicts, not
+ * as failed transactions. */
+static void test_concurrent_order_number(void **state) {
+  const char *body = "{\"customerEmail\": \"r@b.co\", \"amount\": \"5.00\", \"orderNumber\": \"RACE-1\"}";
+  racer_t racers[RACERS];
+  txn_counts_t txns = txn_counts();
+  race_all(racers, body, NULL);
   int created = 0, conflicts = 0;
   for (int i = 0; i < RACERS; i++) {
-    pthread_join(threads[i], NULL);
     created += racers[i].status == 201;
     conflicts += racers[i].status == 409;
   }
-  pthread_barrier_destroy(&barrier);
   if (created != 1 || conflicts != RACERS - 1) {
     print_error("got %d x 201 and %d x 409, want 1 and %d\n", created, conflicts, RACERS - 1);
     fail();
   }
   assert_int_equal(count("orders", "{\"orderNumber\": \"RACE-1\"}"), 1);
   assert_int_equal(count("outbox", "{\"payload.orderNumber\": \"RACE-1\"}"), 1);
+  expect_txn_delta(txns, 1, RACERS - 1, 0, "a race for one order number");
+}
+
+/* No orderNumber in the body: every attempt generates its own number, so only the unique
+ * {orgId, idempotencyKey} stops a second order. A retry replays the first answer; RACERS
+ * concurrent first tries all get 201 with one id; one order and one event either way. */
+static void test_idempotency_generated_number(void **state) {
+  static const struct {
+    const char *name, *email, *key;
+    bool concurrent;
+  } cases[] = {
+    {"retried", "gen-seq@b.co", "idem-gen-seq", false},
+    {"concurrent", "gen-race@b.co", "idem-gen-race", true},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    char body[160], filter[160];
+    snprintf(body, sizeof body, "{\"customerEmail\": \"%s\", \"amount\": \"7.00\"}", cases[c].email);
+    racer_t racers[RACERS];
+    int n = cases[c].concurrent ? RACERS : 2;
+    txn_counts_t txns = txn_counts();
+    if (cases[c].concurrent) {
+      race_all(racers, body, cases[c].key);
+    } else {
+      for (int i = 0; i < n; i++) {
+        racers[i] = (racer_t){.body = body, .idem_key = cases[c].key};
+        race(&racers[i]);
+      }
+    }
+    for (int i = 0; i < n; i++) {
+      if (racers[i].status != 201 || racers[i].id[0] == '\0' || strcmp(racers[i].id, racers[0].id) != 0) {
+        print_error("%s: POST %d got HTTP %ld id '%s', want 201 with the id of POST 0 '%s'\n", cases[c].name, i,
+                    racers[i].status, racers[i].id, racers[0].id);
+        fail();
+      }
+    }
+    snprintf(filter, sizeof filter, "{\"customerEmail\": \"%s\"}", cases[c].email);
+    int64_t orders = count("orders", filter);
+    snprintf(filter, sizeof filter, "{\"payload.customerEmail\": \"%s\"}", cases[c].email);
+    int64_t events = count("outbox", filter);
+    snprintf(filter, sizeof filter, "{\"aggregateId\": \"%s\"}", racers[0].id);
+    int64_t events_of_id = count("outbox", filter);
+    if (orders != 1 || events != 1 || events_of_id != 1) {
+      print_error("%s: got %lld orders, %lld events (%lld of order %s), want 1, 1 (1)\n", cases[c].name,
+                  (long long)orders, (long long)events, (long long)events_of_id, racers[0].id);
+      fail();
+    }
+    /* Losers of the race end on the duplicate key (conflict) or find the winner first (no
+     * transaction): never a failed transaction. */
+    txn_counts_t now = txn_counts();
+    if (now.committed - txns.committed != 1 || now.failed != txns.failed ||
+        now.conflict - txns.conflict > n - 1) {
+      print_error("%s: transactions committed/conflict/failed went up by %g/%g/%g, want 1/at most %d/0\n",
+                  cases[c].name, now.committed - txns.committed, now.conflict - txns.conflict,
+                  now.failed - txns.failed, n - 1);
+      fail();
+    }
+  }
 }
 
 /* A commit that fails for good leaves neither the order nor its event. */
 static void test_commit_failure_writes_nothing(void **state) {
+  txn_counts_t txns = txn_counts();
   failpoint("{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1},"
             " \"data\": {\"failCommands\": [\"commitTransaction\"], \"errorCode\": 8}}");
   obx_test_http_resp_t resp;
@@ -364,6 +488,7 @@ static void test_commit_failure_writes_nothing(void **state) {
     fail();
   }
   assert_int_equal(failpoint_off(), 1);
+  expect_txn_delta(txns, 0, 0, 1, "a commit failing for good");
   assert_int_equal(count("orders", "{\"orderNumber\": \"FAIL-1\"}"), 0);
   assert_int_equal(count("outbox", "{\"payload.orderNumber\": \"FAIL-1\"}"), 0);
   obx_test_http_resp_cleanup(&resp);
@@ -527,10 +652,12 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_create_seed_payload),
     cmocka_unit_test(test_items_totals),
+    cmocka_unit_test(test_metrics_count_a_post),
     cmocka_unit_test(test_validation_table),
     cmocka_unit_test(test_auth),
     cmocka_unit_test(test_idempotency),
     cmocka_unit_test(test_concurrent_order_number),
+    cmocka_unit_test(test_idempotency_generated_number),
     cmocka_unit_test(test_commit_failure_writes_nothing),
     cmocka_unit_test(test_transient_errors_retried),
     cmocka_unit_test(test_http_errors),
