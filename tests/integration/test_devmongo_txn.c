@@ -55,11 +55,44 @@ static void test_isolation_and_commit(void **state) {
   assert_true(mongoc_client_session_commit_transaction(cs, NULL, &error));
   assert_int_equal(count(c, NULL), 3);
   bson_destroy(outside);
-  /* committing again re-sends commitTransaction: the server answers ok */
+  /* committing again re-sends commitTransaction: the server answers ok and writes nothing */
   assert_true(mongoc_client_session_commit_transaction(cs, NULL, &error));
+  assert_int_equal(count(c, NULL), 3);
   bson_destroy(a);
   bson_destroy(b);
   bson_destroy(opts);
+  mongoc_client_session_destroy(cs);
+  mongoc_collection_destroy(c);
+}
+
+/* A transaction's $inc and insert, committed three times, are applied once. */
+static void test_repeated_commit_applies_once(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "txn", "recommit");
+  bson_error_t error;
+  bson_t *counter = BCON_NEW("_id", "counter", "n", BCON_INT32(0));
+  assert_true(mongoc_collection_insert_one(c, counter, NULL, NULL, &error));
+  mongoc_client_session_t *cs = mongoc_client_start_session(g_client, NULL, &error);
+  assert_non_null(cs);
+  bson_t *opts = session_opts(cs);
+  assert_true(mongoc_client_session_start_transaction(cs, NULL, &error));
+  bson_t *q = BCON_NEW("_id", "counter"), *inc = BCON_NEW("$inc", "{", "n", BCON_INT32(1), "}");
+  bson_t *doc = BCON_NEW("_id", "written-once");
+  assert_true(mongoc_collection_update_one(c, q, inc, opts, NULL, &error));
+  assert_true(mongoc_collection_insert_one(c, doc, opts, NULL, &error));
+  for (int i = 0; i < 3; i++)
+    if (!mongoc_client_session_commit_transaction(cs, NULL, &error)) fail_msg("commit %d: %s", i + 1, error.message);
+  mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, q, NULL, NULL);
+  const bson_t *found;
+  bson_iter_t it;
+  int32_t n = mongoc_cursor_next(cur, &found) && bson_iter_init_find(&it, found, "n") ? bson_iter_int32(&it) : -1;
+  mongoc_cursor_destroy(cur);
+  int64_t docs = count(c, NULL);
+  if (n != 1 || docs != 2) fail_msg("after 3 commits: got n=%d and %lld documents, want n=1 and 2", n, (long long)docs);
+  bson_destroy(doc);
+  bson_destroy(inc);
+  bson_destroy(q);
+  bson_destroy(opts);
+  bson_destroy(counter);
   mongoc_client_session_destroy(cs);
   mongoc_collection_destroy(c);
 }
@@ -313,6 +346,7 @@ static void test_abandoned_transaction_expires(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_isolation_and_commit),
+    cmocka_unit_test(test_repeated_commit_applies_once),
     cmocka_unit_test(test_abort_all_or_nothing),
     cmocka_unit_test(test_write_conflict),
     cmocka_unit_test(test_retryable_write_once),
