@@ -43,6 +43,7 @@
 #include <string.h>
 
 #include "obx/obx_api.h"
+#include "obx/obx_auth.h"
 #include "obx/obx_conf.h"
 #include "obx/obx_err.h"
 #include "obx/obx_http.h"
@@ -155,6 +156,8 @@ int main(int argc, char **argv) {
 
   if (!(mongo = obx_mongo_new(&conf, &err)) || !(http = obx_http_new(&conf, &err))) goto fail;
   obx_http_add_ready_check(http, "mongo", mongo_ready, mongo);
+  /* API keys of the api_keys collection join the file's (the refresher reads through mongo) */
+  if (conf.api_enabled && !obx_auth_watch_db(obx_http_auth(http), mongo, conf.api_keys_refresh, &err)) goto fail;
   if (!obx_http_start(http, &err)) goto fail;
   /* pipelines API and the order.pre hook: in place before the api role serves POST /orders */
   if (conf.api_enabled && !(pipelines = obx_pipeline_api_start(&conf, http, &err))) goto fail;

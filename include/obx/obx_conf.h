@@ -57,6 +57,8 @@ typedef struct {
     "Largest request body accepted, in bytes; larger ones get 413")                              \
   X(api_keys_file, STR, "api.keys_file", "API_KEYS_FILE", "", 0, 0, NULL, 0,                      \
     "API keys file: lines '<sha256 hex of key> <orgId> <perm,...>' (outboxctl apikey new); empty: no keys") \
+  X(api_keys_refresh, DURATION, "api.keys_refresh", "API_KEYS_REFRESH", "30s", 100, 86400000, NULL, 0, \
+    "How often the api_keys collection is read again (its keys join API_KEYS_FILE's; disabled or removed ones stop working)") \
   X(api_rate_limit, INT, "api.rate_limit", "API_RATE_LIMIT", "0", 0, 1000000, NULL, 0,             \
     "Requests per second allowed per API key (bursts of twice that; more get 429); 0: unlimited") \
   X(api_cors_origins, STR, "api.cors_origins", "API_CORS_ORIGINS", "", 0, 0, NULL, 0,             \

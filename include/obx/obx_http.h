@@ -53,6 +53,8 @@ void obx_http_stop(obx_http_t *http);
 void obx_http_destroy(obx_http_t *http);
 /* The bound port after obx_http_start. */
 int obx_http_port(const obx_http_t *http);
+/* The API keys table (borrowed for the life of http), e.g. to watch api_keys. */
+struct obx_auth *obx_http_auth(obx_http_t *http);
 
 /* Adds a route; pattern and permission are copied, ctx is borrowed until obx_http_destroy.
  * A duplicate method+pattern is a bug (asserts). */

@@ -1,23 +1,40 @@
 /* auth.c - bearer API keys, hashed at rest
  *
- * DESIGN: the keys file is read once at start into an immutable array (see obx_auth.h);
- * lookups hash the presented key with SHA-256 (libcrypto) and compare against every entry with
- * CRYPTO_memcmp, so timing does not reveal which entry nearly matched. Reads api.keys_file. */
+ * DESIGN: the keys file is read once at start; the api_keys collection (see obx_auth.h) is
+ * read by a thread now and every api.keys_refresh, its set replacing the previous database
+ * set. Entries are never freed before obx_auth_destroy: a key the database no longer grants is
+ * marked revoked, so an entry borrowed by a request in flight stays valid; a rwlock guards the
+ * list. Lookups hash the presented key with SHA-256 (libcrypto) and compare against every
+ * entry with CRYPTO_memcmp, so timing does not reveal which entry nearly matched. Reads
+ * api.keys_file; the watcher reads api_keys through the caller's obx_mongo_t. */
 #include "obx/obx_auth.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <openssl/sha.h>
 
+#include "obx/obx_log.h"
+#include "obx/obx_mongo.h"
+
 struct obx_auth {
-  obx_auth_key_t *keys;
-  int nkeys;
+  pthread_rwlock_t lock;
+  obx_auth_key_t **keys; /* owned, each owned; never shrinks before destroy */
+  int nkeys, cap;
+  /* the api_keys watcher, when started */
+  obx_mongo_t *mongo; /* borrowed */
+  int64_t interval_ms;
+  bool watching, stopping;
+  pthread_t watcher;
+  pthread_mutex_t mu;
+  pthread_cond_t cond;
 };
 
 void obx_sha256_hex(const void *data, size_t len, char out[OBX_AUTH_HASH_LEN + 1]) {
@@ -76,6 +93,7 @@ static void auth_key_cleanup(obx_auth_key_t *key) {
 }
 
 static void auth_key_init(obx_auth_key_t *key, const char *hash, const char *org_id, const char *perms) {
+  memset(key, 0, sizeof *key);
   memcpy(key->hash, hash, OBX_AUTH_HASH_LEN + 1);
   key->org_id = strdup(org_id);
   key->nperms = 1;
@@ -94,12 +112,28 @@ static bool valid_hash(const char *s) {
   return true;
 }
 
+/* Appends a new entry; the caller holds the write lock (or is the only user). */
+static obx_auth_key_t *auth_append(obx_auth_t *auth, const char *hash, const char *org_id, const char *perms) {
+  if (auth->nkeys == auth->cap) {
+    auth->cap = auth->cap ? 2 * auth->cap : 8;
+    auth->keys = realloc(auth->keys, (size_t)auth->cap * sizeof *auth->keys);
+  }
+  obx_auth_key_t *key = malloc(sizeof *key);
+  auth_key_init(key, hash, org_id, perms);
+  key->index = auth->nkeys;
+  auth->keys[auth->nkeys++] = key;
+  return key;
+}
+
 obx_auth_t *obx_auth_load(const char *path, obx_err_t *err) {
   obx_auth_t *auth = calloc(1, sizeof *auth);
+  pthread_rwlock_init(&auth->lock, NULL);
+  pthread_mutex_init(&auth->mu, NULL);
+  pthread_cond_init(&auth->cond, NULL);
   if (!path || !*path) return auth;
   FILE *f = fopen(path, "r");
   char line[1024];
-  int lineno = 0, cap = 0;
+  int lineno = 0;
   bool ok = false;
   if (!f) {
     obx_err_set(err, OBX_ERR_CONF, errno, false, "api.keys_file %s: %s", path, strerror(errno));
@@ -121,12 +155,7 @@ obx_auth_t *obx_auth_load(const char *path, obx_err_t *err) {
       obx_err_prefix(err, "api.keys_file %s:%d", path, lineno);
       goto done;
     }
-    if (auth->nkeys == cap) {
-      cap = cap ? 2 * cap : 8;
-      auth->keys = realloc(auth->keys, (size_t)cap * sizeof *auth->keys);
-    }
-    auth->keys[auth->nkeys].index = auth->nkeys;
-    auth_key_init(&auth->keys[auth->nkeys++], hash, org, perms);
+    auth_append(auth, hash, org, perms);
   }
   ok = true;
 done:
@@ -140,21 +169,154 @@ done:
 
 void obx_auth_destroy(obx_auth_t *auth) {
   if (!auth) return;
-  for (int i = 0; i < auth->nkeys; i++) auth_key_cleanup(&auth->keys[i]);
+  if (auth->watching) {
+    pthread_mutex_lock(&auth->mu);
+    auth->stopping = true;
+    pthread_cond_signal(&auth->cond);
+    pthread_mutex_unlock(&auth->mu);
+    pthread_join(auth->watcher, NULL);
+  }
+  for (int i = 0; i < auth->nkeys; i++) {
+    auth_key_cleanup(auth->keys[i]);
+    free(auth->keys[i]);
+  }
   free(auth->keys);
+  pthread_cond_destroy(&auth->cond);
+  pthread_mutex_destroy(&auth->mu);
+  pthread_rwlock_destroy(&auth->lock);
   free(auth);
 }
 
-int obx_auth_count(const obx_auth_t *auth) { return auth->nkeys; }
+int obx_auth_count(obx_auth_t *auth) {
+  pthread_rwlock_rdlock(&auth->lock);
+  int n = auth->nkeys;
+  pthread_rwlock_unlock(&auth->lock);
+  return n;
+}
 
-const obx_auth_key_t *obx_auth_find(const obx_auth_t *auth, const char *key) {
+const obx_auth_key_t *obx_auth_find(obx_auth_t *auth, const char *key) {
   char hash[OBX_AUTH_HASH_LEN + 1];
   const obx_auth_key_t *found = NULL;
   if (!key || !*key) return NULL;
   obx_auth_hash(key, hash);
+  pthread_rwlock_rdlock(&auth->lock);
   for (int i = 0; i < auth->nkeys; i++)
-    if (CRYPTO_memcmp(hash, auth->keys[i].hash, OBX_AUTH_HASH_LEN) == 0) found = &auth->keys[i];
+    if (CRYPTO_memcmp(hash, auth->keys[i]->hash, OBX_AUTH_HASH_LEN) == 0 && !auth->keys[i]->revoked) found = auth->keys[i];
+  pthread_rwlock_unlock(&auth->lock);
   return found;
+}
+
+static bool same_perms(const obx_auth_key_t *key, const char *perms) {
+  size_t off = 0;
+  for (int i = 0; i < key->nperms; i++) {
+    size_t len = strlen(key->perms[i]);
+    if (strncmp(perms + off, key->perms[i], len) != 0 || perms[off + len] != (i + 1 < key->nperms ? ',' : '\0'))
+      return false;
+    off += len + 1;
+  }
+  return true;
+}
+
+void obx_auth_set_db_keys(obx_auth_t *auth, const obx_auth_entry_t *entries, int n) {
+  pthread_rwlock_wrlock(&auth->lock);
+  int before = auth->nkeys;
+  bool *kept = calloc((size_t)before + 1, sizeof *kept);
+  for (int e = 0; e < n; e++) {
+    obx_err_t err = OBX_ERR_INIT;
+    if (!valid_hash(entries[e].hash) || !obx_auth_validate_entry(entries[e].org_id, entries[e].perms, &err)) {
+      obx_warn("api_keys document %d of %d skipped: %s", e + 1, n, err.msg[0] ? err.msg : "_id must be a SHA-256 in lowercase hex");
+      continue;
+    }
+    int match = -1;
+    for (int i = 0; i < before && match < 0; i++) {
+      const obx_auth_key_t *k = auth->keys[i];
+      if (k->from_db && !k->revoked && strcmp(k->hash, entries[e].hash) == 0 &&
+          strcmp(k->org_id, entries[e].org_id) == 0 && same_perms(k, entries[e].perms))
+        match = i;
+    }
+    if (match >= 0) kept[match] = true;
+    else auth_append(auth, entries[e].hash, entries[e].org_id, entries[e].perms)->from_db = true;
+  }
+  for (int i = 0; i < before; i++)
+    if (auth->keys[i]->from_db && !kept[i]) auth->keys[i]->revoked = true;
+  pthread_rwlock_unlock(&auth->lock);
+  free(kept);
+}
+
+/* Reads the enabled documents of api_keys into the database set. */
+static bool auth_refresh(obx_auth_t *auth, obx_err_t *err) {
+  mongoc_client_t *client = obx_mongo_pop(auth->mongo);
+  mongoc_collection_t *coll = obx_mongo_collection(auth->mongo, client, "api_keys");
+  bson_t *filter = BCON_NEW("disabled", "{", "$ne", BCON_BOOL(true), "}");
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(coll, filter, NULL, NULL);
+  obx_auth_entry_t *entries = NULL;
+  char **perms = NULL;
+  int n = 0, cap = 0;
+  const bson_t *doc;
+  bson_iter_t it, arr;
+  while (mongoc_cursor_next(cursor, &doc)) {
+    const char *hash = bson_iter_init_find(&it, doc, "_id") && BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : "";
+    const char *org = bson_iter_init_find(&it, doc, "orgId") && BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : "";
+    bson_string_t *joined = bson_string_new(NULL);
+    if (bson_iter_init_find(&it, doc, "permissions") && BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &arr))
+      while (bson_iter_next(&arr))
+        if (BSON_ITER_HOLDS_UTF8(&arr)) bson_string_append_printf(joined, "%s%s", joined->len ? "," : "", bson_iter_utf8(&arr, NULL));
+    if (n == cap) {
+      cap = cap ? 2 * cap : 16;
+      entries = realloc(entries, (size_t)cap * sizeof *entries);
+      perms = realloc(perms, (size_t)cap * sizeof *perms);
+    }
+    perms[n] = bson_string_free(joined, false);
+    entries[n] = (obx_auth_entry_t){strdup(hash), strdup(org), perms[n]};
+    n++;
+  }
+  bson_error_t berr;
+  bool ok = !mongoc_cursor_error(cursor, &berr);
+  if (ok) obx_auth_set_db_keys(auth, entries, n);
+  else obx_err_from_bson(err, &berr, NULL);
+  for (int i = 0; i < n; i++) {
+    free((char *)entries[i].hash);
+    free((char *)entries[i].org_id);
+    bson_free(perms[i]);
+  }
+  free(entries);
+  free(perms);
+  mongoc_cursor_destroy(cursor);
+  bson_destroy(filter);
+  mongoc_collection_destroy(coll);
+  obx_mongo_push(auth->mongo, client);
+  return ok;
+}
+
+static void *auth_watch(void *arg) {
+  obx_auth_t *auth = arg;
+  obx_log_set_role("api");
+  for (int failures = 0;;) {
+    obx_err_t err = OBX_ERR_INIT;
+    if (auth_refresh(auth, &err)) failures = 0;
+    else if (failures++ % 20 == 0) obx_warn("api_keys not read (the previous keys stay): %s", err.msg);
+    pthread_mutex_lock(&auth->mu);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    int64_t ns = until.tv_nsec + auth->interval_ms % 1000 * 1000000;
+    until.tv_sec += auth->interval_ms / 1000 + ns / 1000000000;
+    until.tv_nsec = ns % 1000000000;
+    while (!auth->stopping && pthread_cond_timedwait(&auth->cond, &auth->mu, &until) == 0) {}
+    bool stop = auth->stopping;
+    pthread_mutex_unlock(&auth->mu);
+    if (stop) return NULL;
+  }
+}
+
+bool obx_auth_watch_db(obx_auth_t *auth, obx_mongo_t *mongo, int64_t interval_ms, obx_err_t *err) {
+  auth->mongo = mongo;
+  auth->interval_ms = interval_ms;
+  if (pthread_create(&auth->watcher, NULL, auth_watch, auth) != 0) {
+    obx_err_set(err, OBX_ERR_SYS, 0, false, "api_keys: cannot start the refresh thread");
+    return false;
+  }
+  auth->watching = true;
+  return true;
 }
 
 bool obx_auth_key_allows(const obx_auth_key_t *key, const char *permission) {

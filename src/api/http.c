@@ -78,7 +78,8 @@ struct obx_http {
   atomic_int busy;              /* requests between their first byte and their completion */
   int64_t rate;                 /* api.rate_limit: requests/s per key, 0: unlimited */
   pthread_mutex_t rate_mu;      /* buckets */
-  http_bucket_t *buckets;       /* one per API key, by obx_auth_key_t.index */
+  http_bucket_t *buckets;       /* one per API key, by obx_auth_key_t.index; grows with api_keys */
+  int nbuckets;
   obx_counter_t *requests;      /* registered once in obx_http_new */
   obx_histogram_t *latency;
   char **cors_origins;          /* api.cors_origins without trailing '/'; NULL-terminated */
@@ -305,6 +306,12 @@ static bool http_rate_take(obx_http_t *http, const obx_auth_key_t *key, obx_http
   int64_t now = now_ns();
   double cap = 2.0 * (double)http->rate;
   pthread_mutex_lock(&http->rate_mu);
+  if (key->index >= http->nbuckets) {
+    int n = obx_auth_count(http->auth);
+    http->buckets = realloc(http->buckets, (size_t)n * sizeof *http->buckets);
+    memset(http->buckets + http->nbuckets, 0, (size_t)(n - http->nbuckets) * sizeof *http->buckets);
+    http->nbuckets = n;
+  }
   http_bucket_t *b = &http->buckets[key->index];
   b->tokens = b->last_ns ? b->tokens + (double)(now - b->last_ns) / 1e9 * (double)http->rate : cap;
   if (b->tokens > cap) b->tokens = cap;
@@ -589,7 +596,8 @@ obx_http_t *obx_http_new(const obx_conf_t *conf, obx_err_t *err) {
   http->port = (int)conf->http_port;
   http->max_body = (size_t)conf->http_max_body;
   http->rate = conf->api_rate_limit;
-  http->buckets = calloc((size_t)obx_auth_count(auth) + 1, sizeof *http->buckets);
+  http->nbuckets = obx_auth_count(auth) + 1;
+  http->buckets = calloc((size_t)http->nbuckets, sizeof *http->buckets);
   pthread_mutex_init(&http->rate_mu, NULL);
   pthread_rwlock_init(&http->lock, NULL);
   http_register_metrics(http);
@@ -640,6 +648,8 @@ bool obx_http_start(obx_http_t *http, obx_err_t *err) {
   obx_log_write(OBX_LOG_INFO, fields, 2, "http listening");
   return true;
 }
+
+obx_auth_t *obx_http_auth(obx_http_t *http) { return http->auth; }
 
 int obx_http_port(const obx_http_t *http) { return http->port; }
 

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "obx/obx_auth.h"
 #include "obx/obx_event.h"
 #include "obx/obx_inbox.h"
 #include "obx/obx_ladder.h"
@@ -162,7 +163,9 @@ static void start_outboxd(void) {
   snprintf(amqp_arg, sizeof amqp_arg, "amqp.url=%s",
            getenv("AMQP_URL") ? getenv("AMQP_URL") : "amqp://guest:guest@127.0.0.1:1/");
   snprintf(prefix_arg, sizeof prefix_arg, "worker.queue_prefix=%s", prefix);
-  char *args[] = {"--roles", "api,relay", "-X", kafka_arg, "-X", mongo_arg, "-X", keys_arg, "-X", amqp_arg, "-X", prefix_arg, NULL};
+  /* api_keys is read again every 200 ms: test_db_keys waits for refreshes */
+  char *args[] = {"--roles", "api,relay", "-X", kafka_arg, "-X", mongo_arg, "-X", keys_arg, "-X", amqp_arg,
+                   "-X", prefix_arg, "-X", "api.keys_refresh=200ms", NULL};
   if (!obx_test_outboxd_start(&outboxd, args)) fail_msg("outboxd did not start");
   if (!obx_test_wait_for(obx_test_http_ready, &outboxd.port, 60000, 50))
     fail_msg("outboxd never became ready; log: %s", outboxd.proc.log_path);
@@ -605,6 +608,80 @@ static void test_outboxctl_status(void **state) {
     fail_msg("outboxctl status: exit %d: %s", rc, out);
 }
 
+typedef struct {
+  const char *key;
+  long want;
+} key_status_t;
+
+static bool key_answers(void *p) {
+  key_status_t *ks = p;
+  obx_test_http_resp_t resp;
+  bool ok = obx_test_http(outboxd.port, "GET", "/api/outbox?status=FAILED", ks->key, NULL, NULL, &resp) &&
+            resp.status == ks->want;
+  obx_test_http_resp_cleanup(&resp);
+  return ok;
+}
+
+static void set_disabled(const char *hash, bool disabled) {
+  bson_t *filter = BCON_NEW("_id", BCON_UTF8(hash));
+  bson_t *update = BCON_NEW("$set", "{", "disabled", BCON_BOOL(disabled), "}");
+  mongoc_collection_t *c = coll("api_keys");
+  bson_error_t berr;
+  if (!mongoc_collection_update_one(c, filter, update, NULL, NULL, &berr)) fail_msg("disable %s: %s", hash, berr.message);
+  mongoc_collection_destroy(c);
+  bson_destroy(update);
+  bson_destroy(filter);
+}
+
+/* A key stored by `outboxctl apikey new --store db` (only its hash in api_keys) works once
+ * outboxd has read api_keys again; disabled it gets 401 after the next refresh, enabled again
+ * it works, removed it gets 401. Its permissions and org apply as for a file key. */
+static void test_db_keys(void **state) {
+  (void)state;
+  char out[2048], key[OBX_AUTH_KEY_LEN + 1] = "", hash[OBX_AUTH_HASH_LEN + 1];
+  int rc = outboxctl("apikey new --org acme --perm outbox:read --store db", out, sizeof out);
+  if (rc != 0 || sscanf(out, "key: %47s", key) != 1) fail_msg("apikey new --store db: exit %d: %s", rc, out);
+  obx_auth_hash(key, hash);
+
+  bson_t doc = BSON_INITIALIZER;
+  bson_t *filter = BCON_NEW("_id", BCON_UTF8(hash));
+  if (!find_one("api_keys", filter, &doc)) fail_msg("api_keys has no document %s after: %s", hash, out);
+  char *json = bson_as_relaxed_extended_json(&doc, NULL);
+  if (strstr(json, key)) fail_msg("api_keys stores the clear key: %s", json);
+  bson_free(json);
+  assert_string_equal(obx_test_doc_str(&doc, "orgId"), "acme");
+  assert_string_equal(obx_test_doc_str(&doc, "permissions.0"), "outbox:read");
+  bson_iter_t it;
+  assert_true(bson_iter_init_find(&it, &doc, "createdAt") && BSON_ITER_HOLDS_DATE_TIME(&it));
+  bson_destroy(&doc);
+
+  key_status_t ks = {key, 200};
+  if (!obx_test_wait_for(key_answers, &ks, 30000, 100)) fail_msg("the api_keys key never got 200 on GET /api/outbox");
+  obx_test_http_resp_t resp;
+  request("GET", "/api/outbox?status=FAILED", key, NULL, 200, &resp);
+  if (strstr(resp.body, globex_out)) fail_msg("acme's api_keys key sees globex's %s: %s", globex_out, resp.body);
+  obx_test_http_resp_cleanup(&resp);
+  request("GET", "/api/inbox", key, NULL, 403, &resp); /* its permissions, not more */
+  obx_test_http_resp_cleanup(&resp);
+
+  set_disabled(hash, true);
+  ks.want = 401;
+  if (!obx_test_wait_for(key_answers, &ks, 30000, 100)) fail_msg("a disabled api_keys key still works");
+  set_disabled(hash, false);
+  ks.want = 200;
+  if (!obx_test_wait_for(key_answers, &ks, 30000, 100)) fail_msg("a re-enabled api_keys key never worked again");
+  mongoc_collection_t *c = coll("api_keys");
+  bson_error_t berr;
+  if (!mongoc_collection_delete_one(c, filter, NULL, NULL, &berr)) fail_msg("delete: %s", berr.message);
+  mongoc_collection_destroy(c);
+  ks.want = 401;
+  if (!obx_test_wait_for(key_answers, &ks, 30000, 100)) fail_msg("a removed api_keys key still works");
+  bson_destroy(filter);
+  /* the file's keys are untouched by the refreshes */
+  request("GET", "/api/outbox?status=FAILED", key_globex, NULL, 200, &resp);
+  obx_test_http_resp_cleanup(&resp);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_route_table),
@@ -612,6 +689,7 @@ int main(void) {
     cmocka_unit_test(test_dlq_redrive_all),
     cmocka_unit_test(test_outboxctl_reprocess),
     cmocka_unit_test(test_outboxctl_status),
+    cmocka_unit_test(test_db_keys),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1,4 +1,4 @@
-/* test_auth.c - API keys: hashing, generation, the keys file, permission checks */
+/* test_auth.c - API keys: hashing, generation, the keys file, the database set, permission checks */
 #include "obx_test.h"
 #include "obx_test_doc.h"
 
@@ -93,12 +93,65 @@ static void test_load_rejects(void **state) {
   obx_auth_destroy(empty);
 }
 
+/* The database set joins the file's keys; a refresh without a key revokes it (its entry, borrowed
+ * by a request in flight, stays readable), a changed permission list replaces it, invalid
+ * entries are skipped, file keys are never touched. */
+static void test_db_keys(void **state) {
+  char path[300], kfile[OBX_AUTH_KEY_LEN + 1], kdb[OBX_AUTH_KEY_LEN + 1], kdb2[OBX_AUTH_KEY_LEN + 1];
+  char hfile[65], hdb[65], hdb2[65], text[256];
+  obx_auth_key_generate(kfile, NULL);
+  obx_auth_key_generate(kdb, NULL);
+  obx_auth_key_generate(kdb2, NULL);
+  obx_auth_hash(kfile, hfile);
+  obx_auth_hash(kdb, hdb);
+  obx_auth_hash(kdb2, hdb2);
+  snprintf(path, sizeof path, "%s/keys-db", obx_test_tmpdir());
+  snprintf(text, sizeof text, "%s acme orders:write\n", hfile);
+  obx_test_write_file(path, text);
+  obx_err_t err = OBX_ERR_INIT;
+  obx_auth_t *auth = obx_auth_load(path, &err);
+  assert_non_null(auth);
+  assert_null(obx_auth_find(auth, kdb));
+
+  const obx_auth_entry_t first[] = {{hdb, "globex", "outbox:read,dlq:read"}, {"not-a-hash", "globex", "*"},
+                                    {hdb2, "bad org!", "*"}};
+  obx_auth_set_db_keys(auth, first, 3);
+  const obx_auth_key_t *k = obx_auth_find(auth, kdb);
+  assert_non_null(k);
+  assert_string_equal(k->org_id, "globex");
+  assert_true(obx_auth_key_allows(k, "dlq:read"));
+  assert_false(obx_auth_key_allows(k, "orders:write"));
+  assert_null(obx_auth_find(auth, kdb2)); /* invalid org: skipped */
+  assert_non_null(obx_auth_find(auth, kfile));
+  assert_int_equal(obx_auth_count(auth), 2);
+
+  obx_auth_set_db_keys(auth, first, 1); /* the same set again: the same entry */
+  assert_ptr_equal(obx_auth_find(auth, kdb), k);
+  assert_int_equal(obx_auth_count(auth), 2);
+
+  const obx_auth_entry_t changed[] = {{hdb, "globex", "outbox:read"}};
+  obx_auth_set_db_keys(auth, changed, 1);
+  const obx_auth_key_t *k2 = obx_auth_find(auth, kdb);
+  assert_non_null(k2);
+  assert_ptr_not_equal(k2, k);
+  assert_false(obx_auth_key_allows(k2, "dlq:read"));
+  assert_true(k->revoked);
+  assert_true(obx_auth_key_allows(k, "dlq:read")); /* the revoked entry is still readable */
+
+  obx_auth_set_db_keys(auth, NULL, 0);
+  assert_null(obx_auth_find(auth, kdb));
+  assert_non_null(obx_auth_find(auth, kfile));
+  assert_int_equal(obx_auth_count(auth), 3);
+  obx_auth_destroy(auth);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_hash_vector),
     cmocka_unit_test(test_generate),
     cmocka_unit_test(test_load_and_find),
     cmocka_unit_test(test_load_rejects),
+    cmocka_unit_test(test_db_keys),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
