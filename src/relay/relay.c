@@ -183,18 +183,17 @@ static bool relay_write_reports(obx_relay_t *relay) {
 
 static void relay_lease_step_down(obx_relay_t *relay, const char *why);
 
-/* findAndModify on `leases`; *value receives a copy of the returned document (or stays empty).
- * Returns false on an error other than a duplicate key (a lost upsert race). */
-static bool relay_lease_modify(obx_relay_t *relay, const bson_t *query, const bson_t *update, bool upsert,
-                               bson_t *value) {
+bool relay_find_and_modify(mongoc_collection_t *collection, const bson_t *query, const bson_t *sort,
+                           const bson_t *update, bool upsert, bson_t *value, obx_err_t *err) {
   mongoc_find_and_modify_opts_t *opts = mongoc_find_and_modify_opts_new();
   mongoc_find_and_modify_opts_set_update(opts, update);
+  if (sort) mongoc_find_and_modify_opts_set_sort(opts, sort);
   mongoc_find_and_modify_opts_set_flags(opts, MONGOC_FIND_AND_MODIFY_RETURN_NEW |
                                               (upsert ? MONGOC_FIND_AND_MODIFY_UPSERT : 0));
   bson_t reply;
   bson_error_t berr;
   bson_iter_t it;
-  bool ok = mongoc_collection_find_and_modify_with_opts(relay->leases, query, opts, &reply, &berr);
+  bool ok = mongoc_collection_find_and_modify_with_opts(collection, query, opts, &reply, &berr);
   if (ok && bson_iter_init_find(&it, &reply, "value") && BSON_ITER_HOLDS_DOCUMENT(&it)) {
     uint32_t len;
     const uint8_t *data;
@@ -202,14 +201,22 @@ static bool relay_lease_modify(obx_relay_t *relay, const bson_t *query, const bs
     bson_t doc;
     if (bson_init_static(&doc, data, len)) bson_copy_to_excluding_noinit(&doc, value, "", NULL);
   } else if (!ok) {
-    obx_err_t err = OBX_ERR_INIT;
-    obx_err_from_bson(&err, &berr, &reply);
-    if (obx_err_is_duplicate_key(&err)) ok = true;
-    else obx_warn("lease: %s", err.msg);
+    obx_err_from_bson(err, &berr, &reply);
   }
   bson_destroy(&reply);
   mongoc_find_and_modify_opts_destroy(opts);
   return ok;
+}
+
+/* findAndModify on `leases`; *value receives a copy of the returned document (or stays empty).
+ * Returns false on an error other than a duplicate key (a lost upsert race). */
+static bool relay_lease_modify(obx_relay_t *relay, const bson_t *query, const bson_t *update, bool upsert,
+                               bson_t *value) {
+  obx_err_t err = OBX_ERR_INIT;
+  if (relay_find_and_modify(relay->leases, query, NULL, update, upsert, value, &err)) return true;
+  if (obx_err_is_duplicate_key(&err)) return true;
+  obx_warn("lease: %s", err.msg);
+  return false;
 }
 
 static void relay_lease_acquire(obx_relay_t *relay) {

@@ -31,27 +31,9 @@ static bool relay_claim(obx_relay_t *relay, int64_t grace_ms, bson_t *doc) {
   bson_t *update = BCON_NEW("$set", "{", "claimedBy", BCON_UTF8(relay->owner), "claimedUntil",
                             BCON_DATE_TIME(now + claim_ms), "}");
   bson_t *sort = BCON_NEW("availableAt", BCON_INT32(1), "_id", BCON_INT32(1));
-  mongoc_find_and_modify_opts_t *opts = mongoc_find_and_modify_opts_new();
-  mongoc_find_and_modify_opts_set_update(opts, update);
-  mongoc_find_and_modify_opts_set_sort(opts, sort);
-  mongoc_find_and_modify_opts_set_flags(opts, MONGOC_FIND_AND_MODIFY_RETURN_NEW);
-  bson_t reply;
-  bson_error_t berr;
-  bson_iter_t it;
-  bool ok = mongoc_collection_find_and_modify_with_opts(relay->outbox, query, opts, &reply, &berr);
-  if (ok && bson_iter_init_find(&it, &reply, "value") && BSON_ITER_HOLDS_DOCUMENT(&it)) {
-    uint32_t len;
-    const uint8_t *data;
-    bson_t value;
-    bson_iter_document(&it, &len, &data);
-    if (bson_init_static(&value, data, len)) bson_copy_to_excluding_noinit(&value, doc, "", NULL);
-  } else if (!ok) {
-    obx_err_t err = OBX_ERR_INIT;
-    obx_err_from_bson(&err, &berr, &reply);
-    obx_warn("sweeper claim: %s", err.msg);
-  }
-  bson_destroy(&reply);
-  mongoc_find_and_modify_opts_destroy(opts);
+  obx_err_t err = OBX_ERR_INIT;
+  bool ok = relay_find_and_modify(relay->outbox, query, sort, update, false, doc, &err);
+  if (!ok) obx_warn("sweeper claim: %s", err.msg);
   bson_destroy(sort);
   bson_destroy(update);
   bson_destroy(query);
