@@ -345,6 +345,68 @@ static void test_count_distinct_aggregate(void **state) {
   mongoc_collection_destroy(c);
 }
 
+/* The values of field k (or n, as $count names it) of an aggregate's results, comma-separated. */
+static void aggregate_field(mongoc_collection_t *c, const char *pipeline_json, char *out, size_t outlen) {
+  bson_t *pipeline = obx_test_bson(pipeline_json);
+  mongoc_cursor_t *cur = mongoc_collection_aggregate(c, MONGOC_QUERY_NONE, pipeline, NULL, NULL);
+  const bson_t *doc;
+  out[0] = 0;
+  while (mongoc_cursor_next(cur, &doc)) {
+    bson_iter_t it;
+    bool has = bson_iter_init_find(&it, doc, "k") || bson_iter_init_find(&it, doc, "n");
+    size_t len = strlen(out);
+    snprintf(out + len, outlen - len, "%s%lld", len ? "," : "", has ? (long long)bson_iter_as_int64(&it) : -1LL);
+  }
+  bson_error_t error;
+  if (mongoc_cursor_error(cur, &error)) fail_msg("aggregate %s: %s", pipeline_json, error.message);
+  mongoc_cursor_destroy(cur);
+  bson_destroy(pipeline);
+}
+
+/* $skip, $limit and $count in an aggregate, and countDocuments with skip/limit options (which
+ * libmongoc turns into the same stages). */
+static void test_count_skip_limit(void **state) {
+  static const struct {
+    const char *pipeline, *want; /* want: "" when no document comes back */
+  } aggs[] = {
+    {"[{\"$match\": {\"org\": \"a\"}}, {\"$skip\": 1}, {\"$limit\": 2}, {\"$count\": \"n\"}]", "2"},
+    {"[{\"$match\": {\"org\": \"a\"}}, {\"$skip\": 4}, {\"$limit\": 2}, {\"$count\": \"n\"}]", "1"},
+    {"[{\"$match\": {\"org\": \"a\"}}, {\"$skip\": 5}, {\"$count\": \"n\"}]", ""},
+    {"[{\"$match\": {\"org\": \"a\"}}, {\"$count\": \"n\"}]", "5"},
+    {"[{\"$match\": {\"org\": \"a\"}}, {\"$sort\": {\"k\": -1}}, {\"$skip\": 1}, {\"$limit\": 2}]", "4,3"},
+  };
+  static const struct {
+    const char *opts;
+    int64_t want;
+  } counts[] = {
+    {NULL, 5}, {"{\"skip\": 1, \"limit\": 2}", 2}, {"{\"skip\": 3}", 2},
+    {"{\"limit\": 10}", 5}, {"{\"skip\": 10}", 0}, {"{\"skip\": 4, \"limit\": 2}", 1},
+  };
+  mongoc_collection_t *c = coll("skiplimit");
+  for (int k = 1; k <= 6; k++) {
+    char doc[64];
+    snprintf(doc, sizeof doc, "{\"k\": %d, \"org\": \"%s\"}", k, k <= 5 ? "a" : "b");
+    insert(c, doc);
+  }
+  for (size_t i = 0; i < sizeof aggs / sizeof aggs[0]; i++) {
+    char got[128];
+    aggregate_field(c, aggs[i].pipeline, got, sizeof got);
+    if (strcmp(got, aggs[i].want) != 0) fail_msg("aggregate %s: got [%s] want [%s]", aggs[i].pipeline, got, aggs[i].want);
+  }
+  bson_t *q = obx_test_bson("{\"org\": \"a\"}");
+  for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+    bson_error_t error;
+    bson_t *opts = counts[i].opts ? obx_test_bson(counts[i].opts) : NULL;
+    int64_t got = mongoc_collection_count_documents(c, q, opts, NULL, NULL, &error);
+    if (got != counts[i].want)
+      fail_msg("countDocuments {org: a} %s: got %lld (%s) want %lld", counts[i].opts ? counts[i].opts : "", (long long)got,
+               got < 0 ? error.message : "", (long long)counts[i].want);
+    bson_destroy(opts);
+  }
+  bson_destroy(q);
+  mongoc_collection_destroy(c);
+}
+
 static void test_collections_and_indexes(void **state) {
   mongoc_database_t *db = mongoc_client_get_database(g_client, "crud_admin");
   bson_error_t error;
@@ -484,6 +546,7 @@ int main(void) {
     cmocka_unit_test(test_update_upsert_delete),
     cmocka_unit_test(test_find_and_modify),
     cmocka_unit_test(test_count_distinct_aggregate),
+    cmocka_unit_test(test_count_skip_limit),
     cmocka_unit_test(test_collections_and_indexes),
     cmocka_unit_test(test_unique_compound_partial),
     cmocka_unit_test(test_ttl_with_delete_event),
