@@ -73,8 +73,6 @@ const char *obx_pipeline_org_id(const obx_pipeline_t *pipeline);
 const char *obx_pipeline_trigger(const obx_pipeline_t *pipeline);
 int32_t obx_pipeline_version(const obx_pipeline_t *pipeline);
 bool obx_pipeline_enabled(const obx_pipeline_t *pipeline);
-/* The definition as parsed (the document given to obx_pipeline_parse); borrowed. */
-const bson_t *obx_pipeline_doc(const obx_pipeline_t *pipeline);
 
 /* "order.pre", "order.post" or "event.<Type>" (Type: letters, digits, '_', '-', '.'). */
 bool obx_pipeline_trigger_valid(const char *trigger);

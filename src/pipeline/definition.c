@@ -306,4 +306,3 @@ const char *obx_pipeline_org_id(const obx_pipeline_t *pipeline) { return pipelin
 const char *obx_pipeline_trigger(const obx_pipeline_t *pipeline) { return pipeline->trigger; }
 int32_t obx_pipeline_version(const obx_pipeline_t *pipeline) { return pipeline->version; }
 bool obx_pipeline_enabled(const obx_pipeline_t *pipeline) { return pipeline->enabled; }
-const bson_t *obx_pipeline_doc(const obx_pipeline_t *pipeline) { return &pipeline->doc; }
