@@ -252,13 +252,18 @@ static bool rpc_ok(amqp_connection_state_t conn, const char *what, obx_err_t *er
   return false;
 }
 
+/* The next connection attempt waits backoff_ms, which doubles up to BACKOFF_MAX_MS. */
+static void arm_backoff(conn_t *c) {
+  c->next_try_ms = mono_ms() + c->backoff_ms;
+  c->backoff_ms = c->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : c->backoff_ms * 2;
+}
+
 static void conn_drop(conn_t *c) {
   if (!c->conn) return;
   amqp_connection_close(c->conn, AMQP_REPLY_SUCCESS);
   amqp_destroy_connection(c->conn);
   c->conn = NULL;
-  c->next_try_ms = mono_ms() + c->backoff_ms;
-  c->backoff_ms = c->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : c->backoff_ms * 2;
+  arm_backoff(c);
 }
 
 static amqp_table_entry_t arg_str(const char *key, const char *value) {
@@ -351,8 +356,7 @@ static bool conn_open(conn_t *c, const names_t *n, const char *name, obx_err_t *
 done:
   if (!ok) {
     amqp_destroy_connection(conn);
-    c->next_try_ms = mono_ms() + c->backoff_ms;
-    c->backoff_ms = c->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : c->backoff_ms * 2;
+    arm_backoff(c);
     return false;
   }
   c->conn = conn;

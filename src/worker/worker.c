@@ -149,6 +149,13 @@ static bool nap(obx_worker_t *w, int64_t ms) {
   return false;
 }
 
+/* Naps *backoff_ms, then doubles it up to INFRA_BACKOFF_MAX_MS; false when stopping. */
+static bool nap_backoff(obx_worker_t *w, int64_t *backoff_ms) {
+  if (!nap(w, *backoff_ms)) return false;
+  *backoff_ms = *backoff_ms * 2 > INFRA_BACKOFF_MAX_MS ? INFRA_BACKOFF_MAX_MS : *backoff_ms * 2;
+  return true;
+}
+
 static void complete(obx_worker_t *w, job_t *job) {
   if (job->source == WORKER_SOURCE_HTTP) {
     worker_http_complete(job->wait, job->outcome);
@@ -265,8 +272,7 @@ static void *lane_main(void *arg) {
                        : worker_handle(w, job->source, &job->msg, -1, -1);
       /* MongoDB or RabbitMQ unavailable: retry the same event; HTTP callers retry themselves. */
       if (job->outcome != WORKER_INFRA || job->source == WORKER_SOURCE_HTTP) break;
-      if (!nap(w, backoff)) break;
-      backoff = backoff * 2 > INFRA_BACKOFF_MAX_MS ? INFRA_BACKOFF_MAX_MS : backoff * 2;
+      if (!nap_backoff(w, &backoff)) break;
     }
     count_outcome(w, job->outcome);
     complete(w, job);
@@ -292,8 +298,7 @@ static bool publish_until_confirmed(obx_worker_t *w, const obx_ladder_msg_t *msg
     obx_log_event(OBX_LOG_WARN, msg->message_id, NULL, "publish to %s failed, retrying: %s",
                   tier >= 0 ? "retry tier" : tier == PUBLISH_DLQ ? "DLQ" : "work queue", err.msg);
     if (!err.retriable) return false;
-    if (!nap(w, backoff)) return false;
-    backoff = backoff * 2 > INFRA_BACKOFF_MAX_MS ? INFRA_BACKOFF_MAX_MS : backoff * 2;
+    if (!nap_backoff(w, &backoff)) return false;
   }
 }
 
@@ -569,11 +574,10 @@ static bool release_if_head(obx_worker_t *w, mongoc_client_t *client, const obx_
     } else {
       obx_log_event(OBX_LOG_WARN, ev->id, ev->correlation_id, "parked-key lookup failed: %s", err.msg);
     }
-    if (!nap(w, backoff)) {
+    if (!nap_backoff(w, &backoff)) {
       obx_warn("stopping: key %s is handed on when its head's message comes back", ev->partition_key);
       return false;
     }
-    backoff = backoff * 2 > INFRA_BACKOFF_MAX_MS ? INFRA_BACKOFF_MAX_MS : backoff * 2;
   }
 }
 
