@@ -17,6 +17,7 @@
  * OBX_CTL_COMMANDS (include/obx/obx_ctl.h), which also feeds the help below. */
 #include "obx/obx_ctl.h"
 #include "obx/obx_log.h"
+#include "obx/obx_mongo.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -42,6 +43,9 @@ static void usage(FILE *out) {
   for (int i = 0; i < NCOMMANDS; i++) fprintf(out, "  %-*s  %s\n", width, commands[i].name, commands[i].summary);
   fprintf(out, "\nexit status: 0 success, 1 operation failed, 2 bad usage or configuration\n");
 }
+
+/* quiet driver start, even for --help (see obx_mongo.h) */
+OBX_MONGO_PREINIT;
 
 int main(int argc, char **argv) {
   obx_log_set_role("ctl");

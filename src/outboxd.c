@@ -105,6 +105,9 @@ static bool apply_roles(obx_conf_t *conf, const char *list, obx_err_t *err) {
 
 static bool mongo_ready(void *mongo, obx_err_t *err) { return obx_mongo_ping(mongo, err); }
 
+/* quiet driver start, even for --help (see obx_mongo.h) */
+OBX_MONGO_PREINIT;
+
 int main(int argc, char **argv) {
   const char *file = NULL, *role_list = NULL;
   char *overrides[OUTBOXD_MAX_OVERRIDES];

@@ -27,6 +27,17 @@ typedef struct obx_mongo obx_mongo_t;
 /* Builds the pool from conf->mongo_uri / conf->mongo_db (copied). Fails only on a malformed
  * URI (OBX_ERR_CONF). Returns owned; free with obx_mongo_destroy (NULL is a no-op) after every
  * popped client was pushed back. */
+/* libmongoc initialises itself before main (its automatic init) and warns "Falling back to
+ * malloc for counters" on stderr when the shared-memory segment /dev/shm/mongoc-<pid> is left
+ * over by a killed process of the same pid, even for --help. OBX_MONGO_PREINIT, written once
+ * at file scope in a program's main file, runs obx_mongo_preinit from the executable's
+ * .preinit_array, before any library initialiser: it removes /dev/shm/mongoc-<own pid>, which
+ * no live process can own, so the driver creates its segment afresh, quietly. */
+void obx_mongo_preinit(int argc, char **argv, char **envp);
+#define OBX_MONGO_PREINIT                                                                         \
+  __attribute__((section(".preinit_array"), used)) static void (*const obx_mongo_preinit_entry)( \
+    int, char **, char **) = obx_mongo_preinit
+
 obx_mongo_t *obx_mongo_new(const obx_conf_t *conf, obx_err_t *err);
 void obx_mongo_destroy(obx_mongo_t *mongo);
 

@@ -243,8 +243,10 @@ void obx_auth_set_db_keys(obx_auth_t *auth, const obx_auth_entry_t *entries, int
   free(kept);
 }
 
-/* Reads the enabled documents of api_keys into the database set. */
+/* Reads the enabled documents of api_keys into the database set. The ping fails fast while
+ * MongoDB is down, so a stop is not held up by server selection. */
 static bool auth_refresh(obx_auth_t *auth, obx_err_t *err) {
+  if (!obx_mongo_ping(auth->mongo, err)) return false;
   mongoc_client_t *client = obx_mongo_pop(auth->mongo);
   mongoc_collection_t *coll = obx_mongo_collection(auth->mongo, client, "api_keys");
   bson_t *filter = BCON_NEW("disabled", "{", "$ne", BCON_BOOL(true), "}");

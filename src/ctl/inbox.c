@@ -1,5 +1,8 @@
 /* inbox.c - `outboxctl inbox`: the worker's inbox and replays
  *
+ *   outboxctl inbox list [STATUS] [--limit N] [--json]
+ *       The newest inbox entries of WORKER_GROUP, optionally of one status: obx_ops_list, as
+ *       GET /api/inbox (--json prints its answer, every org).
  *   outboxctl inbox show EVENT_ID
  *       The inbox entry of an event (status, attempts, last error, executions, payload) as
  *       JSON.
@@ -20,6 +23,71 @@
 
 #include "ctl/worker_ctl.h"
 #include "obx/obx_inbox.h"
+#include "obx/obx_ops.h"
+
+/* A string field, dotted paths allowed ("_id.eventId"); "-" when absent. */
+static const char *str_field(const bson_t *doc, const char *path) {
+  bson_iter_t it, found;
+  return bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, path, &found) && BSON_ITER_HOLDS_UTF8(&found)
+           ? bson_iter_utf8(&found, NULL)
+           : "-";
+}
+
+static void print_entry_line(const bson_t *entry) {
+  bson_iter_t it;
+  char received[32] = "-";
+  if (bson_iter_init_find(&it, entry, "receivedAt") && BSON_ITER_HOLDS_DATE_TIME(&it))
+    obx_time_format_rfc3339(bson_iter_date_time(&it), received);
+  long long attempts = bson_iter_init_find(&it, entry, "attempts") && BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
+  const char *last_error = bson_iter_init_find(&it, entry, "lastError") && BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : "";
+  printf("%-36s  %-20s  %-12s  %-10s  %8lld  %-24s  %s\n", str_field(entry, "_id.eventId"), str_field(entry, "eventType"),
+         str_field(entry, "orgId"), str_field(entry, "status"), attempts, received, last_error);
+}
+
+static int inbox_list(int argc, char **argv) {
+  worker_ctl_args_t args;
+  int rc = worker_ctl_parse(&args, argc, argv,
+                            "usage: outboxctl inbox list [STATUS] [--limit N] [--json]\n\n"
+                            "Lists the newest inbox entries, optionally of one status (RECEIVED, PROCESSING, DONE,\n"
+                            "SKIPPED, RETRYING, DEAD, BLOCKED).\n");
+  if (rc >= 0) goto done_args;
+  rc = OBX_CTL_USAGE;
+  if (args.npos > 1) {
+    obx_ctl_errorf("inbox list: takes at most one status");
+    goto done_args;
+  }
+  worker_ctl_t ctl;
+  if ((rc = worker_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
+    bson_t out = BSON_INITIALIZER;
+    obx_err_t err = OBX_ERR_INIT;
+    if (!obx_ops_list(&ctl.ops, OBX_OPS_INBOX, NULL, args.npos ? args.pos[0] : NULL, args.limit, &out, &err)) {
+      rc = worker_ctl_fail("inbox list", &err);
+      if (err.domain == OBX_ERR_INPUT) rc = OBX_CTL_USAGE;
+    } else if (args.json) {
+      char *json = bson_as_relaxed_extended_json(&out, NULL);
+      printf("%s\n", json);
+      bson_free(json);
+    } else {
+      printf("%-36s  %-20s  %-12s  %-10s  %8s  %-24s  %s\n", "EVENT ID", "TYPE", "ORG", "STATUS", "ATTEMPTS", "RECEIVED",
+             "LAST ERROR");
+      bson_iter_t it, items;
+      if (bson_iter_init_find(&it, &out, "items") && bson_iter_recurse(&it, &items)) {
+        while (bson_iter_next(&items)) {
+          const uint8_t *data;
+          uint32_t len;
+          bson_t entry;
+          bson_iter_document(&items, &len, &data);
+          if (bson_init_static(&entry, data, len)) print_entry_line(&entry);
+        }
+      }
+    }
+    bson_destroy(&out);
+  }
+  worker_ctl_close(&ctl);
+done_args:
+  worker_ctl_args_cleanup(&args);
+  return rc;
+}
 
 static int inbox_show(int argc, char **argv) {
   worker_ctl_args_t args;
@@ -116,6 +184,7 @@ done_args:
 
 int obx_ctl_inbox(int argc, char **argv) {
   static const obx_ctl_sub_t subs[] = {
+    {"list", "[STATUS] [--limit N] [--json]", "List the newest inbox entries, optionally of one status", inbox_list},
     {"show", "EVENT_ID", "Show the inbox entry of an event as JSON", inbox_show},
     {"replay", "EVENT_ID | --type T --since TIME [--dry-run]", "Run stored events through their pipeline again",
      inbox_replay},

@@ -5,8 +5,9 @@
  *       config/pipelines) or one FILE and creates or updates it by (orgId, name); one line
  *       per file: create, update, unchanged or invalid (with the node or edge at fault).
  *       --dry-run validates and reports without writing. Exits 1 when a file is invalid.
- *   outboxctl pipelines list [--org ORG] [-c FILE] [-X key=value ...]
- *       One line per stored pipeline: org, name, trigger, enabled, version, id.
+ *   outboxctl pipelines list [--org ORG] [--json] [-c FILE] [-X key=value ...]
+ *       One line per stored pipeline: org, name, trigger, enabled, version, id; --json prints
+ *       {"pipelines": [...]} as GET /api/pipelines answers.
  *
  * DESIGN: a thin shell over the pipeline store (src/pipeline/store.c), with a MongoDB client
  * of the configured MONGO_URI / MONGO_DB. */
@@ -88,23 +89,30 @@ static const char *field_str(const bson_t *doc, const char *key) {
 }
 
 static int pipelines_list(int argc, char **argv) {
-  static const struct option longopts[] = {{"org", required_argument, NULL, 'o'}, {"help", no_argument, NULL, 'h'}, {0}};
+  static const struct option longopts[] = {
+    {"org", required_argument, NULL, 'o'}, {"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'}, {0}};
   obx_ctl_conf_opts_t opts = {0};
   obx_mongo_t *mongo = NULL;
   mongoc_client_t *client = NULL;
   const char *org = NULL;
+  bool json = false;
   int opt, rc = OBX_CTL_USAGE;
   optind = 0;
-  while ((opt = getopt_long(argc, argv, OBX_CTL_CONF_OPTSTRING "o:h", longopts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, OBX_CTL_CONF_OPTSTRING "o:jh", longopts, NULL)) != -1) {
     if (obx_ctl_conf_option(&opts, opt, optarg)) continue;
     if (opt == 'o') {
       org = optarg;
       continue;
     }
+    if (opt == 'j') {
+      json = true;
+      continue;
+    }
     if (opt == 'h') {
-      printf("usage: outboxctl pipelines list [--org ORG] [-c FILE] [-X key=value ...]\n\n"
+      printf("usage: outboxctl pipelines list [--org ORG] [--json] [-c FILE] [-X key=value ...]\n\n"
              "Lists the stored pipelines (every org unless --org): org, name, trigger, enabled,\n"
-             "version, id.\n\noptions:\n" OBX_CTL_CONF_USAGE);
+             "version, id. --json prints {\"pipelines\": [...]} with the whole definitions.\n\noptions:\n"
+             OBX_CTL_CONF_USAGE);
       rc = OBX_CTL_OK;
     }
     goto done;
@@ -119,6 +127,10 @@ static int pipelines_list(int argc, char **argv) {
   if (!obx_pipeline_store_list(client, obx_mongo_db_name(mongo), org, &out, &err)) {
     obx_ctl_errorf("pipelines list: %s", err.msg);
     rc = OBX_CTL_FAILED;
+  } else if (json) {
+    char *text = bson_as_relaxed_extended_json(&out, NULL);
+    printf("%s\n", text);
+    bson_free(text);
   } else {
     bson_iter_t it, items;
     printf("%-12s %-28s %-24s %-8s %-7s %s\n", "ORG", "NAME", "TRIGGER", "ENABLED", "VERSION", "ID");
@@ -148,7 +160,7 @@ done:
 static const obx_ctl_sub_t pipelines_subs[] = {
   {"apply", "[DIR|FILE] [--dry-run] [-c FILE] [-X key=value ...]",
    "Validate pipeline definitions and create or update them by (orgId, name)", pipelines_apply},
-  {"list", "[--org ORG] [-c FILE] [-X key=value ...]", "List the stored pipelines", pipelines_list},
+  {"list", "[--org ORG] [--json] [-c FILE] [-X key=value ...]", "List the stored pipelines", pipelines_list},
 };
 
 int obx_ctl_pipelines(int argc, char **argv) {

@@ -9,11 +9,26 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "obx/obx_log.h"
 #include "obx/obx_metrics.h"
 
 #define OBX_MONGO_SELECTION_TIMEOUT_MS 5000
+
+void obx_mongo_preinit(int argc, char **argv, char **envp) {
+  (void)argc;
+  (void)argv;
+  (void)envp;
+  /* before libc's own initialisation: no stdio, only system calls */
+  char path[32] = "/dev/shm/mongoc-", digits[16];
+  int n = 0;
+  for (unsigned pid = (unsigned)getpid(); pid || !n; pid /= 10) digits[n++] = (char)('0' + pid % 10);
+  size_t len = strlen(path);
+  while (n) path[len++] = digits[--n];
+  path[len] = '\0';
+  unlink(path);
+}
 #define OBX_MONGO_PROBE_CONNECT_TIMEOUT_MS 2000
 #define OBX_MONGO_INDEX_OPTIONS_CONFLICT 85
 
