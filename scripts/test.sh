@@ -13,6 +13,10 @@ QUICK=0
 
 scripts/install-deps.sh
 
+# Every service and tool a test needs is installed above or started below: a test that finds
+# one missing fails instead of skipping (obx_test_have in tests/support).
+export OBX_TEST_STRICT=1
+
 JOBS=$(nproc)
 BUILD=${OBX_BUILD_DIR:-$ROOT/build}
 # Optimised, but with assert() kept: the tests must see the bugs the asserts catch.

@@ -49,4 +49,18 @@ const char *obx_test_tmpdir(void);
 /* Builds a path to a program in the build tree, e.g. obx_test_build_path("tests/fixtures/devmongo/devmongod"). */
 const char *obx_test_build_path(const char *rel);
 
+/* A prerequisite of (part of) a test that the environment may lack: a service (AMQP_URL) or a
+ * tool (the openssl CLI). Returns cond. When cond is false: under OBX_TEST_STRICT=1 (set by
+ * scripts/test.sh, where every prerequisite is installed and started) the current test fails
+ * with `why`; otherwise `why` is printed as a skip notice and false is returned, so the caller
+ * leaves out what needs it. Call from a test body (the failure leaves the test and names the
+ * caller's file and line). */
+#define obx_test_have(cond, why) obx_test_have_at((cond), (why), __FILE__, __LINE__)
+bool obx_test_have_at(bool cond, const char *why, const char *file, int line);
+/* The whole test needs cond: skipped (or, under OBX_TEST_STRICT=1, failed) without it. */
+#define obx_test_require(cond, why)          \
+  do {                                       \
+    if (!obx_test_have((cond), (why))) skip(); \
+  } while (0)
+
 #endif

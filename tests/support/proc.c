@@ -1,4 +1,4 @@
-/* proc.c - child processes and deadline polling for tests */
+/* proc.c - child processes, deadline polling and prerequisites (obx_test_have) for tests */
 #include "obx_test.h"
 
 #include <errno.h>
@@ -47,6 +47,17 @@ const char *obx_test_build_path(const char *rel) {
   char *p = path[next++ % 4];
   snprintf(p, 512, "%s/%s", OBX_BUILD_DIR, rel);
   return p;
+}
+
+bool obx_test_have_at(bool cond, const char *why, const char *file, int line) {
+  if (cond) return true;
+  const char *strict = getenv("OBX_TEST_STRICT");
+  if (strict && strcmp(strict, "1") == 0) {
+    print_error("%s (OBX_TEST_STRICT=1: a missing prerequisite fails the test instead of skipping it)\n", why);
+    _fail(file, line);
+  }
+  print_message("skipped: %s\n", why);
+  return false;
 }
 
 bool obx_test_spawn(obx_test_proc_t *proc, char *const argv[], char *const env_extra[]) {
