@@ -5,19 +5,29 @@
  * its `ready` file, places an order with the printed key, reads the event back from Kafka
  * (the kafka-mockd run.sh started) and sees the outbox say PUBLISHED. Then it sends SIGINT to
  * run.sh, as Ctrl-C would, and checks that run.sh and every process it started are gone.
+ * test_run_sh_own_rabbitmq does the same with AMQP_URL removed from run.sh's environment, so
+ * run.sh starts a private RabbitMQ node: the order still goes through, and after SIGINT the
+ * node's processes and port are gone with its directory.
  * test_run_sh_demo does the same with --demo and checks the stages it printed: integrated at
  * once, recovered through the ladder after two 503s, DEAD then redriven to DONE. */
 #include "obx_test.h"
+#include "obx_test_doc.h"
 #include "obx_test_kafka.h"
 #include "obx_test_outboxd.h"
 #include "worker_test.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #define READY_MS 240000
 #define FLOW_MS 60000
@@ -142,17 +152,14 @@ static void run_interrupt(obx_test_proc_t *run, const ready_t *r, const char *re
   assert_false(obx_test_file_contains(ready_path, "API_URL", 0)); /* removed on stop */
 }
 
-static void test_run_sh(void **state) {
-  (void)state;
-  char ready_path[400], key[128] = "";
-  obx_test_proc_t run;
-  ready_t r;
-  run_start(&run, "run-sh", "", &r, ready_path, sizeof ready_path);
-  assert_true(obx_test_read_first_line(r.key_file, key, sizeof key, 1000));
-  assert_true(obx_test_file_contains(run.log_path, "curl -s -X POST http://127.0.0.1:", 1000));
+/* An order placed with run.sh's key reaches Kafka and its outbox event becomes PUBLISHED. */
+static void order_flows(const obx_test_proc_t *run, const ready_t *r) {
+  char key[128] = "";
+  assert_true(obx_test_read_first_line(r->key_file, key, sizeof key, 1000));
+  assert_true(obx_test_file_contains(run->log_path, "curl -s -X POST http://127.0.0.1:", 1000));
 
   obx_test_http_resp_t resp;
-  assert_true(obx_test_http(r.port, "POST", "/orders", key,
+  assert_true(obx_test_http(r->port, "POST", "/orders", key,
                             "{\"customerEmail\": \"customer@company.com\", \"amount\": \"149.90\"}", NULL, &resp));
   if (resp.status != 201) fail_msg("POST /orders: got HTTP %ld %s, want 201", resp.status, resp.body);
   bson_iter_t it, ids;
@@ -164,12 +171,20 @@ static void test_run_sh(void **state) {
   assert_true(event_id[0]);
 
   record_ctx_t rec = {.id = event_id};
-  obx_test_kafka_consume_all(r.kafka, "domain-events", NULL, 1, FLOW_MS, on_record, &rec);
-  if (!rec.seen) fail_msg("event %s not in Kafka topic domain-events at %s", event_id, r.kafka);
+  obx_test_kafka_consume_all(r->kafka, "domain-events", NULL, 1, FLOW_MS, on_record, &rec);
+  if (!rec.seen) fail_msg("event %s not in Kafka topic domain-events at %s", event_id, r->kafka);
   assert_string_equal(rec.type, "OrderConfirmed");
-  published_ctx_t pc = {r.port, key, event_id};
+  published_ctx_t pc = {r->port, key, event_id};
   if (!obx_test_wait_for(outbox_published, &pc, FLOW_MS, 100)) fail_msg("outbox event %s never PUBLISHED", event_id);
+}
 
+static void test_run_sh(void **state) {
+  (void)state;
+  char ready_path[400];
+  obx_test_proc_t run;
+  ready_t r;
+  run_start(&run, "run-sh", "", &r, ready_path, sizeof ready_path);
+  order_flows(&run, &r);
   run_interrupt(&run, &r, ready_path);
   static const int64_t tiers[] = {5000, 30000, 120000, 600000}; /* RETRY_LADDER's default */
   delete_queues(tiers, 4);
@@ -197,7 +212,91 @@ static void test_run_sh_demo(void **state) {
   delete_queues(tiers, 3);
 }
 
+/* The private node run.sh started: its name (OBX_RMQ_NODE of its env file) and AMQP port. */
+typedef struct {
+  char node[128];
+  int port;
+} rmq_node_t;
+
+static void read_rmq_node(const char *ready_path, rmq_node_t *n) {
+  char dir[300], env_path[400], url[256];
+  if (!ready_value(ready_path, "RMQ_DIR", dir, sizeof dir) || !*dir)
+    fail_msg("%s: no RMQ_DIR, yet AMQP_URL was not set for run.sh", ready_path);
+  snprintf(env_path, sizeof env_path, "%s/env", dir);
+  char *env = obx_test_read_file(env_path);
+  const char *node = env ? strstr(env, "OBX_RMQ_NODE=") : NULL;
+  if (!node) fail_msg("%s: no OBX_RMQ_NODE", env_path);
+  node += strlen("OBX_RMQ_NODE=");
+  snprintf(n->node, sizeof n->node, "%.*s", (int)strcspn(node, "\n'\""), node);
+  free(env);
+  if (!ready_value(ready_path, "AMQP_URL", url, sizeof url)) fail_msg("%s: no AMQP_URL", ready_path);
+  const char *host = strstr(url, "@127.0.0.1:");
+  n->port = host ? atoi(host + strlen("@127.0.0.1:")) : 0;
+  if (n->port <= 0 || !n->node[0]) fail_msg("private node: got node '%s' port %d from %s", n->node, n->port, url);
+}
+
+/* Some process's command line names the node. */
+static bool node_runs(const char *node) {
+  DIR *d = opendir("/proc");
+  struct dirent *e;
+  bool found = false;
+  while (d && !found && (e = readdir(d))) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    char path[300], buf[8192];
+    snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    for (size_t i = 0; i < len; i++)
+      if (!buf[i]) buf[i] = ' ';
+    buf[len] = '\0';
+    found = strstr(buf, node) != NULL;
+  }
+  if (d) closedir(d);
+  return found;
+}
+
+static bool port_open(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool open = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+  if (fd >= 0) close(fd);
+  return open;
+}
+
+static bool node_gone(void *p) {
+  const rmq_node_t *n = p;
+  return !node_runs(n->node) && !port_open(n->port);
+}
+
+/* run.sh without AMQP_URL starts and stops a RabbitMQ node of its own. */
+static void test_run_sh_own_rabbitmq(void **state) {
+  (void)state;
+  char ready_path[400], *shared = getenv("AMQP_URL") ? strdup(getenv("AMQP_URL")) : NULL;
+  obx_test_proc_t run;
+  ready_t r;
+  rmq_node_t node;
+  unsetenv("AMQP_URL"); /* run.sh inherits this environment */
+  run_start(&run, "run-sh-rmq", "", &r, ready_path, sizeof ready_path);
+  if (shared) setenv("AMQP_URL", shared, 1);
+  free(shared);
+  read_rmq_node(ready_path, &node);
+  if (!node_runs(node.node) || !port_open(node.port))
+    fail_msg("run.sh's RabbitMQ node %s on port %d does not run", node.node, node.port);
+  order_flows(&run, &r);
+  char dir[300];
+  assert_true(ready_value(ready_path, "RMQ_DIR", dir, sizeof dir));
+  run_interrupt(&run, &r, ready_path);
+  if (!obx_test_wait_for(node_gone, &node, 60000, 200))
+    fail_msg("after SIGINT run.sh's RabbitMQ node %s still runs or port %d still answers", node.node, node.port);
+  struct stat st;
+  if (stat(dir, &st) == 0) fail_msg("run.sh's RabbitMQ directory %s is left behind", dir);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_run_sh), cmocka_unit_test(test_run_sh_demo)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_run_sh), cmocka_unit_test(test_run_sh_own_rabbitmq),
+                                     cmocka_unit_test(test_run_sh_demo)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
