@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stdio.h>
+#include <bson/bson.h>
 
 #include "obx/obx_conf.h"
 
@@ -51,6 +52,9 @@ int obx_ctl_dispatch(const char *summary, const obx_ctl_sub_t *subs, int nsubs, 
 
 /* Prints "outboxctl: <message>\n" to stderr. */
 void obx_ctl_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Prints doc to stdout as relaxed extended JSON on one line (the --json output). */
+void obx_ctl_print_json(const bson_t *doc);
 
 /* The -c FILE and -X key=value options, shared by every command that loads the
  * configuration. Use OBX_CTL_CONF_OPTSTRING in getopt and pass each option to

@@ -17,6 +17,12 @@ void obx_ctl_errorf(const char *fmt, ...) {
   va_end(ap);
 }
 
+void obx_ctl_print_json(const bson_t *doc) {
+  char *json = bson_as_relaxed_extended_json(doc, NULL);
+  printf("%s\n", json);
+  bson_free(json);
+}
+
 static void print_subs(FILE *out, const char *cmd, const char *summary, const obx_ctl_sub_t *subs, int nsubs) {
   fprintf(out, "outboxctl %s - %s\n\nusage:\n", cmd, summary);
   for (int i = 0; i < nsubs; i++) fprintf(out, "  outboxctl %s %s %s\n", cmd, subs[i].name, subs[i].args);

@@ -57,9 +57,7 @@ static void print_msg_json(const obx_ladder_msg_t *msg) {
   if (payload) BSON_APPEND_DOCUMENT(&doc, "payload", payload);
   else bson_append_utf8(&doc, "body", -1, msg->body, (int)msg->body_len);
   bson_destroy(payload);
-  char *json = bson_as_relaxed_extended_json(&doc, NULL);
-  printf("%s\n", json);
-  bson_free(json);
+  obx_ctl_print_json(&doc);
   bson_destroy(&doc);
 }
 

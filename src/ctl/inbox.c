@@ -64,9 +64,7 @@ static int inbox_list(int argc, char **argv) {
       rc = worker_ctl_fail("inbox list", &err);
       if (err.domain == OBX_ERR_INPUT) rc = OBX_CTL_USAGE;
     } else if (args.json) {
-      char *json = bson_as_relaxed_extended_json(&out, NULL);
-      printf("%s\n", json);
-      bson_free(json);
+      obx_ctl_print_json(&out);
     } else {
       printf("%-36s  %-20s  %-12s  %-10s  %8s  %-24s  %s\n", "EVENT ID", "TYPE", "ORG", "STATUS", "ATTEMPTS", "RECEIVED",
              "LAST ERROR");
@@ -112,9 +110,7 @@ static int inbox_show(int argc, char **argv) {
       obx_ctl_errorf("inbox show: no entry for event %s of consumer %s", args.pos[0], ctl.ops.consumer);
       rc = OBX_CTL_FAILED;
     } else {
-      char *json = bson_as_relaxed_extended_json(&doc, NULL);
-      printf("%s\n", json);
-      bson_free(json);
+      obx_ctl_print_json(&doc);
     }
     bson_destroy(&doc);
   }

@@ -32,9 +32,7 @@ static int keys_list(int argc, char **argv) {
     if (!ok) {
       rc = worker_ctl_fail("keys list", &err);
     } else if (args.json) {
-      char *json = bson_as_relaxed_extended_json(&out, NULL);
-      printf("%s\n", json);
-      bson_free(json);
+      obx_ctl_print_json(&out);
     } else {
       printf("%-24s  %-36s  %-24s  %7s  %s\n", "KEY", "HEAD EVENT", "SINCE", "BLOCKED", "REASON");
       bson_iter_t it, keys;

@@ -17,12 +17,6 @@
 #include "ctl/worker_ctl.h"
 #include "obx/obx_ops.h"
 
-static void print_json(const bson_t *doc) {
-  char *json = bson_as_relaxed_extended_json(doc, NULL);
-  printf("%s\n", json);
-  bson_free(json);
-}
-
 static const char *str_field(const bson_t *doc, const char *name, const char *dflt) {
   bson_iter_t it;
   return bson_iter_init_find(&it, doc, name) && BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : dflt;
@@ -57,7 +51,7 @@ static int outbox_list(int argc, char **argv) {
       rc = worker_ctl_fail("outbox list", &err);
       if (err.domain == OBX_ERR_INPUT) rc = OBX_CTL_USAGE;
     } else if (args.json) {
-      print_json(&out);
+      obx_ctl_print_json(&out);
     } else {
       printf("%-36s  %-20s  %-12s  %-9s  %8s  %-24s  %s\n", "ID", "TYPE", "ORG", "STATUS", "ATTEMPTS", "OCCURRED",
              "LAST ERROR");
@@ -96,7 +90,7 @@ static int outbox_counts(int argc, char **argv) {
     if (!obx_ops_counts(&ctl.ops, OBX_OPS_OUTBOX, NULL, &out, &err)) {
       rc = worker_ctl_fail("outbox counts", &err);
     } else if (args.json) {
-      print_json(&out);
+      obx_ctl_print_json(&out);
     } else {
       bson_iter_t it;
       if (bson_iter_init(&it, &out))
@@ -126,7 +120,7 @@ static int outbox_reprocess(int argc, char **argv) {
     bson_t out = BSON_INITIALIZER;
     obx_err_t err = OBX_ERR_INIT;
     if (!obx_ops_outbox_reprocess(&ctl.ops, NULL, args.pos[0], &out, &err)) rc = worker_ctl_fail("outbox reprocess", &err);
-    else if (args.json) print_json(&out);
+    else if (args.json) obx_ctl_print_json(&out);
     else printf("%s: FAILED -> PENDING\n", args.pos[0]);
     bson_destroy(&out);
   }

@@ -128,9 +128,7 @@ static int pipelines_list(int argc, char **argv) {
     obx_ctl_errorf("pipelines list: %s", err.msg);
     rc = OBX_CTL_FAILED;
   } else if (json) {
-    char *text = bson_as_relaxed_extended_json(&out, NULL);
-    printf("%s\n", text);
-    bson_free(text);
+    obx_ctl_print_json(&out);
   } else {
     bson_iter_t it, items;
     printf("%-12s %-28s %-24s %-8s %-7s %s\n", "ORG", "NAME", "TRIGGER", "ENABLED", "VERSION", "ID");

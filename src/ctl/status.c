@@ -94,9 +94,7 @@ int obx_ctl_status(int argc, char **argv) {
     if (!obx_ops_status(&ctl.ops, &out, &err)) {
       rc = worker_ctl_fail("status", &err);
     } else if (args.json) {
-      char *json = bson_as_relaxed_extended_json(&out, NULL);
-      printf("%s\n", json);
-      bson_free(json);
+      obx_ctl_print_json(&out);
     } else {
       print_text(&out);
     }
