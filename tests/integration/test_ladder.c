@@ -119,6 +119,75 @@ static void test_topology_is_idempotent(void **state) {
   assert_int_equal(depth(fx, obx_ladder_work_queue(fx->ladder)), 0);
 }
 
+static amqp_table_entry_t str_arg(const char *key, const char *value) {
+  amqp_table_entry_t e = {.key = amqp_cstring_bytes(key), .value = {.kind = AMQP_FIELD_KIND_UTF8}};
+  e.value.value.bytes = amqp_cstring_bytes(value);
+  return e;
+}
+
+static amqp_table_entry_t i64_arg(const char *key, int64_t value) {
+  amqp_table_entry_t e = {.key = amqp_cstring_bytes(key), .value = {.kind = AMQP_FIELD_KIND_I64}};
+  e.value.value.i64 = value;
+  return e;
+}
+
+/* Declares a durable queue with args on a channel of its own; returns 0 when the broker
+ * accepted it, else the reply code of the channel close (406: arguments differ). */
+static int declare(amqp_connection_state_t conn, amqp_channel_t ch, const char *queue, amqp_table_entry_t *args,
+                   int nargs) {
+  amqp_channel_open(conn, ch);
+  if (amqp_get_rpc_reply(conn).reply_type != AMQP_RESPONSE_NORMAL) fail_msg("channel %d did not open", ch);
+  amqp_table_t table = {.num_entries = nargs, .entries = args};
+  amqp_queue_declare(conn, ch, amqp_cstring_bytes(queue), 0, 1, 0, 0, table);
+  amqp_rpc_reply_t r = amqp_get_rpc_reply(conn);
+  if (r.reply_type == AMQP_RESPONSE_NORMAL) {
+    amqp_channel_close(conn, ch, AMQP_REPLY_SUCCESS);
+    return 0;
+  }
+  if (r.reply_type != AMQP_RESPONSE_SERVER_EXCEPTION || r.reply.id != AMQP_CHANNEL_CLOSE_METHOD)
+    fail_msg("declare %s: reply type %d (method 0x%x), want a channel close", queue, r.reply_type, r.reply.id);
+  amqp_channel_close_ok_t ok = {0};
+  amqp_send_method(conn, ch, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
+  return ((amqp_channel_close_t *)r.reply.decoded)->reply_code;
+}
+
+/* The tiers and the DLQ are quorum queues with the ladder's arguments: the broker accepts a
+ * re-declaration with exactly those and closes the channel with PRECONDITION_FAILED (406) for a
+ * classic queue, a missing queue type or another TTL. */
+static void test_queues_are_quorum_with_their_arguments(void **state) {
+  WT_NEED_BROKER();
+  fx_t *fx = *state;
+  amqp_connection_state_t conn = wt_amqp_open();
+  const char *work = obx_ladder_work_queue(fx->ladder), *dlq = obx_ladder_dlq_queue(fx->ladder);
+  amqp_channel_t ch = 2;
+  for (int i = 0; i < 2; i++) {
+    const char *tier = obx_ladder_tier_queue(fx->ladder, i);
+    amqp_table_entry_t same[] = {str_arg("x-queue-type", "quorum"), i64_arg("x-message-ttl", tiers[i]),
+                                 str_arg("x-dead-letter-exchange", ""), str_arg("x-dead-letter-routing-key", work),
+                                 str_arg("x-dead-letter-strategy", "at-least-once"),
+                                 str_arg("x-overflow", "reject-publish")};
+    int got = declare(conn, ch++, tier, same, 6);
+    if (got != 0) fail_msg("re-declare %s with its own arguments: got reply %d, want accepted", tier, got);
+    amqp_table_entry_t classic[] = {str_arg("x-queue-type", "classic"), i64_arg("x-message-ttl", tiers[i]),
+                                    str_arg("x-dead-letter-exchange", ""),
+                                    str_arg("x-dead-letter-routing-key", work)};
+    if ((got = declare(conn, ch++, tier, classic, 4)) != AMQP_PRECONDITION_FAILED)
+      fail_msg("re-declare %s as a classic queue: got reply %d, want 406", tier, got);
+    same[1] = i64_arg("x-message-ttl", tiers[i] + 1);
+    if ((got = declare(conn, ch++, tier, same, 6)) != AMQP_PRECONDITION_FAILED)
+      fail_msg("re-declare %s with another TTL: got reply %d, want 406", tier, got);
+    if ((got = declare(conn, ch++, tier, NULL, 0)) != AMQP_PRECONDITION_FAILED)
+      fail_msg("re-declare %s without arguments: got reply %d, want 406", tier, got);
+  }
+  amqp_table_entry_t quorum[] = {str_arg("x-queue-type", "quorum")}, classic[] = {str_arg("x-queue-type", "classic")};
+  int got = declare(conn, ch++, dlq, quorum, 1);
+  if (got != 0) fail_msg("re-declare %s as quorum: got reply %d, want accepted", dlq, got);
+  if ((got = declare(conn, ch++, dlq, classic, 1)) != AMQP_PRECONDITION_FAILED)
+    fail_msg("re-declare %s as a classic queue: got reply %d, want 406", dlq, got);
+  amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
+  amqp_destroy_connection(conn);
+}
+
 static void test_tiers_return_to_work_queue_after_their_delay(void **state) {
   WT_NEED_BROKER();
   fx_t *fx = *state;
@@ -288,6 +357,7 @@ static void test_ticked_idle_connection_survives_heartbeats(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_topology_is_idempotent, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_queues_are_quorum_with_their_arguments, setup, teardown),
     cmocka_unit_test_setup_teardown(test_tiers_return_to_work_queue_after_their_delay, setup, teardown),
     cmocka_unit_test_setup_teardown(test_dlq_browse_redrive_purge, setup, teardown),
     cmocka_unit_test_setup_teardown(test_redrive_all, setup, teardown),

@@ -3,6 +3,8 @@
  * DESIGN: the worker runs in process (worker_test.h fixture); the operator commands are the
  * real outboxctl binary pointed at the same devmongod, RabbitMQ prefix and consumer group.
  * Each action must leave its audit_log entry with the operator's name. */
+#include <errno.h>
+#include <pty.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +103,39 @@ static void test_dlq_list_peek_redrive_purge(void **state) {
   obx_event_cleanup(&worse);
 }
 
+/* Runs outboxctl with the words of cmd and the fixture's configuration on a pseudo-terminal
+ * (stdin, stdout and stderr); everything it wrote goes to out. Returns the exit status. */
+static int ctl_on_tty(wt_fx_t *fx, char *out, size_t outlen, const char *const *cmd, int ncmd) {
+  char bufs[WT_NCONF][320], *args[2 * WT_NCONF + 16], prog[512];
+  int n = 0;
+  snprintf(prog, sizeof prog, "%s", obx_test_build_path("outboxctl"));
+  args[n++] = prog;
+  for (int i = 0; i < ncmd; i++) args[n++] = (char *)cmd[i];
+  args[n++] = "--who";
+  args[n++] = "wt-tester";
+  n += wt_conf_args(fx, bufs, args + n);
+  args[n] = NULL;
+  int master;
+  pid_t pid = forkpty(&master, NULL, NULL, NULL);
+  if (pid < 0) fail_msg("forkpty: %s", strerror(errno));
+  if (pid == 0) {
+    execv(args[0], args);
+    _exit(127);
+  }
+  size_t len = 0;
+  for (;;) { /* the pty reports EIO once the child is gone and everything was read */
+    ssize_t r = read(master, out + len, outlen - 1 - len);
+    if (r > 0 && (len += (size_t)r) < outlen - 1) continue;
+    if (r < 0 && errno == EINTR) continue;
+    break;
+  }
+  out[len] = '\0';
+  close(master);
+  int status;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 static void test_inbox_show_and_replay(void **state) {
   WT_NEED_BROKER();
   wt_fx_t *fx = *state;
@@ -135,11 +170,20 @@ static void test_inbox_show_and_replay(void **state) {
   want_in(out, "3 events of type OrderConfirmed would be replayed", "replay --dry-run");
   ctl_ok(fx, out, sizeof out, "inbox replay --type OrderConfirmed --since 1h");
   want_in(out, "3 events of type OrderConfirmed sent for replay", "replay --type");
+  if (strchr(out, '\r') || strchr(out, '#') || strstr(out, "3/3"))
+    fail_msg("replay --type without a terminal drew a progress bar:\n%s", out);
   for (int i = 0; i < 3; i++) wt_wait_calls(fx, nums[i], i == 0 ? 3 : 2);
+  /* On a terminal the same command draws its progress bar up to 3/3. */
+  const char *words[] = {"inbox", "replay", "--type", "OrderConfirmed", "--since", "1h"};
+  int rc = ctl_on_tty(fx, out, sizeof out, words, 6);
+  if (rc != 0) fail_msg("replay --type on a terminal: exit %d, want 0; output:\n%s", rc, out);
+  want_in(out, "\r[########################################] 3/3", "replay --type on a terminal");
+  want_in(out, "3 events of type OrderConfirmed sent for replay", "replay --type on a terminal");
+  for (int i = 0; i < 3; i++) wt_wait_calls(fx, nums[i], i == 0 ? 4 : 3);
   ctl_ok(fx, out, sizeof out, "inbox replay --type InvoiceIssued --since 1h");
   want_in(out, "0 events", "replay of an unseen type");
   assert_int_equal(audit_by(fx, "inbox.replay", "wt-tester"), 1);
-  assert_int_equal(audit_by(fx, "inbox.replay_type", "wt-tester"), 3);
+  assert_int_equal(audit_by(fx, "inbox.replay_type", "wt-tester"), 4); /* one per command */
   want_audit_shape(fx, "inbox.replay", WT_ORG);
   want_audit_shape(fx, "inbox.replay_type", NULL);
   for (int i = 0; i < 3; i++) obx_event_cleanup(&ev[i]);

@@ -20,6 +20,7 @@
 #include "obx/obx_conf.h"
 #include "obx/obx_inbox.h"
 #include "obx/obx_ladder.h"
+#include "obx/obx_metrics.h"
 #include "obx/obx_mongo.h"
 #include "obx/obx_pipeline.h"
 #include "obx/obx_worker.h"
@@ -58,8 +59,8 @@ static inline void wt_conf_set(wt_fx_t *fx, const char *key, const char *value) 
   if (!obx_conf_set(&fx->conf, key, value, &err)) fail_msg("conf %s=%s: %s", key, value, err.msg);
 }
 
-/* Deletes queues (and an exchange, when not NULL) over a plain connection of its own. */
-static inline void wt_delete_amqp(const char *const *queues, int nqueues, const char *exchange) {
+/* A plain AMQP connection to AMQP_URL, logged in, channel 1 open; the caller closes it. */
+static inline amqp_connection_state_t wt_amqp_open(void) {
   struct amqp_connection_info info;
   char *url = strdup(getenv("AMQP_URL"));
   assert_int_equal(amqp_parse_url(url, &info), AMQP_STATUS_OK);
@@ -69,6 +70,14 @@ static inline void wt_delete_amqp(const char *const *queues, int nqueues, const 
   amqp_rpc_reply_t r = amqp_login(conn, info.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, info.user, info.password);
   assert_int_equal(r.reply_type, AMQP_RESPONSE_NORMAL);
   amqp_channel_open(conn, 1);
+  assert_int_equal(amqp_get_rpc_reply(conn).reply_type, AMQP_RESPONSE_NORMAL);
+  free(url);
+  return conn;
+}
+
+/* Deletes queues (and an exchange, when not NULL) over a plain connection of its own. */
+static inline void wt_delete_amqp(const char *const *queues, int nqueues, const char *exchange) {
+  amqp_connection_state_t conn = wt_amqp_open();
   for (int i = 0; i < nqueues; i++) {
     amqp_queue_delete(conn, 1, amqp_cstring_bytes(queues[i]), 0, 0);
     assert_int_equal(amqp_get_rpc_reply(conn).reply_type, AMQP_RESPONSE_NORMAL);
@@ -79,7 +88,6 @@ static inline void wt_delete_amqp(const char *const *queues, int nqueues, const 
   }
   amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
   amqp_destroy_connection(conn);
-  free(url);
 }
 
 /* Every queue and the exchange of a ladder. */
@@ -94,6 +102,17 @@ static inline void wt_delete_topology(obx_ladder_t *ladder, const char *prefix) 
   wt_delete_amqp(queues, n, ex);
 }
 
+/* Stores a pipeline of WT_ORG from its JSON definition. */
+static inline void wt_create_pipeline_json(wt_fx_t *fx, const char *json) {
+  bson_error_t berr;
+  bson_t *def = bson_new_from_json((const uint8_t *)json, -1, &berr);
+  if (!def) fail_msg("pipeline json: %s", berr.message);
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_pipeline_store_create(fx->client, obx_mongo_db_name(fx->mongo), WT_ORG, def, NULL, &err))
+    fail_msg("pipeline: %s", err.msg);
+  bson_destroy(def);
+}
+
 /* The order.post pipeline: POST /erp/{{orderNumber}} on the scripted ERP. */
 static inline void wt_create_pipeline(wt_fx_t *fx) {
   char json[1024];
@@ -104,13 +123,7 @@ static inline void wt_create_pipeline(wt_fx_t *fx) {
            "  \"method\": \"POST\", \"url\": \"%s/{{orderNumber}}\", \"body\": {\"n\": \"{{orderNumber}}\"}}}],"
            "\"edges\": [{\"from\": \"start\", \"to\": \"notify\"}]}",
            obx_test_httpd_url(fx->httpd, "/erp"));
-  bson_error_t berr;
-  bson_t *def = bson_new_from_json((const uint8_t *)json, -1, &berr);
-  if (!def) fail_msg("pipeline json: %s", berr.message);
-  obx_err_t err = OBX_ERR_INIT;
-  if (!obx_pipeline_store_create(fx->client, obx_mongo_db_name(fx->mongo), WT_ORG, def, NULL, &err))
-    fail_msg("pipeline: %s", err.msg);
-  bson_destroy(def);
+  wt_create_pipeline_json(fx, json);
 }
 
 static inline void wt_teardown(wt_fx_t *fx) {
@@ -377,6 +390,21 @@ static inline void wt_wait_depth(wt_fx_t *fx, const char *queue, uint32_t want) 
     if (obx_test_now_ms() > deadline) fail_msg("depth of %s: got %u, want %u", queue, got, want);
     usleep(50000);
   }
+}
+
+/* Value of one series (name with its labels, as printed) in this process's /metrics text
+ * (obx_metrics_render, the body GET /metrics serves); -1 when the series is absent. */
+static inline double wt_metric(const char *series) {
+  char *text = obx_metrics_render(NULL);
+  double v = -1;
+  size_t n = strlen(series);
+  for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
+    if (strncmp(line, series, n) == 0 && line[n] == ' ') {
+      v = strtod(line + n + 1, NULL);
+      break;
+    }
+  free(text);
+  return v;
 }
 
 /* "-X key=value" pairs that point a child process (outboxd, outboxctl) at this fixture.
