@@ -32,13 +32,7 @@
 #define WT_WAIT_MS 45000
 #define WT_ORG "org-wt"
 
-#define WT_NEED_BROKER()                                              \
-  do {                                                                \
-    if (!getenv("AMQP_URL")) {                                        \
-      print_message("AMQP_URL not set: RabbitMQ test skipped\n");     \
-      skip();                                                         \
-    }                                                                 \
-  } while (0)
+#define WT_NEED_BROKER() obx_test_require(getenv("AMQP_URL") != NULL, "AMQP_URL not set: this test needs RabbitMQ")
 
 typedef struct {
   obx_test_mongo_t m;
