@@ -25,66 +25,30 @@
 #include "obx/obx_inbox.h"
 #include "obx/obx_ops.h"
 
-/* A string field, dotted paths allowed ("_id.eventId"); "-" when absent. */
-static const char *str_field(const bson_t *doc, const char *path) {
-  bson_iter_t it, found;
-  return bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, path, &found) && BSON_ITER_HOLDS_UTF8(&found)
-           ? bson_iter_utf8(&found, NULL)
-           : "-";
-}
-
 static void print_entry_line(const bson_t *entry) {
   bson_iter_t it;
   char received[32] = "-";
   if (bson_iter_init_find(&it, entry, "receivedAt") && BSON_ITER_HOLDS_DATE_TIME(&it))
     obx_time_format_rfc3339(bson_iter_date_time(&it), received);
   long long attempts = bson_iter_init_find(&it, entry, "attempts") && BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
-  const char *last_error = bson_iter_init_find(&it, entry, "lastError") && BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : "";
-  printf("%-36s  %-20s  %-12s  %-10s  %8lld  %-24s  %s\n", str_field(entry, "_id.eventId"), str_field(entry, "eventType"),
-         str_field(entry, "orgId"), str_field(entry, "status"), attempts, received, last_error);
+  printf("%-36s  %-20s  %-12s  %-10s  %8lld  %-24s  %s\n", worker_ctl_str(entry, "_id.eventId", "-"),
+         worker_ctl_str(entry, "eventType", "-"), worker_ctl_str(entry, "orgId", "-"),
+         worker_ctl_str(entry, "status", "-"), attempts, received, worker_ctl_str(entry, "lastError", ""));
+}
+
+static void print_entry_header(void) {
+  printf("%-36s  %-20s  %-12s  %-10s  %8s  %-24s  %s\n", "EVENT ID", "TYPE", "ORG", "STATUS", "ATTEMPTS", "RECEIVED",
+         "LAST ERROR");
 }
 
 static int inbox_list(int argc, char **argv) {
-  worker_ctl_args_t args;
-  int rc = worker_ctl_parse(&args, argc, argv,
-                            "usage: outboxctl inbox list [STATUS] [--limit N] [--json]\n\n"
-                            "Lists the newest inbox entries, optionally of one status (RECEIVED, PROCESSING, DONE,\n"
-                            "SKIPPED, RETRYING, DEAD, BLOCKED).\n");
-  if (rc >= 0) goto done_args;
-  rc = OBX_CTL_USAGE;
-  if (args.npos > 1) {
-    obx_ctl_errorf("inbox list: takes at most one status");
-    goto done_args;
-  }
-  worker_ctl_t ctl;
-  if ((rc = worker_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
-    bson_t out = BSON_INITIALIZER;
-    obx_err_t err = OBX_ERR_INIT;
-    if (!obx_ops_list(&ctl.ops, OBX_OPS_INBOX, NULL, args.npos ? args.pos[0] : NULL, args.limit, &out, &err)) {
-      rc = worker_ctl_fail("inbox list", &err);
-      if (err.domain == OBX_ERR_INPUT) rc = OBX_CTL_USAGE;
-    } else if (args.json) {
-      obx_ctl_print_json(&out);
-    } else {
-      printf("%-36s  %-20s  %-12s  %-10s  %8s  %-24s  %s\n", "EVENT ID", "TYPE", "ORG", "STATUS", "ATTEMPTS", "RECEIVED",
-             "LAST ERROR");
-      bson_iter_t it, items;
-      if (bson_iter_init_find(&it, &out, "items") && bson_iter_recurse(&it, &items)) {
-        while (bson_iter_next(&items)) {
-          const uint8_t *data;
-          uint32_t len;
-          bson_t entry;
-          bson_iter_document(&items, &len, &data);
-          if (bson_init_static(&entry, data, len)) print_entry_line(&entry);
-        }
-      }
-    }
-    bson_destroy(&out);
-  }
-  worker_ctl_close(&ctl);
-done_args:
-  worker_ctl_args_cleanup(&args);
-  return rc;
+  static const worker_ctl_list_t list = {
+    "inbox list", OBX_OPS_INBOX,
+    "usage: outboxctl inbox list [STATUS] [--limit N] [--json]\n\n"
+    "Lists the newest inbox entries, optionally of one status (RECEIVED, PROCESSING, DONE,\n"
+    "SKIPPED, RETRYING, DEAD, BLOCKED).\n",
+    print_entry_header, print_entry_line};
+  return worker_ctl_list(&list, argc, argv);
 }
 
 static int inbox_show(int argc, char **argv) {

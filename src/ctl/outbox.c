@@ -17,61 +17,29 @@
 #include "ctl/worker_ctl.h"
 #include "obx/obx_ops.h"
 
-static const char *str_field(const bson_t *doc, const char *name, const char *dflt) {
-  bson_iter_t it;
-  return bson_iter_init_find(&it, doc, name) && BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : dflt;
-}
-
 static void print_event_line(const bson_t *ev) {
   bson_iter_t it;
   char occurred[32] = "-";
   if (bson_iter_init_find(&it, ev, "occurredAt") && BSON_ITER_HOLDS_DATE_TIME(&it))
     obx_time_format_rfc3339(bson_iter_date_time(&it), occurred);
   long long attempts = bson_iter_init_find(&it, ev, "attempts") && BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
-  printf("%-36s  %-20s  %-12s  %-9s  %8lld  %-24s  %s\n", str_field(ev, "_id", "-"), str_field(ev, "eventType", "-"),
-         str_field(ev, "orgId", "-"), str_field(ev, "status", "-"), attempts, occurred, str_field(ev, "lastError", ""));
+  printf("%-36s  %-20s  %-12s  %-9s  %8lld  %-24s  %s\n", worker_ctl_str(ev, "_id", "-"),
+         worker_ctl_str(ev, "eventType", "-"), worker_ctl_str(ev, "orgId", "-"), worker_ctl_str(ev, "status", "-"),
+         attempts, occurred, worker_ctl_str(ev, "lastError", ""));
+}
+
+static void print_event_header(void) {
+  printf("%-36s  %-20s  %-12s  %-9s  %8s  %-24s  %s\n", "ID", "TYPE", "ORG", "STATUS", "ATTEMPTS", "OCCURRED",
+         "LAST ERROR");
 }
 
 static int outbox_list(int argc, char **argv) {
-  worker_ctl_args_t args;
-  int rc = worker_ctl_parse(&args, argc, argv,
-                            "usage: outboxctl outbox list [STATUS] [--limit N] [--json]\n\n"
-                            "Lists the newest outbox events, optionally of one status (PENDING, PUBLISHED, FAILED).\n");
-  if (rc >= 0) goto done_args;
-  rc = OBX_CTL_USAGE;
-  if (args.npos > 1) {
-    obx_ctl_errorf("outbox list: takes at most one status");
-    goto done_args;
-  }
-  worker_ctl_t ctl;
-  if ((rc = worker_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
-    bson_t out = BSON_INITIALIZER;
-    obx_err_t err = OBX_ERR_INIT;
-    if (!obx_ops_list(&ctl.ops, OBX_OPS_OUTBOX, NULL, args.npos ? args.pos[0] : NULL, args.limit, &out, &err)) {
-      rc = worker_ctl_fail("outbox list", &err);
-      if (err.domain == OBX_ERR_INPUT) rc = OBX_CTL_USAGE;
-    } else if (args.json) {
-      obx_ctl_print_json(&out);
-    } else {
-      printf("%-36s  %-20s  %-12s  %-9s  %8s  %-24s  %s\n", "ID", "TYPE", "ORG", "STATUS", "ATTEMPTS", "OCCURRED",
-             "LAST ERROR");
-      bson_iter_t it, items;
-      if (bson_iter_init_find(&it, &out, "items") && bson_iter_recurse(&it, &items)) {
-        while (bson_iter_next(&items)) {
-          const uint8_t *data;
-          uint32_t len;
-          bson_t ev;
-          bson_iter_document(&items, &len, &data);
-          if (bson_init_static(&ev, data, len)) print_event_line(&ev);
-        }
-      }
-    }
-    bson_destroy(&out);
-  }
-  worker_ctl_close(&ctl);
-done_args:
-  worker_ctl_args_cleanup(&args);
-  return rc;
+  static const worker_ctl_list_t list = {
+    "outbox list", OBX_OPS_OUTBOX,
+    "usage: outboxctl outbox list [STATUS] [--limit N] [--json]\n\n"
+    "Lists the newest outbox events, optionally of one status (PENDING, PUBLISHED, FAILED).\n",
+    print_event_header, print_event_line};
+  return worker_ctl_list(&list, argc, argv);
 }
 
 static int outbox_counts(int argc, char **argv) {

@@ -84,3 +84,49 @@ int worker_ctl_fail(const char *what, const obx_err_t *err) {
   obx_ctl_errorf("%s: %s", what, err->msg);
   return OBX_CTL_FAILED;
 }
+
+const char *worker_ctl_str(const bson_t *doc, const char *path, const char *dflt) {
+  bson_iter_t it, found;
+  return bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, path, &found) && BSON_ITER_HOLDS_UTF8(&found)
+           ? bson_iter_utf8(&found, NULL)
+           : dflt;
+}
+
+int worker_ctl_list(const worker_ctl_list_t *list, int argc, char **argv) {
+  worker_ctl_args_t args;
+  int rc = worker_ctl_parse(&args, argc, argv, list->usage);
+  if (rc >= 0) goto done_args;
+  rc = OBX_CTL_USAGE;
+  if (args.npos > 1) {
+    obx_ctl_errorf("%s: takes at most one status", list->what);
+    goto done_args;
+  }
+  worker_ctl_t ctl;
+  if ((rc = worker_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
+    bson_t out = BSON_INITIALIZER;
+    obx_err_t err = OBX_ERR_INIT;
+    if (!obx_ops_list(&ctl.ops, list->store, NULL, args.npos ? args.pos[0] : NULL, args.limit, &out, &err)) {
+      rc = worker_ctl_fail(list->what, &err);
+      if (err.domain == OBX_ERR_INPUT) rc = OBX_CTL_USAGE;
+    } else if (args.json) {
+      obx_ctl_print_json(&out);
+    } else {
+      list->print_header();
+      bson_iter_t it, items;
+      if (bson_iter_init_find(&it, &out, "items") && bson_iter_recurse(&it, &items)) {
+        while (bson_iter_next(&items)) {
+          const uint8_t *data;
+          uint32_t len;
+          bson_t item;
+          bson_iter_document(&items, &len, &data);
+          if (bson_init_static(&item, data, len)) list->print_item(&item);
+        }
+      }
+    }
+    bson_destroy(&out);
+  }
+  worker_ctl_close(&ctl);
+done_args:
+  worker_ctl_args_cleanup(&args);
+  return rc;
+}

@@ -13,6 +13,7 @@
 #include "obx/obx_ctl.h"
 #include "obx/obx_ladder.h"
 #include "obx/obx_mongo.h"
+#include "obx/obx_ops.h"
 #include "obx/obx_worker.h"
 
 typedef struct {
@@ -43,5 +44,19 @@ void worker_ctl_close(worker_ctl_t *ctl);
 
 /* Reports err and returns OBX_CTL_FAILED. */
 int worker_ctl_fail(const char *what, const obx_err_t *err);
+
+/* The string at a dotted path of doc ("_id.eventId"); dflt when absent or not a string. */
+const char *worker_ctl_str(const bson_t *doc, const char *path, const char *dflt);
+
+/* One `list [STATUS] [--limit N] [--json]` command over obx_ops_list (every org): --json prints
+ * its answer, otherwise print_header and then print_item for each item. */
+typedef struct {
+  const char *what; /* "outbox list", in messages */
+  obx_ops_store_t store;
+  const char *usage; /* printed for --help */
+  void (*print_header)(void);
+  void (*print_item)(const bson_t *item);
+} worker_ctl_list_t;
+int worker_ctl_list(const worker_ctl_list_t *list, int argc, char **argv);
 
 #endif
