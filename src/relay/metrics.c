@@ -27,7 +27,9 @@ void relay_metrics_register(void) {
                                        "Change stream resumes that failed with ChangeStreamHistoryLost (recovered by a full scan)", NULL);
   m.inflight = obx_metrics_gauge("outboxd_relay_inflight", "Events produced and not yet recorded after their delivery report", NULL);
   m.lag = obx_metrics_gauge("outboxd_relay_lag_seconds",
-                            "Age of the checkpoint: cluster time of the oldest change not yet checkpointed vs now; 0 when caught up", NULL);
+                            "Now minus the cluster time (1 s resolution) of the checkpoint position, the newest change up to "
+                            "which every outcome is recorded; 0 when the stream is caught up with nothing in flight, on a "
+                            "standby, and in poll mode", NULL);
   m.leader = obx_metrics_gauge("outboxd_relay_leader", "1 while this process holds the relay lease", NULL);
   m.latency = obx_metrics_histogram("outboxd_relay_commit_to_ack_seconds",
                                     "From the event's occurredAt (its commit) to Kafka's acknowledgement",

@@ -4,15 +4,18 @@
  * and topic, so relays of one test never see another's events. Relays run in this process
  * (obx_relay_start) except where a crash is the point: there the real outboxd runs with
  * --roles relay and is killed with SIGKILL. What reaches Kafka is read back with a consumer. */
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <mongoc/mongoc.h>
 
 #include "obx/obx_conf.h"
 #include "obx/obx_event.h"
+#include "obx/obx_log.h"
 #include "obx/obx_metrics.h"
 #include "obx/obx_relay.h"
 #include "obx_test.h"
@@ -36,6 +39,7 @@ typedef struct {
   int n;                         /* events inserted */
   char (*ids)[OBX_UUID_LEN + 1]; /* in insertion (= commit) order */
   int *key_of;                   /* key index of each event */
+  size_t pad;                    /* bytes of filler in each event's payload (0: none) */
 } ctx_t;
 
 static void ctx_init(ctx_t *ctx, const char *name, const obx_test_mongo_t *mongo, const char *const *settings) {
@@ -80,6 +84,13 @@ static void insert_events(ctx_t *ctx, int n, int nkeys) {
     snprintf(agg, sizeof agg, "ORD-%04d", k);
     ev.aggregate_id = strdup(agg);
     BSON_APPEND_INT32(&ev.payload, "seq", ctx->n);
+    if (ctx->pad) {
+      char *pad = malloc(ctx->pad + 1);
+      memset(pad, 'x', ctx->pad);
+      pad[ctx->pad] = 0;
+      BSON_APPEND_UTF8(&ev.payload, "pad", pad);
+      free(pad);
+    }
     obx_err_t err = OBX_ERR_INIT;
     bson_t doc = BSON_INITIALIZER;
     if (!obx_event_finalize(&ev, &err) || !obx_event_to_outbox(&ev, &doc, &err)) fail_msg("event: %s", err.msg);
@@ -308,6 +319,24 @@ static void test_failed_publish_backs_off_then_fails_then_reprocess(void **state
   count_wait_t once = {&ctx, "{\"status\": \"PENDING\", \"attempts\": 1, \"lastError\": {\"$type\": \"string\"}}", 3};
   if (!obx_test_wait_for(count_reached, &once, 30000, 50))
     fail_msg("after one failed publish: got %lld events with attempts 1", (long long)count_docs(ctx.outbox, once.filter));
+  /* availableAt lies after the failed attempt by the backoff: the attempt ended at least
+   * kafka.message.timeout.ms (400) after occurredAt, and attempt 1 backs off 1 s */
+  bson_t all = BSON_INITIALIZER;
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(ctx.outbox, &all, NULL, NULL);
+  const bson_t *doc;
+  int checked = 0;
+  while (mongoc_cursor_next(cursor, &doc)) {
+    bson_iter_t it;
+    int64_t occurred = 0, available = 0;
+    if (bson_iter_init_find(&it, doc, "occurredAt") && BSON_ITER_HOLDS_DATE_TIME(&it)) occurred = bson_iter_date_time(&it);
+    if (bson_iter_init_find(&it, doc, "availableAt") && BSON_ITER_HOLDS_DATE_TIME(&it)) available = bson_iter_date_time(&it);
+    if (available - occurred < 400 + 1000)
+      fail_msg("availableAt after a failed publish: got occurredAt + %lld ms want >= occurredAt + 1400 ms",
+               (long long)(available - occurred));
+    checked++;
+  }
+  mongoc_cursor_destroy(cursor);
+  assert_int_equal(checked, 3);
   /* the sweeper retries after the backoff; at OUTBOX_MAX_ATTEMPTS the event is FAILED */
   count_wait_t failed = {&ctx, "{\"status\": \"FAILED\", \"attempts\": 2}", 3};
   if (!obx_test_wait_for(count_reached, &failed, 30000, 100))
@@ -461,6 +490,10 @@ static void test_kafka_down_20s_backpressure(void **state) {
   const char *settings[] = {"relay.max_inflight", "50", NULL};
   ctx_t ctx;
   ctx_init(&ctx, "down", &g_mongo, settings);
+  /* the mock keeps about 5 MB per partition: 16 partitions hold the 20 MB below */
+  char topic_cmd[128];
+  snprintf(topic_cmd, sizeof topic_cmd, "topic %s 16", ctx.topic);
+  assert_true(obx_test_kafka_cmd(&g_kafka, topic_cmd));
   obx_relay_t *relay = relay_start(&ctx);
   leader_wait_t w = {relay};
   assert_true(obx_test_wait_for(is_leader, &w, 20000, 50));
@@ -468,13 +501,18 @@ static void test_kafka_down_20s_backpressure(void **state) {
   wait_published(&ctx, 20, 30000);
 
   assert_true(obx_test_kafka_cmd(&g_kafka, "broker down all"));
-  insert_events(&ctx, 1000, 10);
+  /* 5000 events of 4 KB (20 MB) while Kafka is down: a reader that did not stop at the in-flight
+   * bound would hold them (change events, produced records) and grow past the 16 MB allowance */
+  long rss_base = rss_kb();
+  uint64_t read_base = relay->window.end; /* changes read so far (one slot each; racy: a gauge) */
+  ctx.pad = 4096;
+  insert_events(&ctx, 5000, 100);
   int64_t start = obx_test_now_ms(), until = start + 20000;
   int max_inflight = 0;
   uint64_t max_window = 0;
-  long rss_early = 0;
+  int64_t lag_early = -1;
   while (obx_test_now_ms() < until) {
-    if (!rss_early && obx_test_now_ms() - start >= 3000) rss_early = rss_kb();
+    if (lag_early < 0 && obx_test_now_ms() - start >= 3000) lag_early = relay->counters.lag_ms;
     int inflight = relay->counters.inflight;
     uint64_t window = relay->window.end - relay->window.first; /* read racily: a gauge */
     if (inflight > max_inflight) max_inflight = inflight;
@@ -483,17 +521,26 @@ static void test_kafka_down_20s_backpressure(void **state) {
     nanosleep(&ts, NULL);
   }
   long rss_late = rss_kb();
-  if (rss_late - rss_early > 16 * 1024)
-    fail_msg("memory grew while Kafka was down: %ld kB -> %ld kB", rss_early, rss_late);
+  print_message("Kafka down 20 s: RSS %ld -> %ld kB, %llu changes read, in flight <= %d, lag %lld -> %lld ms\n",
+                rss_base, rss_late, (unsigned long long)(relay->window.end - read_base), max_inflight,
+                (long long)lag_early, (long long)relay->counters.lag_ms);
+  if (rss_late - rss_base > 16 * 1024)
+    fail_msg("memory grew while Kafka was down: %ld kB -> %ld kB (20 MB of events queued)", rss_base, rss_late);
+  uint64_t read = relay->window.end - read_base;
+  if (read > 50 + 4) fail_msg("changes read while Kafka was down: got %llu want <= 54 (in-flight bound)", (unsigned long long)read);
   int64_t published = count_docs(ctx.outbox, "{\"status\": \"PUBLISHED\"}");
-  /* the checkpoint is stuck behind the unacknowledged events: lag grows */
-  if (relay->counters.lag_ms < 10000) fail_msg("lag after 20 s down: got %lld ms want >= 10000", (long long)relay->counters.lag_ms);
+  /* the checkpoint is stuck behind the unacknowledged events: lag (now - the checkpoint's
+   * cluster time) grows with the outage */
+  int64_t lag_late = relay->counters.lag_ms;
+  if (lag_late < 10000) fail_msg("lag after 20 s down: got %lld ms want >= 10000", (long long)lag_late);
+  if (lag_late - lag_early < 12000)
+    fail_msg("lag did not grow while Kafka was down: %lld ms at 3 s, %lld ms at 20 s", (long long)lag_early, (long long)lag_late);
   if (max_inflight > 50) fail_msg("in flight while Kafka was down: got %d want <= 50", max_inflight);
   if (max_window > 50 * 4 + 8) fail_msg("window while Kafka was down: got %llu slots", (unsigned long long)max_window);
   if (published != 20) fail_msg("published while Kafka was down: got %lld want 20", (long long)published);
 
   assert_true(obx_test_kafka_cmd(&g_kafka, "broker up all"));
-  wait_published(&ctx, 1020, 60000);
+  wait_published(&ctx, 5020, 90000);
   /* caught up and idle: lag returns to 0 (postBatchResumeToken checkpoints) */
   assert_true(obx_test_wait_for(lag_zero, relay, 20000, 50));
   obx_relay_stop(relay);
@@ -619,16 +666,19 @@ static void test_kill_9_mid_run_loses_nothing(void **state) {
   insert_events(&ctx, 3000, 200);
   count_wait_t some = {&ctx, "{\"status\": \"PUBLISHED\"}", 1500};
   assert_true(obx_test_wait_for(count_reached, &some, 60000, 10));
-  insert_events(&ctx, 2000, 200);
-
-  /* kill -9 the leader mid-run: events in flight, checkpoint behind */
   char owner[128];
   lease_owner(&ctx, owner, sizeof owner);
   const char *colon = strchr(owner, ':');
   int pid = colon ? atoi(colon + 1) : 0;
   int victim = pid == g_outboxd[0].pid ? 0 : pid == g_outboxd[1].pid ? 1 : -1;
   if (victim < 0) fail_msg("lease owner \"%s\" is neither outboxd", owner);
+  insert_events(&ctx, 2000, 200);
+
+  /* kill -9 the leader mid-run: events in flight, checkpoint behind */
+  int64_t published_before = count_docs(ctx.outbox, "{\"status\": \"PUBLISHED\"}");
   obx_test_proc_stop(&g_outboxd[victim], SIGKILL, 5000);
+  if (published_before >= ctx.n)
+    fail_msg("not mid-run: %lld of %d events PUBLISHED when killed", (long long)published_before, ctx.n);
   int64_t t0 = obx_test_now_ms();
   takeover_t t = {&ctx, owner};
   if (!obx_test_wait_for(taken_over, &t, 30000, 20)) fail_msg("the standby never took over");
@@ -640,7 +690,224 @@ static void test_kill_9_mid_run_loses_nothing(void **state) {
   wait_published(&ctx, 10000, 120000);
   obx_test_proc_stop(&g_outboxd[1 - victim], SIGTERM, 10000);
   int records = kafka_check(&ctx, 120000, false);
-  print_message("kill -9: standby took over in %lld ms; %d records for %d events\n", (long long)took, records, ctx.n);
+  print_message("kill -9 with %lld of %d PUBLISHED: standby took over in %lld ms; %d records for %d events\n",
+                (long long)published_before, 5000, (long long)took, records, ctx.n);
+  ctx_cleanup(&ctx);
+}
+
+/* Another owner writes the checkpoint with a higher epoch while the relay keeps renewing its
+ * lease: the relay's next checkpoint write (an upsert fenced by its epoch) collides on _id, the
+ * relay steps down and logs it, and the intruder's checkpoint stays as written. */
+static void test_checkpoint_fenced_while_lease_held(void **state) {
+  ctx_t ctx;
+  ctx_init(&ctx, "ckfence", &g_mongo, NULL);
+  char log_path[512];
+  snprintf(log_path, sizeof log_path, "%s/relay-ckfence.log", obx_test_tmpdir());
+  FILE *log = fopen(log_path, "w");
+  assert_non_null(log);
+  setvbuf(log, NULL, _IOLBF, 0);
+  obx_log_set_stream(log);
+  obx_relay_t *relay = relay_start(&ctx);
+  leader_wait_t w = {relay};
+  assert_true(obx_test_wait_for(is_leader, &w, 20000, 50));
+  insert_events(&ctx, 20, 4);
+  wait_published(&ctx, 20, 30000);
+  ctx_t ckpt_ctx = ctx;
+  ckpt_ctx.outbox = mongoc_client_get_collection(ctx.client, ctx.db, "relay_checkpoints");
+  char filter[300];
+  snprintf(filter, sizeof filter, "{\"_id\": \"outbox\", \"owner\": \"%s\", \"resumeToken\": {\"$exists\": true}}", relay->owner);
+  count_wait_t own = {&ckpt_ctx, filter, 1};
+  if (!obx_test_wait_for(count_reached, &own, 10000, 50)) fail_msg("the relay wrote no checkpoint within 10 s");
+
+  int64_t epoch = relay->epoch, intruder_epoch = epoch + 1000;
+  bson_t *ckpt = BCON_NEW("owner", "intruder", "epoch", BCON_INT64(intruder_epoch));
+  set_doc(&ctx, "relay_checkpoints", "outbox", ckpt);
+  insert_events(&ctx, 10, 2); /* the relay's checkpoint moves: its next write is fenced */
+  if (!obx_test_file_contains(log_path, "relay steps down: a newer epoch wrote the checkpoint", 20000))
+    fail_msg("no step-down logged after the fenced checkpoint write (log: %s)", log_path);
+  /* it stepped down although nobody took the lease: it acquires its own lease again (epoch + 1) */
+  char owner[128];
+  lease_owner(&ctx, owner, sizeof owner);
+  if (strcmp(owner, relay->owner) != 0) fail_msg("lease owner: got \"%s\" want \"%s\"", owner, relay->owner);
+  obx_relay_stop(relay); /* its shutdown checkpoint write is fenced too */
+  obx_log_set_stream(NULL);
+  fclose(log);
+  snprintf(filter, sizeof filter, "{\"_id\": \"outbox\", \"owner\": \"intruder\", \"epoch\": %lld}", (long long)intruder_epoch);
+  if (count_docs(ckpt_ctx.outbox, filter) != 1) {
+    char *dump = NULL;
+    bson_t all = BSON_INITIALIZER;
+    mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(ckpt_ctx.outbox, &all, NULL, NULL);
+    const bson_t *doc;
+    if (mongoc_cursor_next(cursor, &doc)) dump = bson_as_relaxed_extended_json(doc, NULL);
+    fail_msg("the intruder's checkpoint was overwritten: got %s want owner intruder, epoch %lld", dump ? dump : "none",
+             (long long)intruder_epoch);
+  }
+  mongoc_collection_destroy(ckpt_ctx.outbox);
+  bson_destroy(ckpt);
+  ctx_cleanup(&ctx);
+}
+
+/* ---- the sweeper's claims with several relays -------------------------------------------- */
+
+/* A relay context that only sweeps: its own MongoDB client and producer, no thread, no lease. */
+typedef struct {
+  obx_relay_t relay;
+  mongoc_client_t *client;
+  pthread_barrier_t *start;
+  int errors;
+} sweeper_t;
+
+static void ignore_ack(const obx_relay_ack_t *ack, void *ctx) {
+  (void)ack;
+  (void)ctx;
+}
+
+static void sweeper_init(sweeper_t *s, ctx_t *ctx, const char *owner) {
+  memset(s, 0, sizeof *s);
+  s->relay.conf = &ctx->conf;
+  snprintf(s->relay.owner, sizeof s->relay.owner, "%s", owner);
+  s->client = obx_test_mongo_client(&g_mongo, NULL, owner);
+  s->relay.outbox = mongoc_client_get_collection(s->client, ctx->db, "outbox");
+  obx_err_t err = OBX_ERR_INIT;
+  s->relay.producer = obx_relay_producer_new(&ctx->conf, ignore_ack, NULL, &err);
+  if (!s->relay.producer) fail_msg("producer: %s", err.msg);
+}
+
+/* Whether the sweeper claimed (and so holds a message for) event id. */
+static bool sweeper_has(const sweeper_t *s, const char *id) {
+  return relay_inflight_has(&s->relay, id, true);
+}
+
+static int sweeper_held(const sweeper_t *s) {
+  return relay_pending(&s->relay);
+}
+
+static void sweeper_cleanup(sweeper_t *s) {
+  obx_relay_producer_destroy(s->relay.producer);
+  relay_list_t *lists[] = {&s->relay.inflight_sweep, &s->relay.inflight_stream, &s->relay.reported};
+  for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++)
+    while (lists[i]->head) {
+      obx_relay_msg_t *msg = lists[i]->head;
+      relay_list_remove(lists[i], msg);
+      free(msg);
+    }
+  mongoc_collection_destroy(s->relay.outbox);
+  mongoc_client_destroy(s->client);
+}
+
+static void *sweeper_main(void *arg) {
+  sweeper_t *s = arg;
+  pthread_barrier_wait(s->start);
+  for (;;) {
+    int claimed = relay_sweep(&s->relay, 0);
+    if (claimed < 0) s->errors++;
+    if (claimed <= 0) break;
+  }
+  return NULL;
+}
+
+typedef struct {
+  sweeper_t *sweeper;
+  int before;
+} claim_wait_t;
+
+static bool claims_more(void *arg) {
+  claim_wait_t *c = arg;
+  relay_sweep(&c->sweeper->relay, 0);
+  return sweeper_held(c->sweeper) > c->before;
+}
+
+static void test_sweeper_claims_race_and_dead_claims_expire(void **state) {
+  const char *settings[] = {"relay.max_inflight", "100000", "outbox.batch_size", "25", NULL};
+  ctx_t ctx;
+  ctx_init(&ctx, "claims", &g_mongo, settings);
+  relay_metrics_register();
+  insert_events(&ctx, 800, 20);
+
+  /* two sweepers race over the same PENDING events */
+  pthread_barrier_t start;
+  pthread_barrier_init(&start, NULL, 2);
+  sweeper_t a, b;
+  sweeper_init(&a, &ctx, "sweeper-a");
+  sweeper_init(&b, &ctx, "sweeper-b");
+  a.start = b.start = &start;
+  pthread_t ta, tb;
+  assert_int_equal(pthread_create(&ta, NULL, sweeper_main, &a), 0);
+  assert_int_equal(pthread_create(&tb, NULL, sweeper_main, &b), 0);
+  pthread_join(ta, NULL);
+  pthread_join(tb, NULL);
+  pthread_barrier_destroy(&start);
+  if (a.errors || b.errors) fail_msg("claim errors: a %d, b %d", a.errors, b.errors);
+  int both = 0, neither = 0;
+  for (int i = 0; i < ctx.n; i++) {
+    bool in_a = sweeper_has(&a, ctx.ids[i]), in_b = sweeper_has(&b, ctx.ids[i]);
+    both += in_a && in_b;
+    neither += !in_a && !in_b;
+  }
+  print_message("claims: sweeper-a %d, sweeper-b %d of %d\n", sweeper_held(&a), sweeper_held(&b), ctx.n);
+  if (both) fail_msg("%d events claimed by both sweepers", both);
+  if (neither) fail_msg("%d events claimed by neither sweeper", neither);
+  if (sweeper_held(&a) == 0 || sweeper_held(&b) == 0)
+    fail_msg("no race: sweeper-a claimed %d, sweeper-b %d", sweeper_held(&a), sweeper_held(&b));
+  assert_int_equal(count_docs(ctx.outbox, "{\"claimedBy\": \"sweeper-a\"}"), sweeper_held(&a));
+  assert_int_equal(count_docs(ctx.outbox, "{\"claimedBy\": \"sweeper-b\"}"), sweeper_held(&b));
+  assert_int_equal(relay_sweep(&a.relay, 0), 0); /* live claims are skipped */
+
+  /* a claim left by a dead relay is skipped until its claimedUntil, then taken */
+  insert_events(&ctx, 2, 1);
+  const char *dead_id = ctx.ids[ctx.n - 2], *free_id = ctx.ids[ctx.n - 1];
+  int64_t until = obx_time_now_ms() + 2000;
+  bson_t *dead = BCON_NEW("claimedBy", "dead-relay", "claimedUntil", BCON_DATE_TIME(until));
+  set_doc(&ctx, "outbox", dead_id, dead);
+  int held = sweeper_held(&a);
+  assert_int_equal(relay_sweep(&a.relay, 0), 1);
+  if (!sweeper_has(&a, free_id) || sweeper_has(&a, dead_id)) fail_msg("the sweeper took the dead relay's live claim");
+  claim_wait_t c = {&a, held + 1};
+  if (!obx_test_wait_for(claims_more, &c, 20000, 50)) fail_msg("the expired claim was never taken over");
+  int64_t taken = obx_time_now_ms();
+  if (taken < until) fail_msg("claim taken %lld ms before it expired", (long long)(until - taken));
+  if (!sweeper_has(&a, dead_id)) fail_msg("took something other than the expired claim");
+  bson_t *mine = BCON_NEW("_id", BCON_UTF8(dead_id), "claimedBy", "sweeper-a");
+  char *json = bson_as_relaxed_extended_json(mine, NULL);
+  assert_int_equal(count_docs(ctx.outbox, json), 1);
+  bson_free(json);
+  bson_destroy(mine);
+  bson_destroy(dead);
+  sweeper_cleanup(&a);
+  sweeper_cleanup(&b);
+  ctx_cleanup(&ctx);
+}
+
+static bool has_led(void *arg) {
+  return ((obx_relay_t *)arg)->led;
+}
+
+/* FAILED -> PENDING (an operator's reprocess) goes out through the change stream: in stream mode
+ * the sweeper only takes events due for OUTBOX_POLL_INTERVAL_MS (here an hour). */
+static void test_reprocess_published_by_the_stream(void **state) {
+  const char *settings[] = {"outbox.poll_interval", "1h", NULL};
+  ctx_t ctx;
+  ctx_init(&ctx, "restream", &g_mongo, settings);
+  insert_events(&ctx, 3, 3);
+  bson_t *all = bson_new();
+  bson_t *fail = BCON_NEW("$set", "{", "status", "FAILED", "attempts", BCON_INT32(5), "}");
+  bson_error_t berr;
+  assert_true(mongoc_collection_update_many(ctx.outbox, all, fail, NULL, NULL, &berr));
+  obx_relay_t *relay = relay_start(&ctx);
+  assert_true(obx_test_wait_for(has_led, relay, 20000, 20)); /* stream open, initial scan done */
+  assert_int_equal(count_docs(ctx.outbox, "{\"status\": \"FAILED\"}"), 3);
+
+  bson_t *filter = BCON_NEW("status", "FAILED");
+  bson_t *update = BCON_NEW("$set", "{", "status", "PENDING", "attempts", BCON_INT32(0), "availableAt",
+                            BCON_DATE_TIME(obx_time_now_ms()), "}");
+  assert_true(mongoc_collection_update_many(ctx.outbox, filter, update, NULL, NULL, &berr));
+  wait_published(&ctx, 3, 30000);
+  obx_relay_stop(relay);
+  kafka_check(&ctx, 30000, true);
+  bson_destroy(update);
+  bson_destroy(filter);
+  bson_destroy(fail);
+  bson_destroy(all);
   ctx_cleanup(&ctx);
 }
 
@@ -670,6 +937,9 @@ int main(void) {
     cmocka_unit_test(test_history_lost_recovers_everything),
     cmocka_unit_test(test_kafka_down_20s_backpressure),
     cmocka_unit_test(test_kill_9_mid_run_loses_nothing),
+    cmocka_unit_test(test_checkpoint_fenced_while_lease_held),
+    cmocka_unit_test(test_sweeper_claims_race_and_dead_claims_expire),
+    cmocka_unit_test(test_reprocess_published_by_the_stream),
   };
   if (getenv("OBX_TEST_FILTER")) cmocka_set_test_filter(getenv("OBX_TEST_FILTER"));
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
