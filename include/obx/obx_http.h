@@ -84,6 +84,8 @@ void obx_http_reply_problem(obx_http_resp_t *resp, int status, const char *title
 /* Problem reply for an obx_err_t: NOT_FOUND 404, INPUT 400, CONFLICT 409, retriable 503,
  * anything else 500 (detail = err->msg, except for 500s whose detail is generic and logged). */
 void obx_http_reply_err(obx_http_resp_t *resp, const obx_err_t *err);
+/* The answer of an operation: doc with status when ok, else obx_http_reply_err(err). */
+void obx_http_reply_result(obx_http_resp_t *resp, bool ok, int status, const bson_t *doc, const obx_err_t *err);
 /* Adds a response header (copied). */
 void obx_http_resp_header(obx_http_resp_t *resp, const char *name, const char *value);
 

@@ -176,6 +176,11 @@ void obx_http_reply_err(obx_http_resp_t *resp, const obx_err_t *err) {
   obx_http_reply_problem(resp, 500, "Internal error", "the request failed; see the server log", NULL);
 }
 
+void obx_http_reply_result(obx_http_resp_t *resp, bool ok, int status, const bson_t *doc, const obx_err_t *err) {
+  if (ok) obx_http_reply_bson(resp, status, doc);
+  else obx_http_reply_err(resp, err);
+}
+
 void obx_http_resp_header(obx_http_resp_t *resp, const char *name, const char *value) {
   assert(resp->nheaders < HTTP_MAX_HEADERS);
   resp->headers[resp->nheaders][0] = strdup(name);

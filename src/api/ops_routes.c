@@ -49,11 +49,6 @@ static bool query_limit(obx_http_req_t *req, obx_http_resp_t *resp, int *limit) 
   return true;
 }
 
-static void reply_result(obx_http_resp_t *resp, bool ok, int status, const bson_t *out, const obx_err_t *err) {
-  if (ok) obx_http_reply_bson(resp, status, out);
-  else obx_http_reply_err(resp, err);
-}
-
 static void list_store(obx_http_req_t *req, obx_http_resp_t *resp, const ops_api_t *api, obx_ops_store_t store) {
   int limit;
   if (!query_limit(req, resp, &limit)) return;
@@ -62,7 +57,7 @@ static void list_store(obx_http_req_t *req, obx_http_resp_t *resp, const ops_api
   obx_err_t err = OBX_ERR_INIT;
   bson_t out = BSON_INITIALIZER;
   bool ok = obx_ops_list(&ops, store, obx_http_req_org(req), obx_http_req_query(req, "status"), limit, &out, &err);
-  reply_result(resp, ok, 200, &out, &err);
+  obx_http_reply_result(resp, ok, 200, &out, &err);
   bson_destroy(&out);
 }
 
@@ -80,7 +75,7 @@ static void outbox_reprocess(obx_http_req_t *req, obx_http_resp_t *resp, void *c
   obx_err_t err = OBX_ERR_INIT;
   bson_t out = BSON_INITIALIZER;
   bool ok = obx_ops_outbox_reprocess(&ops, obx_http_req_org(req), obx_http_req_param(req, "id"), &out, &err);
-  reply_result(resp, ok, 200, &out, &err);
+  obx_http_reply_result(resp, ok, 200, &out, &err);
   bson_destroy(&out);
 }
 
@@ -93,7 +88,7 @@ static void inbox_replay(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) 
   bool ok = obx_ops_inbox_replay(&ops, obx_http_req_org(req), id, &err);
   BSON_APPEND_UTF8(&out, "eventId", id);
   BSON_APPEND_UTF8(&out, "replay", "queued");
-  reply_result(resp, ok, 202, &out, &err);
+  obx_http_reply_result(resp, ok, 202, &out, &err);
   bson_destroy(&out);
 }
 
@@ -105,7 +100,7 @@ static void dlq_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
   obx_err_t err = OBX_ERR_INIT;
   bson_t out = BSON_INITIALIZER;
   bool ok = obx_ops_dlq_list(&ops, obx_http_req_org(req), limit, &out, &err);
-  reply_result(resp, ok, 200, &out, &err);
+  obx_http_reply_result(resp, ok, 200, &out, &err);
   bson_destroy(&out);
 }
 
@@ -154,7 +149,7 @@ static void dlq_redrive(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
     obx_err_t err = OBX_ERR_INIT;
     bson_t out = BSON_INITIALIZER;
     bool ok = obx_ops_dlq_redrive(&ops, obx_http_req_org(req), ids, nids, all, dry_run, &out, &err);
-    reply_result(resp, ok, 200, &out, &err);
+    obx_http_reply_result(resp, ok, 200, &out, &err);
     bson_destroy(&out);
   }
   free(ids);

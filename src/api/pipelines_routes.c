@@ -78,10 +78,8 @@ static void pipelines_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx
   obx_err_t err = OBX_ERR_INIT;
   bson_t out = BSON_INITIALIZER;
   mongoc_client_t *client = obx_mongo_pop(api->mongo);
-  if (obx_pipeline_store_list(client, obx_mongo_db_name(api->mongo), obx_http_req_org(req), &out, &err))
-    obx_http_reply_bson(resp, 200, &out);
-  else
-    obx_http_reply_err(resp, &err);
+  bool ok = obx_pipeline_store_list(client, obx_mongo_db_name(api->mongo), obx_http_req_org(req), &out, &err);
+  obx_http_reply_result(resp, ok, 200, &out, &err);
   obx_mongo_push(api->mongo, client);
   bson_destroy(&out);
 }
@@ -91,11 +89,9 @@ static void pipelines_get(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx)
   obx_err_t err = OBX_ERR_INIT;
   bson_t out = BSON_INITIALIZER;
   mongoc_client_t *client = obx_mongo_pop(api->mongo);
-  if (obx_pipeline_store_get(client, obx_mongo_db_name(api->mongo), obx_http_req_org(req),
-                             obx_http_req_param(req, "id"), &out, &err))
-    obx_http_reply_bson(resp, 200, &out);
-  else
-    obx_http_reply_err(resp, &err);
+  bool ok = obx_pipeline_store_get(client, obx_mongo_db_name(api->mongo), obx_http_req_org(req),
+                                   obx_http_req_param(req, "id"), &out, &err);
+  obx_http_reply_result(resp, ok, 200, &out, &err);
   obx_mongo_push(api->mongo, client);
   bson_destroy(&out);
 }
@@ -143,12 +139,10 @@ static void pipelines_executions(obx_http_req_t *req, obx_http_resp_t *resp, voi
   obx_err_t err = OBX_ERR_INIT;
   bson_t pipeline = BSON_INITIALIZER, page = BSON_INITIALIZER;
   mongoc_client_t *client = obx_mongo_pop(api->mongo);
-  if (obx_pipeline_store_get(client, db, org, id, &pipeline, &err) &&
-      obx_pipeline_store_executions(client, db, org, id, limit, obx_http_req_query(req, "before"),
-                                    obx_http_req_query(req, "after"), &page, &err))
-    obx_http_reply_bson(resp, 200, &page);
-  else
-    obx_http_reply_err(resp, &err);
+  bool ok = obx_pipeline_store_get(client, db, org, id, &pipeline, &err) &&
+            obx_pipeline_store_executions(client, db, org, id, limit, obx_http_req_query(req, "before"),
+                                          obx_http_req_query(req, "after"), &page, &err);
+  obx_http_reply_result(resp, ok, 200, &page, &err);
   obx_mongo_push(api->mongo, client);
   bson_destroy(&page);
   bson_destroy(&pipeline);
