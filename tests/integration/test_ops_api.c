@@ -729,6 +729,70 @@ static void test_db_keys(void **state) {
   obx_test_http_resp_cleanup(&resp);
 }
 
+/* Inserts a key into api_keys as `apikey new --store db` does; the clear key into key. */
+static void insert_db_key(const char *org, const char *perm, char key[OBX_AUTH_KEY_LEN + 1]) {
+  char hash[OBX_AUTH_HASH_LEN + 1];
+  assert_true(obx_auth_key_generate(key, NULL));
+  obx_auth_hash(key, hash);
+  bson_t *doc = BCON_NEW("_id", BCON_UTF8(hash), "orgId", BCON_UTF8(org), "permissions", "[", BCON_UTF8(perm), "]",
+                         "createdAt", BCON_DATE_TIME(obx_time_now_ms()));
+  mongoc_collection_t *c = coll("api_keys");
+  bson_error_t berr;
+  if (!mongoc_collection_insert_one(c, doc, NULL, NULL, &berr)) fail_msg("insert api_keys: %s", berr.message);
+  mongoc_collection_destroy(c);
+  bson_destroy(doc);
+}
+
+typedef struct {
+  int port;
+  const char *key;
+} rate_ctx_t;
+
+static bool rate_key_works(void *p) {
+  rate_ctx_t *c = p;
+  obx_test_http_resp_t resp;
+  bool ok = obx_test_http(c->port, "GET", "/api/outbox?limit=1", c->key, NULL, NULL, &resp) && resp.status == 200;
+  obx_test_http_resp_cleanup(&resp);
+  return ok;
+}
+
+/* The rate limit applies to keys api_keys adds after start (each gets a bucket of its own): with
+ * API_RATE_LIMIT=1 (bursts of 2) a burst of 6 requests of the second database key gets 429 with
+ * Retry-After, and the first database key, untouched, still gets 200. */
+static void test_db_keys_rate_limit(void **state) {
+  (void)state;
+  char mongo_arg[300], keys_arg[340], k1[OBX_AUTH_KEY_LEN + 1], k2[OBX_AUTH_KEY_LEN + 1];
+  snprintf(mongo_arg, sizeof mongo_arg, "mongo.uri=%s", mongo.uri);
+  snprintf(keys_arg, sizeof keys_arg, "api.keys_file=%s", keys_path);
+  char *args[] = {"--roles", "api", "-X", mongo_arg, "-X", keys_arg, "-X", "api.keys_refresh=200ms",
+                  "-X", "api.rate_limit=1", NULL};
+  obx_test_outboxd_t limited;
+  memset(&limited, 0, sizeof limited);
+  if (!obx_test_outboxd_start(&limited, args)) fail_msg("rate-limited outboxd did not start");
+  insert_db_key("acme", "outbox:read", k1);
+  insert_db_key("acme", "outbox:read", k2);
+  rate_ctx_t c1 = {limited.port, k1}, c2 = {limited.port, k2};
+  if (!obx_test_wait_for(rate_key_works, &c2, 30000, 300) || !obx_test_wait_for(rate_key_works, &c1, 30000, 300))
+    fail_msg("the api_keys keys never worked; log: %s", limited.proc.log_path);
+  long got429 = 0;
+  char retry[16] = "";
+  for (int i = 0; i < 6; i++) {
+    obx_test_http_resp_t resp;
+    assert_true(obx_test_http(limited.port, "GET", "/api/outbox?limit=1", k2, NULL, NULL, &resp));
+    if (resp.status == 429 && !got429) {
+      got429 = 1;
+      obx_test_http_header(&resp, "Retry-After", retry, sizeof retry);
+    }
+    obx_test_http_resp_cleanup(&resp);
+  }
+  if (!got429 || atoi(retry) < 1) fail_msg("6 requests at once with API_RATE_LIMIT=1: got 429 %ld, Retry-After '%s'", got429, retry);
+  obx_test_http_resp_t resp;
+  obx_test_http_expect(limited.port, "GET", "/api/outbox?limit=1", k1, NULL, 200, &resp); /* a bucket of its own */
+  obx_test_http_resp_cleanup(&resp);
+  int status = obx_test_outboxd_stop(&limited);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) fail_msg("rate-limited outboxd: status 0x%x", status);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_route_table),
@@ -737,6 +801,7 @@ int main(void) {
     cmocka_unit_test(test_outboxctl_reprocess),
     cmocka_unit_test(test_outboxctl_status),
     cmocka_unit_test(test_db_keys),
+    cmocka_unit_test(test_db_keys_rate_limit),
     cmocka_unit_test(test_outboxctl_lists),
     cmocka_unit_test(test_outboxctl_help_quiet),
   };
