@@ -22,6 +22,7 @@
 #include "obx_test_httpd.h"
 #include "obx_test_kafka.h"
 #include "obx_test_mongo.h"
+#include "obx_test_fixture.h"
 #include "worker_test.h"
 
 static int setup(void **state) { return wt_setup_state(state); }
@@ -345,7 +346,9 @@ static void find_str(wt_fx_t *fx, const char *collection, const bson_t *filter, 
 
 /* Any type other than OrderConfirmed runs the enabled event.<Type> pipeline: here it calls the
  * ERP and emits ShipmentNotified, whose outbox document is written with the inbox outcome (it
- * is there as soon as the entry says DONE) and names the triggering event as its cause. */
+ * is there as soon as the entry says DONE) and names the triggering event as its cause. The
+ * first commit of the outcome fails: its emitted event and execution go with it, so the event
+ * that is run again leaves exactly one of each. */
 static void test_event_pipeline_emits_into_outbox(void **state) {
   WT_NEED_BROKER();
   wt_fx_t *fx = *state;
@@ -360,12 +363,17 @@ static void test_event_pipeline_emits_into_outbox(void **state) {
            "\"edges\": [{\"from\": \"start\", \"to\": \"notify\"}, {\"from\": \"notify\", \"to\": \"emit\"}]}",
            obx_test_httpd_url(fx->httpd, "/erp"));
   wt_create_pipeline_json(fx, json);
+  obx_test_fail_point(fx->client, "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": "
+                                  "{\"failCommands\": [\"commitTransaction\"], \"errorCode\": 2}}");
   wt_start_worker(fx);
   obx_event_t ev;
   wt_event(&ev, "OrderShipped", "K-E", "E-1");
   wt_route(fx, "E-1", 200);
   wt_produce(fx, &ev);
   wt_wait_status(fx, ev.id, "DONE");
+  int64_t fired =
+    obx_test_fail_point(fx->client, "{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}");
+  if (fired != 1) fail_msg("failed commits: got %lld, want 1", (long long)fired);
   bson_t *filter = BCON_NEW("causationId", BCON_UTF8(ev.id));
   int64_t emitted = wt_count(fx, "outbox", filter);
   if (emitted != 1) fail_msg("outbox events caused by %s once its inbox entry is DONE: got %lld, want 1", ev.id,
@@ -376,7 +384,6 @@ static void test_event_pipeline_emits_into_outbox(void **state) {
   find_str(fx, "outbox", filter, "aggregateId", got, sizeof got);
   assert_string_equal(got, "K-E");
   bson_destroy(filter);
-  assert_int_equal(wt_erp_calls(fx, "E-1"), 1);
   assert_int_equal(wt_executions(fx, ev.id), 1);
   filter = BCON_NEW("eventId", BCON_UTF8(ev.id), "trigger", BCON_UTF8("event.OrderShipped"));
   find_str(fx, "pipeline_executions", filter, "status", got, sizeof got);
