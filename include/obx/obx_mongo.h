@@ -59,6 +59,10 @@ mongoc_collection_t *obx_mongo_collection(obx_mongo_t *mongo, mongoc_client_t *c
 bool obx_mongo_find_one(mongoc_collection_t *collection, const bson_t *filter, const bson_t *sort,
                         mongoc_client_session_t *session, bson_t *out, bool *found, obx_err_t *err);
 
+/* The string at a dotted path of doc ("_id.eventId"); NULL when absent or not a string.
+ * Borrowed from doc. */
+const char *obx_mongo_doc_str(const bson_t *doc, const char *path);
+
 /* One index for obx_mongo_create_indexes: keys and options are relaxed extended JSON, e.g.
  *   {"outbox_published_ttl", "{\"publishedAt\": 1}",
  *    "{\"expireAfterSeconds\": 604800, \"partialFilterExpression\": {\"status\": \"PUBLISHED\"}}"}

@@ -86,10 +86,8 @@ int worker_ctl_fail(const char *what, const obx_err_t *err) {
 }
 
 const char *worker_ctl_str(const bson_t *doc, const char *path, const char *dflt) {
-  bson_iter_t it, found;
-  return bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, path, &found) && BSON_ITER_HOLDS_UTF8(&found)
-           ? bson_iter_utf8(&found, NULL)
-           : dflt;
+  const char *s = obx_mongo_doc_str(doc, path);
+  return s ? s : dflt;
 }
 
 int worker_ctl_list(const worker_ctl_list_t *list, int argc, char **argv) {

@@ -129,6 +129,12 @@ bool obx_mongo_find_one(mongoc_collection_t *collection, const bson_t *filter, c
   return ok;
 }
 
+const char *obx_mongo_doc_str(const bson_t *doc, const char *path) {
+  bson_iter_t it, v;
+  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_UTF8(&v)) return NULL;
+  return bson_iter_utf8(&v, NULL);
+}
+
 /* Parses relaxed extended JSON that the caller wrote in code: a syntax error is a bug. */
 static bool json_to_bson(const char *json, bson_t *out, const char *what, obx_err_t *err) {
   bson_error_t berr;

@@ -135,12 +135,6 @@ bool obx_ops_counts(const obx_ops_t *ops, obx_ops_store_t store, const char *org
   return ok;
 }
 
-static const char *doc_str(const bson_t *doc, const char *path) {
-  bson_iter_t it, v;
-  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_UTF8(&v)) return NULL;
-  return bson_iter_utf8(&v, NULL);
-}
-
 /* ---- audit_log ---------------------------------------------------------------------------- */
 
 bool obx_ops_audit(const obx_ops_t *ops, mongoc_client_session_t *session, const char *action, const char *target,
@@ -197,7 +191,7 @@ static bool reprocess_txn(mongoc_client_session_t *session, void *p, obx_err_t *
     obx_err_set(err, OBX_ERR_NOT_FOUND, 0, false, "no outbox event %s", r->id);
     goto done;
   }
-  const char *status = doc_str(&doc, "status");
+  const char *status = obx_mongo_doc_str(&doc, "status");
   if (!status || strcmp(status, "FAILED") != 0) {
     obx_err_set(err, OBX_ERR_CONFLICT, 0, false, "outbox event %s is %s, only FAILED events are reprocessed", r->id,
                 status ? status : "without status");
@@ -205,7 +199,7 @@ static bool reprocess_txn(mongoc_client_session_t *session, void *p, obx_err_t *
   }
   bson_iter_t it;
   int64_t attempts = bson_iter_init_find(&it, &doc, "attempts") && BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
-  const char *last_error = doc_str(&doc, "lastError");
+  const char *last_error = obx_mongo_doc_str(&doc, "lastError");
 
   BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &set);
   BSON_APPEND_UTF8(&set, "status", "PENDING");
@@ -233,7 +227,8 @@ static bool reprocess_txn(mongoc_client_session_t *session, void *p, obx_err_t *
   BSON_APPEND_UTF8(&details, "previousStatus", "FAILED");
   BSON_APPEND_INT64(&details, "attempts", attempts);
   if (last_error) BSON_APPEND_UTF8(&details, "lastError", last_error);
-  if (!obx_ops_audit(ops, session, "outbox.reprocess", r->id, doc_str(&doc, "orgId"), &details, err)) goto done;
+  if (!obx_ops_audit(ops, session, "outbox.reprocess", r->id, obx_mongo_doc_str(&doc, "orgId"), &details, err))
+    goto done;
   if (r->out) {
     bson_reinit(r->out);
     bson_t by_id = BSON_INITIALIZER;
@@ -268,7 +263,7 @@ bool obx_ops_inbox_replay(const obx_ops_t *ops, const char *org, const char *eve
   bool ok = obx_inbox_get(client, obx_mongo_db_name(ops->mongo), NULL, ops->consumer, event_id, &doc, &found, err);
   obx_mongo_push(ops->mongo, client);
   if (ok && found && org) {
-    const char *entry_org = doc_str(&doc, "orgId");
+    const char *entry_org = obx_mongo_doc_str(&doc, "orgId");
     found = entry_org && strcmp(entry_org, org) == 0;
   }
   if (ok && !found) {
@@ -456,7 +451,7 @@ static bool status_relay(const obx_ops_t *ops, mongoc_client_t *client, bson_t *
     ok = false;
   }
   if (ok) {
-    const char *owner = has_lease ? doc_str(&lease, "owner") : NULL;
+    const char *owner = has_lease ? obx_mongo_doc_str(&lease, "owner") : NULL;
     bson_iter_t it;
     int64_t expires = bson_iter_init_find(&it, &lease, "expiresAt") && BSON_ITER_HOLDS_DATE_TIME(&it)
                         ? bson_iter_date_time(&it) : 0;

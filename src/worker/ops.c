@@ -94,12 +94,6 @@ bool obx_worker_dlq_purge(const obx_worker_ops_t *ops, uint32_t *purged, obx_err
   return ok;
 }
 
-static const char *doc_str(const bson_t *doc, const char *path) {
-  bson_iter_t it, v;
-  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_UTF8(&v)) return NULL;
-  return bson_iter_utf8(&v, NULL);
-}
-
 /* Publishes a stored inbox entry to the work queue. */
 static bool publish_entry(const obx_worker_ops_t *ops, const bson_t *doc, bool replay, obx_err_t *err) {
   obx_event_t ev;
@@ -129,10 +123,10 @@ bool obx_worker_replay_event(const obx_worker_ops_t *ops, const char *event_id, 
   }
   if (ok) ok = publish_entry(ops, &doc, true, err);
   if (ok) {
-    const char *status = doc_str(&doc, "status");
+    const char *status = obx_mongo_doc_str(&doc, "status");
     if (status) BSON_APPEND_UTF8(&details, "previousStatus", status);
     BSON_APPEND_UTF8(&details, "consumer", ops->consumer);
-    ok = obx_ops_audit(ops, NULL, "inbox.replay", event_id, doc_str(&doc, "orgId"), &details, err);
+    ok = obx_ops_audit(ops, NULL, "inbox.replay", event_id, obx_mongo_doc_str(&doc, "orgId"), &details, err);
   }
   bson_destroy(&details);
   bson_destroy(&doc);
@@ -224,15 +218,15 @@ static bool release_txn(mongoc_client_session_t *session, void *p, obx_err_t *er
   if (!obx_inbox_next_blocked(client, db, session, ops->consumer, r->key, &r->next_doc, &r->found, err)) goto done;
   const char *org = NULL;
   if (r->found) {
-    const char *next = doc_str(&r->next_doc, "_id.eventId");
+    const char *next = obx_mongo_doc_str(&r->next_doc, "_id.eventId");
     snprintf(r->next, OBX_UUID_LEN + 1, "%s", next ? next : "");
-    org = doc_str(&r->next_doc, "orgId");
+    org = obx_mongo_doc_str(&r->next_doc, "orgId");
     /* The oldest blocked event becomes the head, so the worker releases the rest after it. */
     if (!obx_inbox_park_key(client, db, session, ops->consumer, r->key, r->next, "released by an operator", err))
       goto done;
   } else {
     if (head[0] && !obx_inbox_get(client, db, session, ops->consumer, head, &head_doc, &head_found, err)) goto done;
-    if (head_found) org = doc_str(&head_doc, "orgId");
+    if (head_found) org = obx_mongo_doc_str(&head_doc, "orgId");
     if (!obx_inbox_unpark_key(client, db, session, ops->consumer, r->key, err)) goto done;
   }
   BSON_APPEND_UTF8(&details, "consumer", ops->consumer);

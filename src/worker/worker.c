@@ -449,12 +449,6 @@ static bool admit_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *er
                          &a->inserted, &a->existing, err);
 }
 
-static const char *doc_str(const bson_t *doc, const char *path) {
-  bson_iter_t it, v;
-  if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_UTF8(&v)) return NULL;
-  return bson_iter_utf8(&v, NULL);
-}
-
 /* One release step of a key after its head `done` finished, in a transaction: the head moves
  * to the oldest BLOCKED event (obx_inbox_move_head, the per-key lock), or the key is unparked
  * when none is left. Every step, every BLOCKED store (obx_inbox_hold_key) and every unpark
@@ -482,7 +476,7 @@ static bool step_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *err
   if (!obx_inbox_key_get(client, w->db, session, w->consumer, s->key, &parked, &found, err)) goto done;
   ok = true;
   if (!found) goto done;
-  const char *head = doc_str(&parked, "headEventId"), *released_by = doc_str(&parked, "releasedBy");
+  const char *head = obx_mongo_doc_str(&parked, "headEventId"), *released_by = obx_mongo_doc_str(&parked, "releasedBy");
   if (!head || strcmp(head, s->done) != 0) {
     /* Moved on already. When this head moved it, the new head is not recorded as sent and this
      * is the broker's redelivery of the head's message (the process that moved it stopped
@@ -492,14 +486,14 @@ static bool step_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *err
     bool sent = bson_iter_init_find(&it, &parked, "sent") && BSON_ITER_HOLDS_BOOL(&it) && bson_iter_bool(&it);
     if (s->may_resend && head && released_by && strcmp(released_by, s->done) == 0 && !sent) {
       ok = obx_inbox_get(client, w->db, session, w->consumer, head, &s->next, &entry, err);
-      const char *status = entry ? doc_str(&s->next, "status") : NULL;
+      const char *status = entry ? obx_mongo_doc_str(&s->next, "status") : NULL;
       s->send = ok && status && strcmp(status, obx_inbox_status_name(OBX_INBOX_BLOCKED)) == 0;
     }
     goto done;
   }
   ok = obx_inbox_next_blocked(client, w->db, session, w->consumer, s->key, &s->next, &found, err);
   if (ok && found) {
-    const char *next = doc_str(&s->next, "_id.eventId");
+    const char *next = obx_mongo_doc_str(&s->next, "_id.eventId");
     bool moved = false;
     ok = next && obx_inbox_move_head(client, w->db, session, w->consumer, s->key, s->done, next, &moved, err);
     s->send = ok && moved;
@@ -539,7 +533,7 @@ static worker_outcome_t release_key(obx_worker_t *w, mongoc_client_t *client, co
     obx_ladder_msg_t msg;
     obx_ladder_msg_init(&msg);
     worker_outcome_t outcome = WORKER_DONE;
-    const char *next = doc_str(&s.next, "_id.eventId");
+    const char *next = obx_mongo_doc_str(&s.next, "_id.eventId");
     snprintf(cur, sizeof cur, "%s", next ? next : "");
     if (!obx_inbox_entry_event(&s.next, &ev, &err) || !obx_ladder_msg_from_event(&msg, &ev, &err)) {
       obx_warn("blocked entry %s of key %s does not decode (%s); marking it DEAD", cur, key, err.msg);
