@@ -29,7 +29,7 @@
   X(apikey, "Create API keys for the HTTP API (printed once, stored hashed)")                  \
   X(pipelines, "Apply pipeline definitions (validated; create/update by name) and list them")   \
   X(dlq, "The parking-lot DLQ: list, peek, redrive (one, filtered, all; dry run), purge")      \
-  X(inbox, "The worker's inbox: show an entry, replay one event or a type since a time")       \
+  X(inbox, "The worker's inbox: list, show an entry, replay one event or a type since a time") \
   X(keys, "Business keys parked behind a failing event: list, release")                         \
   X(outbox, "The relay's outbox: list by status, counts, reprocess a FAILED event")             \
   X(status, "Relay leader and lag, checkpoint age, outbox/inbox counts, DLQ depth, parked keys")
