@@ -425,6 +425,25 @@ static bool relay_lead_begin(obx_relay_t *relay) {
   return true;
 }
 
+/* An idempotent producer that hit a fatal error (a broken sequence, a fenced producer id)
+ * accepts no more records. Step down (the checkpoint never passed an unacknowledged event),
+ * replace the producer (the old one's purged records stay PENDING, untouched) and lead again
+ * from the checkpoint at the next lease tick. A producer that cannot be created is retried on
+ * the next turn of the loop. */
+static void relay_producer_renew(obx_relay_t *relay) {
+  if (relay->leader) relay_lease_step_down(relay, "the Kafka producer hit a fatal error");
+  obx_err_t err = OBX_ERR_INIT;
+  obx_relay_producer_t *fresh = obx_relay_producer_new(relay->conf, relay_on_ack, relay, &err);
+  if (!fresh) {
+    obx_error("replacing the Kafka producer: %s", err.msg);
+    return;
+  }
+  obx_relay_producer_destroy(relay->producer); /* its last reports arrive here, purged */
+  relay->producer = fresh;
+  relay_write_reports(relay);
+  obx_info("Kafka producer replaced after a fatal error");
+}
+
 static void *relay_main(void *arg) {
   obx_relay_t *relay = arg;
   const obx_conf_t *conf = relay->conf;
@@ -437,6 +456,7 @@ static void *relay_main(void *arg) {
   while (!relay->stopping && !relay_ensure_indexes(relay)) relay_sleep_ms(1000);
 
   while (!relay->stopping) {
+    if (obx_relay_producer_fatal(relay->producer)) relay_producer_renew(relay);
     relay_lease_tick(relay);
     if (!relay->leader) {
       relay_serve(relay, 50, true); /* reports of what was in flight when we stepped down */

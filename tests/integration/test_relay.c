@@ -747,6 +747,35 @@ static void test_checkpoint_fenced_while_lease_held(void **state) {
   ctx_cleanup(&ctx);
 }
 
+/* A fatal error of the idempotent producer (here an out-of-order sequence answered by the
+ * broker) leaves it unable to send: the relay replaces it and publishes everything, in order. */
+static void test_fatal_producer_is_replaced(void **state) {
+  ctx_t ctx;
+  ctx_init(&ctx, "fatal", &g_mongo, NULL);
+  char log_path[512];
+  snprintf(log_path, sizeof log_path, "%s/relay-fatal.log", obx_test_tmpdir());
+  FILE *log = fopen(log_path, "w");
+  assert_non_null(log);
+  setvbuf(log, NULL, _IOLBF, 0);
+  obx_log_set_stream(log);
+  obx_relay_t *relay = relay_start(&ctx);
+  leader_wait_t w = {relay};
+  assert_true(obx_test_wait_for(is_leader, &w, 20000, 50));
+  insert_events(&ctx, 20, 4);
+  wait_published(&ctx, 20, 30000);
+  if (!obx_test_kafka_cmd(&g_kafka, "push-errors Produce 3 OUT_OF_ORDER_SEQUENCE_NUMBER"))
+    fail_msg("kafka-mockd refused push-errors");
+  insert_events(&ctx, 30, 4);
+  if (!obx_test_file_contains(log_path, "Kafka producer replaced after a fatal error", 30000))
+    fail_msg("the producer was not replaced (log: %s)", log_path);
+  wait_published(&ctx, 50, 30000);
+  obx_relay_stop(relay);
+  obx_log_set_stream(NULL);
+  fclose(log);
+  kafka_check(&ctx, 60000, false);
+  ctx_cleanup(&ctx);
+}
+
 /* ---- the sweeper's claims with several relays -------------------------------------------- */
 
 /* A relay context that only sweeps: its own MongoDB client and producer, no thread, no lease. */
@@ -938,6 +967,7 @@ int main(void) {
     cmocka_unit_test(test_kafka_down_20s_backpressure),
     cmocka_unit_test(test_kill_9_mid_run_loses_nothing),
     cmocka_unit_test(test_checkpoint_fenced_while_lease_held),
+    cmocka_unit_test(test_fatal_producer_is_replaced),
     cmocka_unit_test(test_sweeper_claims_race_and_dead_claims_expire),
     cmocka_unit_test(test_reprocess_published_by_the_stream),
   };
