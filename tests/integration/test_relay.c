@@ -695,6 +695,32 @@ static void test_kill_9_mid_run_loses_nothing(void **state) {
   ctx_cleanup(&ctx);
 }
 
+/* Sends this process's log lines to a file of the test's own (its path into path); the test
+ * reads what the relay logged from there. */
+static FILE *log_to_file(const ctx_t *ctx, char *path, size_t pathlen) {
+  snprintf(path, pathlen, "%s/relay-%s.log", obx_test_tmpdir(), ctx->db);
+  FILE *log = fopen(path, "w");
+  assert_non_null(log);
+  setvbuf(log, NULL, _IOLBF, 0);
+  obx_log_set_stream(log);
+  return log;
+}
+
+static void log_close(FILE *log) {
+  obx_log_set_stream(NULL);
+  fclose(log);
+}
+
+/* A relay that leads and has published 20 events of 4 keys. */
+static obx_relay_t *relay_start_leading(ctx_t *ctx) {
+  obx_relay_t *relay = relay_start(ctx);
+  leader_wait_t w = {relay};
+  assert_true(obx_test_wait_for(is_leader, &w, 20000, 50));
+  insert_events(ctx, 20, 4);
+  wait_published(ctx, 20, 30000);
+  return relay;
+}
+
 /* Another owner writes the checkpoint with a higher epoch while the relay keeps renewing its
  * lease: the relay's next checkpoint write (an upsert fenced by its epoch) collides on _id, the
  * relay steps down and logs it, and the intruder's checkpoint stays as written. */
@@ -702,16 +728,8 @@ static void test_checkpoint_fenced_while_lease_held(void **state) {
   ctx_t ctx;
   ctx_init(&ctx, "ckfence", &g_mongo, NULL);
   char log_path[512];
-  snprintf(log_path, sizeof log_path, "%s/relay-ckfence.log", obx_test_tmpdir());
-  FILE *log = fopen(log_path, "w");
-  assert_non_null(log);
-  setvbuf(log, NULL, _IOLBF, 0);
-  obx_log_set_stream(log);
-  obx_relay_t *relay = relay_start(&ctx);
-  leader_wait_t w = {relay};
-  assert_true(obx_test_wait_for(is_leader, &w, 20000, 50));
-  insert_events(&ctx, 20, 4);
-  wait_published(&ctx, 20, 30000);
+  FILE *log = log_to_file(&ctx, log_path, sizeof log_path);
+  obx_relay_t *relay = relay_start_leading(&ctx);
   ctx_t ckpt_ctx = ctx;
   ckpt_ctx.outbox = mongoc_client_get_collection(ctx.client, ctx.db, "relay_checkpoints");
   char filter[300];
@@ -730,8 +748,7 @@ static void test_checkpoint_fenced_while_lease_held(void **state) {
   lease_owner(&ctx, owner, sizeof owner);
   if (strcmp(owner, relay->owner) != 0) fail_msg("lease owner: got \"%s\" want \"%s\"", owner, relay->owner);
   obx_relay_stop(relay); /* its shutdown checkpoint write is fenced too */
-  obx_log_set_stream(NULL);
-  fclose(log);
+  log_close(log);
   snprintf(filter, sizeof filter, "{\"_id\": \"outbox\", \"owner\": \"intruder\", \"epoch\": %lld}", (long long)intruder_epoch);
   if (count_docs(ckpt_ctx.outbox, filter) != 1) {
     char *dump = NULL;
@@ -753,16 +770,8 @@ static void test_fatal_producer_is_replaced(void **state) {
   ctx_t ctx;
   ctx_init(&ctx, "fatal", &g_mongo, NULL);
   char log_path[512];
-  snprintf(log_path, sizeof log_path, "%s/relay-fatal.log", obx_test_tmpdir());
-  FILE *log = fopen(log_path, "w");
-  assert_non_null(log);
-  setvbuf(log, NULL, _IOLBF, 0);
-  obx_log_set_stream(log);
-  obx_relay_t *relay = relay_start(&ctx);
-  leader_wait_t w = {relay};
-  assert_true(obx_test_wait_for(is_leader, &w, 20000, 50));
-  insert_events(&ctx, 20, 4);
-  wait_published(&ctx, 20, 30000);
+  FILE *log = log_to_file(&ctx, log_path, sizeof log_path);
+  obx_relay_t *relay = relay_start_leading(&ctx);
   if (!obx_test_kafka_cmd(&g_kafka, "push-errors Produce 3 OUT_OF_ORDER_SEQUENCE_NUMBER"))
     fail_msg("kafka-mockd refused push-errors");
   insert_events(&ctx, 30, 4);
@@ -770,8 +779,7 @@ static void test_fatal_producer_is_replaced(void **state) {
     fail_msg("the producer was not replaced (log: %s)", log_path);
   wait_published(&ctx, 50, 30000);
   obx_relay_stop(relay);
-  obx_log_set_stream(NULL);
-  fclose(log);
+  log_close(log);
   kafka_check(&ctx, 60000, false);
   ctx_cleanup(&ctx);
 }

@@ -279,15 +279,6 @@ static void test_different_keys_run_in_parallel(void **state) {
   for (int i = 0; i < N; i++) obx_event_cleanup(&ev[i]);
 }
 
-static int64_t count_done(wt_fx_t *fx) {
-  bson_t filter = BSON_INITIALIZER;
-  BSON_APPEND_UTF8(&filter, "_id.consumer", fx->group);
-  BSON_APPEND_UTF8(&filter, "status", "DONE");
-  int64_t n = wt_count(fx, "inbox", &filter);
-  bson_destroy(&filter);
-  return n;
-}
-
 /* Ten events of one key whose ERP calls take between 20 and 300 ms, with four lanes: the ERP
  * receives each call after the previous one of the key was answered, in offset order; events of
  * other keys produced after them reach the ERP before the key's last one. */
@@ -410,7 +401,7 @@ static void test_rebalance_runs_each_event_once(void **state) {
   }
   wt_start_worker(fx);
   int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
-  while (count_done(fx) < 4 && obx_test_now_ms() < deadline) usleep(5000);
+  while (wt_inbox_count(fx, "DONE") < 4 && obx_test_now_ms() < deadline) usleep(5000);
   obx_err_t err = OBX_ERR_INIT;
   obx_worker_t *second = obx_worker_new(&fx->conf, NULL, &err);
   if (!second) fail_msg("second worker: %s", err.msg);
@@ -423,7 +414,7 @@ static void test_rebalance_runs_each_event_once(void **state) {
     int64_t runs = wt_executions(fx, ev[i].id);
     if (runs != 1) fail_msg("event %d: %lld executions, want 1", i, (long long)runs);
   }
-  if (count_done(fx) != N) fail_msg("DONE entries: got %lld, want %d", (long long)count_done(fx), N);
+  if (wt_inbox_count(fx, "DONE") != N) fail_msg("DONE entries: got %lld, want %d", (long long)wt_inbox_count(fx, "DONE"), N);
   print_message("first worker ran %llu, second %llu, duplicates %llu\n", (unsigned long long)a.runs_succeeded,
                 (unsigned long long)b.runs_succeeded, (unsigned long long)(a.duplicates + b.duplicates));
   for (int i = 0; i < N; i++) obx_event_cleanup(&ev[i]);

@@ -33,30 +33,6 @@ static int teardown(void **state) {
   return 0;
 }
 
-static void start_worker_process(wt_fx_t *fx, obx_test_outboxd_t *d) {
-  char bufs[WT_NCONF][320], *args[2 * WT_NCONF + 8];
-  int n = 0;
-  args[n++] = "--roles";
-  args[n++] = "worker";
-  n += wt_conf_args(fx, bufs, args + n);
-  /* The killed member leaves no goodbye: a short session lets the group move on quickly. */
-  args[n++] = "-X";
-  args[n++] = "kafka.session.timeout.ms=6000";
-  args[n++] = "-X";
-  args[n++] = "kafka.heartbeat.interval.ms=1000";
-  args[n] = NULL;
-  if (!obx_test_outboxd_start(d, args)) fail_msg("outboxd --roles worker did not start");
-}
-
-static int64_t count_status(wt_fx_t *fx, const char *status) {
-  bson_t filter = BSON_INITIALIZER;
-  BSON_APPEND_UTF8(&filter, "_id.consumer", fx->group);
-  BSON_APPEND_UTF8(&filter, "status", status);
-  int64_t n = wt_count(fx, "inbox", &filter);
-  bson_destroy(&filter);
-  return n;
-}
-
 static bool is_done(wt_fx_t *fx, const char *id) {
   bson_t doc;
   bson_iter_t it;
@@ -81,7 +57,7 @@ static void kill_with_call_in_flight(wt_fx_t *fx, obx_test_outboxd_t *d, char nu
         called[i] = true;
         fresh++;
       }
-    bool enough = fresh && prev_start >= 0 && count_status(fx, "DONE") >= 3;
+    bool enough = fresh && prev_start >= 0 && wt_inbox_count(fx, "DONE") >= 3;
     if (enough && obx_test_now_ms() - prev_start < ERP_DELAY_MS / 2) { /* the answer is still pending */
       obx_test_proc_stop(&d->proc, SIGKILL, 5000);
       return;
@@ -105,7 +81,7 @@ static void test_kill_9_mid_run(void **state) {
     wt_produce(fx, &ev[i]);
   }
   obx_test_outboxd_t *d = &outboxd;
-  start_worker_process(fx, d);
+  wt_start_worker_process(fx, d);
   kill_with_call_in_flight(fx, d, nums);
   /* The process is gone: what is DONE now was committed before the kill. */
   bool done_before[NEVENTS], in_flight[NEVENTS];
@@ -119,7 +95,7 @@ static void test_kill_9_mid_run(void **state) {
   if (ndone < 3 || ndone >= NEVENTS) fail_msg("events DONE at the kill: got %d, want 3..%d", ndone, NEVENTS - 1);
   if (nflight < 1) fail_msg("events with an ERP call but no outcome at the kill: got 0, want >= 1");
 
-  start_worker_process(fx, d);
+  wt_start_worker_process(fx, d);
   for (int i = 0; i < NEVENTS; i++) wt_wait_status(fx, ev[i].id, "DONE");
   /* The worker's numbers are on the shared /metrics. */
   obx_test_http_resp_t resp;

@@ -202,15 +202,6 @@ static void test_starts_with_rabbitmq_down_and_catches_up(void **state) {
   obx_event_cleanup(&later);
 }
 
-static int64_t count_done(wt_fx_t *fx) {
-  bson_t filter = BSON_INITIALIZER;
-  BSON_APPEND_UTF8(&filter, "_id.consumer", fx->group);
-  BSON_APPEND_UTF8(&filter, "status", "DONE");
-  int64_t n = wt_count(fx, "inbox", &filter);
-  bson_destroy(&filter);
-  return n;
-}
-
 /* The Kafka broker goes away while the worker consumes and comes back: every event ends DONE
  * exactly once. */
 static void test_kafka_outage_loses_nothing(void **state) {
@@ -229,7 +220,7 @@ static void test_kafka_outage_loses_nothing(void **state) {
   }
   wt_start_worker(fx);
   int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
-  while (count_done(fx) < 3 && obx_test_now_ms() < deadline) usleep(5000);
+  while (wt_inbox_count(fx, "DONE") < 3 && obx_test_now_ms() < deadline) usleep(5000);
   if (!obx_test_kafka_cmd(&fx->k, "broker down all")) fail_msg("kafka-mockd: broker down failed");
   usleep(2000 * 1000); /* the outage itself */
   if (!obx_test_kafka_cmd(&fx->k, "broker up all")) fail_msg("kafka-mockd: broker up failed");

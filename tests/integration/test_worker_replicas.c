@@ -42,20 +42,6 @@ static int teardown(void **state) {
   return 0;
 }
 
-static void start_replica(wt_fx_t *fx, obx_test_outboxd_t *d) {
-  char bufs[WT_NCONF][320], *args[2 * WT_NCONF + 8];
-  int n = 0;
-  args[n++] = "--roles";
-  args[n++] = "worker";
-  n += wt_conf_args(fx, bufs, args + n);
-  args[n++] = "-X";
-  args[n++] = "kafka.session.timeout.ms=6000";
-  args[n++] = "-X";
-  args[n++] = "kafka.heartbeat.interval.ms=1000";
-  args[n] = NULL;
-  if (!obx_test_outboxd_start(d, args)) fail_msg("outboxd --roles worker did not start");
-}
-
 /* Index of the nth (0-based) request to /erp/<num>, -1 when there are fewer. */
 static int nth_call(wt_fx_t *fx, const char *num, int nth) {
   char path[64];
@@ -90,7 +76,7 @@ static void test_two_replicas_keep_key_order(void **state) {
   wt_conf_set(fx, "worker.attempts", "4");
   /* A long second tier leaves the test time to script the heads' success before the last try. */
   wt_conf_set(fx, "worker.retry_ladder", "200ms,3s");
-  for (int i = 0; i < NREPLICAS; i++) start_replica(fx, &replicas[i]);
+  for (int i = 0; i < NREPLICAS; i++) wt_start_worker_process(fx, &replicas[i]);
 
   const char *keys[2] = {"K-A", "K-B"}, *heads[2] = {"HA-0", "HB-0"};
   const char *later[2][NLATER] = {{"HA-1", "HA-2", "HA-3"}, {"HB-1", "HB-2", "HB-3"}};

@@ -28,6 +28,7 @@
 #include "obx_test_httpd.h"
 #include "obx_test_kafka.h"
 #include "obx_test_mongo.h"
+#include "obx_test_outboxd.h"
 
 #define WT_WAIT_MS 45000
 #define WT_ORG "org-wt"
@@ -256,7 +257,7 @@ static inline void wt_produce_raw(wt_fx_t *fx, const char *key, const char *valu
 }
 
 static inline void wt_route_delay(wt_fx_t *fx, const char *num, int status, int delay_ms) {
-  char path[64];
+  char path[512];
   snprintf(path, sizeof path, "/erp/%s", num);
   obx_test_httpd_route_t r = {.path = path, .status = status, .body = "{\"ok\": true}", .delay_ms = delay_ms};
   obx_test_httpd_route(fx->httpd, &r);
@@ -266,7 +267,7 @@ static inline void wt_route(wt_fx_t *fx, const char *num, int status) { wt_route
 
 /* Index of the last captured request to /erp/<num>, -1 when none; *count receives how many. */
 static inline int wt_calls(wt_fx_t *fx, const char *num, int *count) {
-  char path[64];
+  char path[512];
   snprintf(path, sizeof path, "/erp/%s", num);
   int last = -1, n = 0, total = obx_test_httpd_nrequests(fx->httpd);
   for (int i = 0; i < total; i++) {
@@ -449,6 +450,32 @@ static inline bool wt_dlq_collect(void *ctx, const obx_ladder_msg_t *msg) {
   snprintf(s->reason[s->n], sizeof s->reason[0], "%s", msg->reason ? msg->reason : "");
   s->attempt[s->n++] = msg->attempt;
   return true;
+}
+
+/* Inbox entries of the fixture's consumer that are in `status`. */
+static inline int64_t wt_inbox_count(wt_fx_t *fx, const char *status) {
+  bson_t filter = BSON_INITIALIZER;
+  BSON_APPEND_UTF8(&filter, "_id.consumer", fx->group);
+  BSON_APPEND_UTF8(&filter, "status", status);
+  int64_t n = wt_count(fx, "inbox", &filter);
+  bson_destroy(&filter);
+  return n;
+}
+
+/* Starts the real `outboxd --roles worker` with the fixture's configuration. A killed member
+ * leaves no goodbye: a short Kafka session lets the group move on quickly. */
+static inline void wt_start_worker_process(wt_fx_t *fx, obx_test_outboxd_t *d) {
+  char bufs[WT_NCONF][320], *args[2 * WT_NCONF + 8];
+  int n = 0;
+  args[n++] = "--roles";
+  args[n++] = "worker";
+  n += wt_conf_args(fx, bufs, args + n);
+  args[n++] = "-X";
+  args[n++] = "kafka.session.timeout.ms=6000";
+  args[n++] = "-X";
+  args[n++] = "kafka.heartbeat.interval.ms=1000";
+  args[n] = NULL;
+  if (!obx_test_outboxd_start(d, args)) fail_msg("outboxd --roles worker did not start");
 }
 
 #endif
