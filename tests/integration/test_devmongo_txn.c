@@ -231,6 +231,98 @@ static void test_retryable_write_once(void **state) {
   mongoc_collection_destroy(c);
 }
 
+static int32_t field_n(mongoc_collection_t *c, const bson_t *q) {
+  mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, q, NULL, NULL);
+  const bson_t *got;
+  bson_iter_t it;
+  int32_t n = mongoc_cursor_next(cur, &got) && bson_iter_init_find(&it, got, "n") ? bson_iter_int32(&it) : -1;
+  mongoc_cursor_destroy(cur);
+  return n;
+}
+
+/* Switches onPrimaryTransactionalWrite off; returns how often it fired. */
+static int64_t txn_write_fp_off(void) {
+  return obx_test_fail_point(g_client, "{\"configureFailPoint\": \"onPrimaryTransactionalWrite\", \"mode\": \"off\"}");
+}
+
+/* onPrimaryTransactionalWrite: the write commits and the connection closes before the reply
+ * (the driver retries with the same txnNumber and must get the stored result, not a second
+ * execution), or the write fails before it commits (the retry executes it once). */
+static void test_retry_after_lost_reply(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "txn", "lostreply");
+  bson_error_t error;
+  bson_t reply;
+  bson_iter_t it;
+  bson_t *seed = BCON_NEW("_id", BCON_INT32(1), "n", BCON_INT32(0));
+  assert_true(mongoc_collection_insert_one(c, seed, NULL, NULL, &error));
+  bson_t *q = BCON_NEW("_id", BCON_INT32(1)), *u = BCON_NEW("$inc", "{", "n", BCON_INT32(1), "}");
+  fail_point("{\"configureFailPoint\": \"onPrimaryTransactionalWrite\", \"mode\": {\"times\": 1}}");
+  if (!mongoc_collection_update_one(c, q, u, NULL, &reply, &error)) fail_msg("update: %s", error.message);
+  assert_true(bson_iter_init_find(&it, &reply, "modifiedCount"));
+  assert_int_equal(bson_iter_as_int64(&it), 1);
+  bson_destroy(&reply);
+  assert_int_equal(txn_write_fp_off(), 1); /* the reply was lost once: the driver retried */
+  int32_t n = field_n(c, q);
+  if (n != 1) fail_msg("$inc retried after a lost reply: got n=%d, want 1", n);
+  /* an insert of three documents: a second execution would fail with E11000 */
+  bson_t *docs[3];
+  for (int i = 0; i < 3; i++) docs[i] = BCON_NEW("_id", BCON_INT32(10 + i));
+  fail_point("{\"configureFailPoint\": \"onPrimaryTransactionalWrite\", \"mode\": {\"times\": 1}, "
+             "\"data\": {\"closeConnection\": true}}");
+  if (!mongoc_collection_insert_many(c, (const bson_t **)docs, 3, NULL, &reply, &error))
+    fail_msg("insert_many: %s", error.message);
+  assert_true(bson_iter_init_find(&it, &reply, "insertedCount"));
+  assert_int_equal(bson_iter_as_int64(&it), 3);
+  bson_destroy(&reply);
+  assert_int_equal(txn_write_fp_off(), 1);
+  /* findAndModify returns the stored value: the document after the first (only) $inc */
+  fail_point("{\"configureFailPoint\": \"onPrimaryTransactionalWrite\", \"mode\": {\"times\": 1}}");
+  mongoc_find_and_modify_opts_t *fam = mongoc_find_and_modify_opts_new();
+  mongoc_find_and_modify_opts_set_update(fam, u);
+  mongoc_find_and_modify_opts_set_flags(fam, MONGOC_FIND_AND_MODIFY_RETURN_NEW);
+  if (!mongoc_collection_find_and_modify_with_opts(c, q, fam, &reply, &error)) fail_msg("findAndModify: %s", error.message);
+  bson_t value;
+  assert_true(bson_iter_init_find(&it, &reply, "value") && BSON_ITER_HOLDS_DOCUMENT(&it));
+  uint32_t len;
+  const uint8_t *data;
+  bson_iter_document(&it, &len, &data);
+  bson_init_static(&value, data, len);
+  assert_true(bson_iter_init_find(&it, &value, "n"));
+  assert_int_equal(bson_iter_int32(&it), 2);
+  bson_destroy(&reply);
+  mongoc_find_and_modify_opts_destroy(fam);
+  assert_int_equal(txn_write_fp_off(), 1);
+  assert_int_equal(field_n(c, q), 2);
+  /* failBeforeCommitExceptionCode: nothing applied, RetryableWriteError, the retry applies it */
+  fail_point("{\"configureFailPoint\": \"onPrimaryTransactionalWrite\", \"mode\": {\"times\": 1}, "
+             "\"data\": {\"failBeforeCommitExceptionCode\": 91}}");
+  if (!mongoc_collection_update_one(c, q, u, NULL, NULL, &error)) fail_msg("update: %s", error.message);
+  assert_int_equal(txn_write_fp_off(), 1);
+  assert_int_equal(field_n(c, q), 3);
+  /* without retryable writes the same failure surfaces and nothing is applied */
+  mongoc_client_t *plain = obx_test_mongo_client(&g_m, NULL, NULL);
+  mongoc_uri_t *uri = mongoc_uri_copy(mongoc_client_get_uri(plain));
+  mongoc_client_destroy(plain);
+  mongoc_uri_set_option_as_bool(uri, MONGOC_URI_RETRYWRITES, false);
+  plain = mongoc_client_new_from_uri(uri);
+  mongoc_client_set_error_api(plain, MONGOC_ERROR_API_VERSION_2);
+  mongoc_collection_t *pc = mongoc_client_get_collection(plain, "txn", "lostreply");
+  fail_point("{\"configureFailPoint\": \"onPrimaryTransactionalWrite\", \"mode\": {\"times\": 1}, "
+             "\"data\": {\"failBeforeCommitExceptionCode\": 91}}");
+  /* no txnNumber without retryWrites: the fail point does not apply, the write runs once */
+  if (!mongoc_collection_update_one(pc, q, u, NULL, NULL, &error)) fail_msg("update: %s", error.message);
+  assert_int_equal(field_n(c, q), 4);
+  assert_int_equal(txn_write_fp_off(), 0);
+  mongoc_collection_destroy(pc);
+  mongoc_client_destroy(plain);
+  mongoc_uri_destroy(uri);
+  for (int i = 0; i < 3; i++) bson_destroy(docs[i]);
+  bson_destroy(q);
+  bson_destroy(u);
+  bson_destroy(seed);
+  mongoc_collection_destroy(c);
+}
+
 typedef struct {
   mongoc_collection_t *c;
   int calls;
@@ -350,6 +442,7 @@ int main(void) {
     cmocka_unit_test(test_abort_all_or_nothing),
     cmocka_unit_test(test_write_conflict),
     cmocka_unit_test(test_retryable_write_once),
+    cmocka_unit_test(test_retry_after_lost_reply),
     cmocka_unit_test(test_with_transaction_retries),
     cmocka_unit_test(test_no_such_transaction),
     cmocka_unit_test(test_abandoned_transaction_expires),
