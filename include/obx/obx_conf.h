@@ -6,8 +6,9 @@
  * (`outboxctl conf list`, README's configuration section).
  *
  * Sources, later wins: defaults -> file (`key = value` lines, dotted names or env names, `#`
- * comments) -> environment -> `-X key=value` overrides. Keys under `kafka.` and `amqp.` that
- * are not in the table pass through untouched to librdkafka / the AMQP client (obx_conf_t.passthrough).
+ * comments) -> environment -> `-X key=value` overrides. Keys under `kafka.` that are not in the
+ * table pass through untouched to librdkafka (obx_conf_t.passthrough); `amqp.*` keys are all in
+ * the table (rabbitmq-c has no generic properties).
  * Durations accept `250ms`, `5s`, `2m`, `1h`, `7d`, or a bare number of milliseconds.
  * A bad key or value fails with a message naming the key, the value and what is allowed. */
 #ifndef OBX_CONF_H
@@ -49,6 +50,18 @@ typedef struct {
     "Topic the relay publishes domain events to and the worker consumes")                        \
   X(amqp_url, STR, "amqp.url", "AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F", 0, 0, NULL, OBX_CONF_SENSITIVE, \
     "RabbitMQ URL for the retry ladder and the parking-lot DLQ (default vhost is %2F)")          \
+  X(amqp_heartbeat, DURATION, "amqp.heartbeat", "AMQP_HEARTBEAT", "30s", 0, 600000, NULL, 0,         \
+    "AMQP heartbeat proposed to RabbitMQ (whole seconds; 0: off); idle connections are serviced every half of it") \
+  X(amqp_ca_file, STR, "amqp.ca_file", "AMQP_CA_FILE", "", 0, 0, NULL, 0,                         \
+    "PEM CA bundle that verifies RabbitMQ's certificate for amqps:// URLs; empty: the system bundle") \
+  X(amqp_cert_file, STR, "amqp.cert_file", "AMQP_CERT_FILE", "", 0, 0, NULL, 0,                   \
+    "PEM client certificate presented to RabbitMQ (mutual TLS); needs amqp.key_file")            \
+  X(amqp_key_file, STR, "amqp.key_file", "AMQP_KEY_FILE", "", 0, 0, NULL, OBX_CONF_SENSITIVE,     \
+    "PEM private key of amqp.cert_file")                                                          \
+  X(amqp_verify_peer, BOOL, "amqp.verify_peer", "AMQP_VERIFY_PEER", "true", 0, 0, NULL, 0,        \
+    "Verify RabbitMQ's certificate chain (amqps://); false only for tests")                      \
+  X(amqp_verify_hostname, BOOL, "amqp.verify_hostname", "AMQP_VERIFY_HOSTNAME", "true", 0, 0, NULL, 0, \
+    "Verify that RabbitMQ's certificate names the URL's host (amqps://)")                         \
   X(http_port, INT, "http.port", "HTTP_PORT", "8080", 0, 65535, NULL, 0,                          \
     "Port of the HTTP API (and of the CloudEvents sink when WORKER_SOURCE=http); 0 picks a free port") \
   X(http_bind, STR, "http.bind", "HTTP_BIND", "0.0.0.0", 0, 0, NULL, 0,                           \
@@ -136,7 +149,7 @@ typedef struct {
 #define OBX_CONF_FIELD_(field, TYPE, ...) OBX_CONF_CTYPE_##TYPE field;
   OBX_CONF_KEYS(OBX_CONF_FIELD_)
 #undef OBX_CONF_FIELD_
-  obx_conf_pair_t *passthrough; /* kafka.* / amqp.* keys not in the table */
+  obx_conf_pair_t *passthrough; /* kafka.* keys not in the table */
   int npassthrough;
 } obx_conf_t;
 

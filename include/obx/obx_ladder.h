@@ -20,9 +20,10 @@
  * Malformed records travel the same way with the headers they had and a generated message-id.
  *
  * Every publish uses publisher confirms (basic.ack/nack awaited with a deadline) and
- * mandatory=true (an unroutable message is an error). Connections use heartbeats; a lost
- * connection is reopened with exponential backoff (100 ms doubling to 10 s) on the next call, so
- * the worker starts with RabbitMQ down and catches up. Not thread-safe per object except where
+ * mandatory=true (an unroutable message is an error). Connections are opened by obx_amqp.h (TCP
+ * or TLS, heartbeats); the publisher's is serviced by obx_ladder_tick, the consumer's by its
+ * wait. A lost connection is reopened with exponential backoff (100 ms doubling to 10 s) on the
+ * next call, so the worker starts with RabbitMQ down and catches up. Not thread-safe per object except where
  * said: obx_ladder_t serialises its calls with a mutex; a consumer belongs to one thread.
  *
  * DLQ browsing (list/peek/redrive) uses basic.get without ack on a private channel and closes
@@ -36,6 +37,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "obx_amqp.h"
 #include "obx_err.h"
 #include "obx_event.h"
 
@@ -46,8 +48,8 @@ typedef struct {
   const char *prefix;       /* queue/exchange name prefix; NULL: "outboxd" */
   const int64_t *tiers_ms;  /* RETRY_LADDER delays; copied */
   int ntiers;
-  int confirm_timeout_ms;   /* 0: 5000 */
-  int heartbeat_s;          /* 0: 30 */
+  int confirm_timeout_ms;   /* 0: 5000; also bounds connect, TLS handshake and login */
+  obx_amqp_settings_t amqp; /* heartbeat and TLS (obx_amqp_settings_from_conf); zero: defaults */
 } obx_ladder_opts_t;
 
 typedef struct {

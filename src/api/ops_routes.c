@@ -20,6 +20,7 @@
 typedef struct {
   obx_mongo_t *mongo;
   obx_ladder_t *ladder;
+  obx_amqp_keeper_t *keeper; /* services the ladder's idle connection (heartbeats) */
   char *consumer;
 } ops_api_t;
 
@@ -156,14 +157,19 @@ static void dlq_redrive(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
   bson_destroy(body);
 }
 
+static void ladder_keep(void *ladder) { obx_ladder_tick(ladder); }
+
 void *obx_ops_api_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err) {
   ops_api_t *api = calloc(1, sizeof *api);
   obx_ladder_opts_t lo = {.url = conf->amqp_url, .prefix = conf->worker_queue_prefix,
                           .tiers_ms = conf->retry_ladder.ms, .ntiers = conf->retry_ladder.n};
+  obx_amqp_settings_from_conf(&lo.amqp, conf);
   if (!(api->mongo = obx_mongo_new(conf, err)) || !(api->ladder = obx_ladder_new(&lo, err))) {
     obx_ops_api_stop(api);
     return NULL;
   }
+  int keep_ms = obx_amqp_keeper_interval_ms(&lo.amqp);
+  if (keep_ms) api->keeper = obx_amqp_keeper_start(ladder_keep, api->ladder, keep_ms);
   api->consumer = strdup(conf->worker_group);
   obx_http_route(http, "GET", "/api/outbox", "outbox:read", outbox_list, api);
   obx_http_route(http, "POST", "/api/outbox/:id/reprocess", "outbox:reprocess", outbox_reprocess, api);
@@ -177,6 +183,7 @@ void *obx_ops_api_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err
 void obx_ops_api_stop(void *state) {
   ops_api_t *api = state;
   if (!api) return;
+  obx_amqp_keeper_stop(api->keeper);
   obx_ladder_destroy(api->ladder);
   obx_mongo_destroy(api->mongo);
   free(api->consumer);

@@ -64,6 +64,7 @@ int worker_ctl_open(worker_ctl_t *ctl, const worker_ctl_args_t *args, bool need_
   if (need_amqp) {
     obx_ladder_opts_t lo = {.url = ctl->conf.amqp_url, .prefix = ctl->conf.worker_queue_prefix,
                             .tiers_ms = ctl->conf.retry_ladder.ms, .ntiers = ctl->conf.retry_ladder.n};
+    obx_amqp_settings_from_conf(&lo.amqp, &ctl->conf);
     if (!(ctl->ladder = obx_ladder_new(&lo, &err))) {
       obx_ctl_errorf("%s", err.msg);
       return OBX_CTL_USAGE;

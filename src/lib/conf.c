@@ -29,7 +29,7 @@ static const size_t offsets[] = {OBX_CONF_KEYS(OFFSET_)};
 
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 
-static const char *const passthrough_prefixes[] = {"kafka.", "amqp."};
+static const char *const passthrough_prefixes[] = {"kafka."};
 
 const obx_conf_key_t *obx_conf_keys(int *n) {
   *n = NKEYS;
@@ -282,7 +282,7 @@ bool obx_conf_set(obx_conf_t *conf, const char *key, const char *value, obx_err_
     return true;
   }
   obx_err_set(err, OBX_ERR_CONF, 0, false,
-              "unknown configuration key '%s' (see `outboxctl conf list`; kafka.* and amqp.* pass through)", key);
+              "unknown configuration key '%s' (see `outboxctl conf list`; other kafka.* keys pass through to librdkafka)", key);
   return false;
 }
 
@@ -511,8 +511,8 @@ static void print_doc_markdown(FILE *out) {
     fprintf(out, " |\n");
     free(def);
   }
-  fprintf(out, "\nKeys under `kafka.` and `amqp.` that are not listed pass through to librdkafka and the AMQP "
-               "client. Durations accept `250ms`, `5s`, `2m`, `1h`, `7d` or a number of milliseconds.\n");
+  fprintf(out, "\nKeys under `kafka.` that are not listed pass through to librdkafka (`amqp.*` keys are all "
+               "listed). Durations accept `250ms`, `5s`, `2m`, `1h`, `7d` or a number of milliseconds.\n");
 }
 
 static void print_doc_text(FILE *out) {
@@ -539,7 +539,7 @@ static void print_doc_text(FILE *out) {
             (keys[i].flags & OBX_CONF_SENSITIVE) ? " (sensitive)" : "");
     free(def);
   }
-  fprintf(out, "\nkafka.* and amqp.* keys not listed pass through to the client libraries.\n"
+  fprintf(out, "\nkafka.* keys not listed pass through to librdkafka (amqp.* keys are all listed).\n"
                "Durations: 250ms, 5s, 2m, 1h, 7d, or a number of milliseconds.\n");
 }
 

@@ -10,8 +10,6 @@
 
 #include <amqp.h>
 #include <amqp_framing.h>
-#include <amqp_ssl_socket.h>
-#include <amqp_tcp_socket.h>
 #include <assert.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -20,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "obx/obx_amqp.h"
 #include "obx/obx_log.h"
 
 #define CH_PUBLISH 1
@@ -162,14 +161,12 @@ void obx_ladder_msg_fail(obx_ladder_msg_t *msg, const char *failure_class, const
 /* ---- connection ------------------------------------------------------------------------- */
 
 typedef struct {
-  char *url;                    /* copy handed to amqp_parse_url (it points into it) */
-  struct amqp_connection_info info;
+  obx_amqp_target_t target;     /* URL, TLS and heartbeat settings (amqp_conn.c) */
   char *exchange, *work, *dlq;
   char **tier_queues;
   int64_t *tiers_ms;
   int ntiers;
   int confirm_timeout_ms;
-  int heartbeat_s;
 } names_t;
 
 typedef struct {
@@ -198,7 +195,7 @@ static char *fmt_name(const char *fmt, ...) {
 }
 
 static void names_cleanup(names_t *n) {
-  free(n->url);
+  obx_amqp_target_cleanup(&n->target);
   free(n->exchange);
   free(n->work);
   free(n->dlq);
@@ -210,18 +207,7 @@ static void names_cleanup(names_t *n) {
 
 static bool names_init(names_t *n, const obx_ladder_opts_t *opts, obx_err_t *err) {
   memset(n, 0, sizeof *n);
-  if (!opts->url || !opts->url[0]) {
-    obx_err_set(err, OBX_ERR_CONF, 0, false, "AMQP_URL is empty");
-    return false;
-  }
-  n->url = dup_str(opts->url);
-  amqp_default_connection_info(&n->info);
-  int rc = amqp_parse_url(n->url, &n->info);
-  if (rc != AMQP_STATUS_OK) {
-    obx_err_set(err, OBX_ERR_CONF, rc, false, "AMQP_URL is not a valid amqp:// or amqps:// URL");
-    names_cleanup(n);
-    return false;
-  }
+  if (!obx_amqp_target_init(&n->target, opts->url, &opts->amqp, err)) return false;
   const char *prefix = opts->prefix && opts->prefix[0] ? opts->prefix : "outboxd";
   n->exchange = fmt_name("%s.retry", prefix);
   n->work = fmt_name("%s.work", prefix);
@@ -241,7 +227,6 @@ static bool names_init(names_t *n, const obx_ladder_opts_t *opts, obx_err_t *err
     n->tier_queues[i] = fmt_name("%s.retry.%" PRId64 "ms", prefix, opts->tiers_ms[i]);
   }
   n->confirm_timeout_ms = opts->confirm_timeout_ms > 0 ? opts->confirm_timeout_ms : 5000;
-  n->heartbeat_s = opts->heartbeat_s > 0 ? opts->heartbeat_s : 30;
   return true;
 }
 
@@ -260,8 +245,7 @@ static void arm_backoff(conn_t *c) {
 
 static void conn_drop(conn_t *c) {
   if (!c->conn) return;
-  amqp_connection_close(c->conn, AMQP_REPLY_SUCCESS);
-  amqp_destroy_connection(c->conn);
+  obx_amqp_close(c->conn);
   c->conn = NULL;
   arm_backoff(c);
 }
@@ -326,36 +310,15 @@ static bool conn_open(conn_t *c, const names_t *n, const char *name, obx_err_t *
   }
   if (!c->backoff_ms) c->backoff_ms = BACKOFF_MIN_MS;
   bool ok = false;
-  amqp_connection_state_t conn = amqp_new_connection();
-  assert(conn);
-  amqp_socket_t *sock = n->info.ssl ? amqp_ssl_socket_new(conn) : amqp_tcp_socket_new(conn);
-  if (!sock) {
-    obx_err_set(err, OBX_ERR_AMQP, AMQP_STATUS_NO_MEMORY, false, "cannot create the AMQP socket");
-    goto done;
-  }
-  struct timeval tv = {n->confirm_timeout_ms / 1000, (n->confirm_timeout_ms % 1000) * 1000};
-  int rc = amqp_socket_open_noblock(sock, n->info.host, n->info.port, &tv);
-  if (rc != AMQP_STATUS_OK) {
-    obx_err_from_amqp_status(err, rc, "connecting to RabbitMQ");
-    goto done;
-  }
-  amqp_set_handshake_timeout(conn, &tv);
-  amqp_set_rpc_timeout(conn, &tv);
-  amqp_table_entry_t props[] = {arg_str("connection_name", name)};
-  amqp_table_t ptable = {1, props};
-  amqp_rpc_reply_t r = amqp_login_with_properties(conn, n->info.vhost, 0, 131072, n->heartbeat_s, &ptable,
-                                                  AMQP_SASL_METHOD_PLAIN, n->info.user, n->info.password);
-  if (r.reply_type != AMQP_RESPONSE_NORMAL) {
-    obx_err_from_amqp(err, &r, "RabbitMQ login");
-    goto done;
-  }
+  amqp_connection_state_t conn = obx_amqp_open(&n->target, name, n->confirm_timeout_ms, err);
+  if (!conn) goto done;
   amqp_channel_open(conn, CH_PUBLISH);
   if (!rpc_ok(conn, "channel.open", err)) goto done;
   if (!declare_topology(conn, n, err)) goto done;
   ok = true;
 done:
   if (!ok) {
-    amqp_destroy_connection(conn);
+    if (conn) amqp_destroy_connection(conn);
     arm_backoff(c);
     return false;
   }
@@ -363,7 +326,7 @@ done:
   c->backoff_ms = BACKOFF_MIN_MS;
   c->epoch++;
   c->publish_seq = 0;
-  obx_info("connected to RabbitMQ %s:%d (%s)", n->info.host, n->info.port, name);
+  obx_info("connected to RabbitMQ %s:%d%s (%s)", n->target.host, n->target.port, n->target.tls ? " over TLS" : "", name);
   return true;
 }
 
@@ -620,13 +583,9 @@ void obx_ladder_tick(obx_ladder_t *ladder) {
       obx_warn("RabbitMQ unavailable (%s); retrying in the background", err.msg);
     }
   } else {
-    struct timeval zero = {0, 0};
-    amqp_frame_t frame;
-    int rc = amqp_simple_wait_frame_noblock(ladder->c.conn, &frame, &zero);
-    if (rc != AMQP_STATUS_TIMEOUT) {
-      /* Nothing is expected on an idle publisher: a frame here is a close, a failure a lost link. */
-      obx_warn("RabbitMQ publisher connection lost (%s); reconnecting",
-               rc == AMQP_STATUS_OK ? "unexpected frame" : amqp_error_string2(rc));
+    obx_err_t err = OBX_ERR_INIT;
+    if (!obx_amqp_service(ladder->c.conn, &err)) {
+      obx_warn("RabbitMQ publisher connection lost (%s); reconnecting", err.msg);
       conn_drop(&ladder->c);
     }
   }

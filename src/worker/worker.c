@@ -929,6 +929,7 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   w->egress_ok = true;
   w->ladder_opts = (obx_ladder_opts_t){.url = conf->amqp_url, .prefix = conf->worker_queue_prefix,
                                        .tiers_ms = conf->retry_ladder.ms, .ntiers = conf->retry_ladder.n};
+  obx_amqp_settings_from_conf(&w->ladder_opts.amqp, conf);
   if (!(w->ladder = obx_ladder_new(&w->ladder_opts, err))) goto fail;
   obx_err_t soft = OBX_ERR_INIT;
   if (!obx_ladder_connect(w->ladder, &soft)) obx_warn("RabbitMQ not reachable yet (%s); will retry", soft.msg);

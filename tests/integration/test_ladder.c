@@ -336,7 +336,7 @@ static void test_ticked_idle_connection_survives_heartbeats(void **state) {
   WT_NEED_BROKER();
   fx_t *fx = *state;
   obx_ladder_opts_t opts = fx->opts;
-  opts.heartbeat_s = 1;
+  opts.amqp.heartbeat_s = 1;
   obx_err_t err = OBX_ERR_INIT;
   obx_ladder_t *ladder = obx_ladder_new(&opts, &err);
   if (!obx_ladder_connect(ladder, &err)) fail_msg("connect: %s", err.msg);

@@ -135,7 +135,7 @@ static void test_precedence(void **state) {
                                        "mongo.db = filedb\nkafka.linger.ms = 7\n");
   char *env[] = {"OUTBOX_BATCH_SIZE=20", "MONGO_DB=envdb", "UNRELATED=1", NULL};
   char *empty_env[] = {NULL};
-  char *overrides[] = {"outbox.batch_size=30", "kafka.linger.ms=9", "amqp.heartbeat=30"};
+  char *overrides[] = {"outbox.batch_size=30", "kafka.linger.ms=9", "kafka.acks=all"};
   const struct {
     const char *name;
     bool use_file, use_env;
@@ -173,7 +173,7 @@ static void test_precedence(void **state) {
   assert_int_equal(conf.npassthrough, 2);
   assert_string_equal(conf.passthrough[0].key, "kafka.linger.ms");
   assert_string_equal(conf.passthrough[0].value, "9");
-  assert_string_equal(conf.passthrough[1].key, "amqp.heartbeat");
+  assert_string_equal(conf.passthrough[1].key, "kafka.acks");
   obx_conf_cleanup(&conf);
   free(file);
 }
@@ -234,7 +234,7 @@ static void test_redaction(void **state) {
   assert_true(obx_conf_set(&conf, "kafka.sasl.password", "kpass", &err));
   assert_true(obx_conf_set(&conf, "kafka.sasl.username", "kuser", &err));
   assert_true(obx_conf_set(&conf, "kafka.ssl.key.pem", "-----BEGIN PRIVATE KEY-----", &err));
-  assert_true(obx_conf_set(&conf, "amqp.heartbeat", "30", &err));
+  assert_true(obx_conf_set(&conf, "amqp.key_file", "/run/secrets/amqp-key.pem", &err));
   static const struct {
     const char *key, *hidden, *revealed;
   } cases[] = {
@@ -243,7 +243,7 @@ static void test_redaction(void **state) {
     {"kafka.sasl.password", "***", "kpass"},
     {"kafka.sasl.username", "kuser", "kuser"},
     {"kafka.ssl.key.pem", "***", "-----BEGIN PRIVATE KEY-----"},
-    {"amqp.heartbeat", "30", "30"},
+    {"amqp.key_file", "***", "/run/secrets/amqp-key.pem"},
     {"mongo.db", "outboxd", "outboxd"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
