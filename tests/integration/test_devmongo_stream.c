@@ -126,6 +126,164 @@ static void test_event_shapes(void **state) {
   mongoc_collection_destroy(c);
 }
 
+
+/* The code of the error the stream reports within timeout_ms (0: none); *label_out (may be
+ * NULL) tells whether it carried NonResumableChangeStreamError. */
+static uint32_t stream_error(mongoc_change_stream_t *cs, int timeout_ms, bool *non_resumable) {
+  int64_t deadline = obx_test_now_ms() + timeout_ms;
+  const bson_t *ev, *err_doc = NULL;
+  bson_error_t error;
+  do {
+    if (mongoc_change_stream_next(cs, &ev)) fail_msg("an event came where an error was due");
+    if (mongoc_change_stream_error_document(cs, &error, &err_doc)) {
+      if (non_resumable) *non_resumable = err_doc && mongoc_error_has_label(err_doc, "NonResumableChangeStreamError");
+      return error.code;
+    }
+  } while (obx_test_now_ms() < deadline);
+  return 0;
+}
+
+/* A value of updateDescription.updatedFields by its (dotted) name. */
+static bool updated_field(const bson_t *ev, const char *name, bson_value_t *out) {
+  bson_iter_t it, f;
+  if (!bson_iter_init(&it, ev) || !bson_iter_find_descendant(&it, "updateDescription.updatedFields", &f) ||
+      !BSON_ITER_HOLDS_DOCUMENT(&f) || !bson_iter_recurse(&f, &it) || !bson_iter_find(&it, name))
+    return false;
+  *out = *bson_iter_value(&it);
+  return true;
+}
+
+static void update(mongoc_collection_t *c, const char *q_json, const char *u_json) {
+  bson_error_t error;
+  bson_t *q = obx_test_bson(q_json);
+  bson_iter_t it;
+  bson_t *u;
+  if (u_json[0] == '[') {
+    bson_t *wrap = obx_test_bson(bson_strdup_printf("{\"p\": %s}", u_json));
+    bson_iter_init_find(&it, wrap, "p");
+    uint32_t len;
+    const uint8_t *data;
+    bson_iter_array(&it, &len, &data);
+    u = bson_new_from_data(data, len);
+    bson_destroy(wrap);
+  } else {
+    u = obx_test_bson(u_json);
+  }
+  run_ok(c, "update", mongoc_collection_update_one(c, q, u, NULL, NULL, &error), &error);
+  bson_destroy(q);
+  bson_destroy(u);
+}
+
+/* fullDocument appears on update events only when asked for: updateLookup reads the current
+ * document; whenAvailable / required give the post-image recorded for collections with
+ * changeStreamPreAndPostImages (null, or error 47, without it); fullDocumentBeforeChange the
+ * pre-image. */
+static void test_images(void **state) {
+  mongoc_database_t *db = mongoc_client_get_database(g_client, "cs");
+  bson_error_t error;
+  bson_t *create = obx_test_bson("{\"create\": \"images\", \"changeStreamPreAndPostImages\": {\"enabled\": true}}");
+  run_ok(NULL, "create", mongoc_database_command_simple(db, create, NULL, NULL, &error), &error);
+  bson_destroy(create);
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "cs", "images");
+  mongoc_collection_t *plain = mongoc_client_get_collection(g_client, "cs", "noimages");
+  mongoc_change_stream_t *when = watch(c, NULL, "{\"fullDocument\": \"whenAvailable\", "
+                                       "\"fullDocumentBeforeChange\": \"required\", \"maxAwaitTimeMS\": 200}");
+  mongoc_change_stream_t *look = watch(c, NULL, "{\"fullDocument\": \"updateLookup\", \"maxAwaitTimeMS\": 200}");
+  mongoc_change_stream_t *none = watch(plain, NULL, "{\"fullDocument\": \"whenAvailable\", \"maxAwaitTimeMS\": 200}");
+  mongoc_change_stream_t *req = watch(plain, NULL, "{\"fullDocument\": \"required\", \"maxAwaitTimeMS\": 200}");
+  insert(c, "{\"_id\": 1, \"v\": 1}");
+  update(c, "{\"_id\": 1}", "{\"$set\": {\"v\": 2}}");
+  update(c, "{\"_id\": 1}", "{\"$set\": {\"v\": 3}}");
+  insert(plain, "{\"_id\": 1, \"v\": 1}");
+  update(plain, "{\"_id\": 1}", "{\"$set\": {\"v\": 2}}");
+  bson_t *ev = next_event(when, 10000);
+  expect_op(ev, "insert", 1);
+  assert_false(has(ev, "fullDocumentBeforeChange"));
+  bson_destroy(ev);
+  ev = next_event(when, 10000);
+  expect_op(ev, "update", 1);
+  assert_int_equal(int_at(ev, "fullDocument.v"), 2);             /* the post-image of this update */
+  assert_int_equal(int_at(ev, "fullDocumentBeforeChange.v"), 1);
+  bson_destroy(ev);
+  bson_destroy(next_event(look, 10000));
+  ev = next_event(look, 10000);
+  expect_op(ev, "update", 1);
+  assert_int_equal(int_at(ev, "fullDocument.v"), 3);             /* updateLookup: the current one */
+  assert_false(has(ev, "fullDocumentBeforeChange"));
+  bson_destroy(ev);
+  bson_destroy(next_event(none, 10000));
+  ev = next_event(none, 10000);
+  expect_op(ev, "update", 1);
+  bson_iter_t it;
+  assert_true(bson_iter_init_find(&it, ev, "fullDocument") && BSON_ITER_HOLDS_NULL(&it));
+  bson_destroy(ev);
+  /* the batch holding the update fails as a whole, as mongod's getMore does */
+  assert_int_equal(stream_error(req, 10000, NULL), 47);
+  mongoc_change_stream_destroy(when);
+  mongoc_change_stream_destroy(look);
+  mongoc_change_stream_destroy(none);
+  mongoc_change_stream_destroy(req);
+  mongoc_collection_destroy(c);
+  mongoc_collection_destroy(plain);
+  mongoc_database_destroy(db);
+}
+
+/* A pipeline update that shortens an array reports truncatedArrays; changed elements and
+ * sub-fields are reported by full path. */
+static void test_truncated_arrays(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "cs", "truncated");
+  mongoc_change_stream_t *cs = watch(c, NULL, "{\"maxAwaitTimeMS\": 200}");
+  insert(c, "{\"_id\": 1, \"arr\": [1, 2, 3, 4], \"sub\": {\"x\": 1, \"y\": 2}}");
+  update(c, "{\"_id\": 1}", "[{\"$set\": {\"arr\": {\"$literal\": [1, 9]}, \"sub\": {\"$literal\": {\"x\": 1, \"y\": 5}}}}]");
+  bson_destroy(next_event(cs, 10000));
+  bson_t *ev = next_event(cs, 10000);
+  expect_op(ev, "update", 1);
+  char *json = bson_as_relaxed_extended_json(ev, NULL);
+  bson_value_t v;
+  if (!updated_field(ev, "arr.1", &v) || v.value_type != BSON_TYPE_INT32 || v.value.v_int32 != 9 ||
+      !updated_field(ev, "sub.y", &v) || updated_field(ev, "arr", &v) ||
+      strcmp(str_at(ev, "updateDescription.truncatedArrays.0.field"), "arr") ||
+      int_at(ev, "updateDescription.truncatedArrays.0.newSize") != 2)
+    fail_msg("got %s, want updatedFields {arr.1: 9, sub.y: 5} and truncatedArrays [{field: arr, newSize: 2}]", json);
+  bson_free(json);
+  bson_destroy(ev);
+  mongoc_change_stream_destroy(cs);
+  mongoc_collection_destroy(c);
+}
+
+/* A stage that changes _id opens fine and fails (280, non-resumable) on the getMore that
+ * would return such an event; an unknown stage fails at once with 40324, a known one a stream
+ * may not carry with 20. */
+static void test_stage_errors(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "cs", "stagerr");
+  const char *modifying[] = {"{\"pipeline\": [{\"$project\": {\"_id\": 0}}]}",
+                             "{\"pipeline\": [{\"$addFields\": {\"_id\": \"x\"}}]}",
+                             "{\"pipeline\": [{\"$match\": {\"operationType\": \"insert\"}}, {\"$replaceRoot\": {\"newRoot\": \"$fullDocument\"}}]}"};
+  for (size_t i = 0; i < sizeof modifying / sizeof *modifying; i++) {
+    mongoc_change_stream_t *cs = watch(c, modifying[i], "{\"maxAwaitTimeMS\": 200}");
+    insert(c, bson_strdup_printf("{\"_id\": %d}", (int)i + 1));
+    bool non_resumable = false;
+    uint32_t code = stream_error(cs, 10000, &non_resumable);
+    if (code != 280 || !non_resumable) fail_msg("%s: got code %u, want 280 NonResumableChangeStreamError", modifying[i], code);
+    mongoc_change_stream_destroy(cs);
+  }
+  const struct { const char *pipeline; uint32_t code; } at_open[] = {
+    {"{\"pipeline\": [{\"$nosuchstage\": {}}]}", 40324},
+    {"{\"pipeline\": [{\"$group\": {\"_id\": null}}]}", 20},
+  };
+  for (size_t i = 0; i < sizeof at_open / sizeof *at_open; i++) {
+    bson_t *p = obx_test_bson(at_open[i].pipeline);
+    mongoc_change_stream_t *cs = mongoc_collection_watch(c, p, NULL);
+    const bson_t *err_doc;
+    bson_error_t error;
+    assert_true(mongoc_change_stream_error_document(cs, &error, &err_doc));
+    if (error.code != at_open[i].code) fail_msg("%s: got %u (%s), want %u", at_open[i].pipeline, error.code, error.message, at_open[i].code);
+    mongoc_change_stream_destroy(cs);
+    bson_destroy(p);
+  }
+  mongoc_collection_destroy(c);
+}
+
 static void test_update_lookup_and_match(void **state) {
   mongoc_collection_t *c = mongoc_client_get_collection(g_client, "cs", "lookup");
   bson_error_t error;
@@ -446,6 +604,9 @@ int main(void) {
     cmocka_unit_test(test_history_lost),
     cmocka_unit_test(test_resume_after_faults),
     cmocka_unit_test(test_database_watch_and_drop),
+    cmocka_unit_test(test_images),
+    cmocka_unit_test(test_truncated_arrays),
+    cmocka_unit_test(test_stage_errors),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

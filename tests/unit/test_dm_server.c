@@ -357,8 +357,10 @@ static void test_change_stream_and_park(void **state) {
   expect("u4", cmd, 286, &res);
   assert_string_equal(str_at(&res.reply, "errorLabels.0"), "NonResumableChangeStreamError");
   bson_destroy(&res.reply);
+  /* a stage dropping _id opens (mongod fails the getMore that returns such an event: see
+   * test_devmongo_stream's test_stage_errors) */
   expect_done("u4", "{\"aggregate\": \"c\", \"pipeline\": [{\"$changeStream\": {}}, {\"$project\": {\"_id\": 0}}], "
-                    "\"cursor\": {}}", 280);
+                    "\"cursor\": {}}", 0);
 }
 
 static void test_fail_command(void **state) {
