@@ -33,7 +33,10 @@ else
   OWNER=$(id -un)
 fi
 
-port_free() { ! ss -Htan "sport = :$1" 2>/dev/null | grep -q .; }
+# A port is busy when something listens on it or a live connection uses it as its local port;
+# TIME-WAIT (and other closing states) left by the node we just stopped do not count: the
+# listener binds over them, so a restart on the same port works at once.
+port_free() { ! ss -Htan state listening state established "( sport = :$1 )" 2>/dev/null | grep -q .; }
 
 # Picks the AMQP port P and derives the others from it: distribution P+10000, CLI range
 # P+20000..P+20010, epmd P+30000. Every one must be free.

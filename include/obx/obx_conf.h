@@ -68,6 +68,16 @@ typedef struct {
     "Address the HTTP server listens on")                                                         \
   X(http_max_body, INT, "http.max_body", "HTTP_MAX_BODY", "1048576", 1024, 67108864, NULL, 0,      \
     "Largest request body accepted, in bytes; larger ones get 413")                              \
+  X(http_workers, INT, "http.workers", "HTTP_WORKERS", "16", 1, 1024, NULL, 0,                    \
+    "Threads running request handlers (the connections themselves are served by one event thread)") \
+  X(http_max_connections, INT, "http.max_connections", "HTTP_MAX_CONNECTIONS", "1024", 4, 100000, NULL, 0, \
+    "Open HTTP connections at most; more are closed at accept")                                  \
+  X(http_max_connections_per_client, INT, "http.max_connections_per_client", "HTTP_MAX_CONNECTIONS_PER_CLIENT", "64", 1, 100000, NULL, 0, \
+    "Open HTTP connections at most from one client address; more are closed at accept")        \
+  X(http_header_timeout, DURATION, "http.header_timeout", "HTTP_HEADER_TIMEOUT", "10s", 100, 600000, NULL, 0, \
+    "Time a connection has to send a request's headers (from its accept or its previous response); then it is closed") \
+  X(http_idle_timeout, DURATION, "http.idle_timeout", "HTTP_IDLE_TIMEOUT", "60s", 1000, 3600000, NULL, 0, \
+    "A connection with no traffic for this long is closed (whole seconds)")                     \
   X(api_keys_file, STR, "api.keys_file", "API_KEYS_FILE", "", 0, 0, NULL, 0,                      \
     "API keys file: lines '<sha256 hex of key> <orgId> <perm,...>' (outboxctl apikey new); empty: no keys") \
   X(api_keys_refresh, DURATION, "api.keys_refresh", "API_KEYS_REFRESH", "30s", 100, 86400000, NULL, 0, \

@@ -1,7 +1,11 @@
 /* obx_http.h - the HTTP server shared by every role (libmicrohttpd)
  *
- * DESIGN: one obx_http_t per process listens on HTTP_BIND:HTTP_PORT, one thread per
- * connection, so handlers may block on MongoDB. Roles add routes at any time (the table is
+ * DESIGN: one obx_http_t per process listens on HTTP_BIND:HTTP_PORT. One event thread
+ * serves every connection; handlers run on a pool of HTTP_WORKERS threads, so they may block
+ * on MongoDB (bounded by their own deadlines) without holding other connections. Requests
+ * with ambiguous framing (two Content-Length headers, Content-Length with Transfer-Encoding)
+ * answer 400 and close; connections are bounded in total, per client address, in the time
+ * to send headers and in idle time (see http.c). Roles add routes at any time (the table is
  * read-locked per request). A route is a method, a path pattern whose `:name` segments
  * capture one segment each ("/orders/:id"), a required permission (NULL: public, no key
  * needed) and a handler.
@@ -36,7 +40,7 @@ typedef struct obx_http obx_http_t;
 typedef struct obx_http_req obx_http_req_t;   /* borrowed by the handler for one call */
 typedef struct obx_http_resp obx_http_resp_t; /* filled by the handler */
 
-/* Runs on a connection thread. Must set a response (a handler that sets none answers 500). */
+/* Runs on a worker thread. Must set a response (a handler that sets none answers 500). */
 typedef void (*obx_http_handler_t)(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx);
 /* A readiness check: false with err set (its msg is shown by /readyz) when not ready. */
 typedef bool (*obx_http_ready_fn_t)(void *ctx, obx_err_t *err);

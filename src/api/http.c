@@ -1,12 +1,31 @@
 /* http.c - the HTTP server shared by every role (libmicrohttpd)
  *
- * DESIGN: MHD runs an internal listening thread and one thread per connection, so a handler
- * blocking on MongoDB only holds its own connection. Per request: the first callback checks
- * Content-Length against http.max_body (413 at once), later callbacks accumulate the body
- * (still capped), the last one dispatches: route match (404/405), bearer key check (401/403),
- * the key's token bucket (429), handler, reply. Stopping quiesces the listener and waits up to
- * 10 s for requests in flight before closing connections. The route table grows under a write lock and is read under a read lock, so
- * roles may register routes while the server runs.
+ * DESIGN: connections are served by one MHD event thread (epoll): accepting, reading headers
+ * and bodies and writing answers never block, so an idle or slow connection costs a socket
+ * and a little memory, no thread. Handlers, which may block on MongoDB, run on a fixed pool
+ * of http.workers threads: when a request is complete the event thread suspends its
+ * connection (MHD_suspend_connection) and queues it; a worker runs the route (route match
+ * 404/405, bearer key check 401/403, the key's token bucket 429, handler) and resumes the
+ * connection, whose answer the event thread then sends. The queue holds 16 requests per
+ * worker; beyond that a request is answered 503 at once. The built-in probes (/healthz,
+ * /readyz, /metrics) have a worker of their own, so they answer while every handler worker
+ * waits on a hung MongoDB.
+ *
+ * Abuse bounds: a request whose framing is ambiguous (more than one Content-Length, a
+ * Content-Length together with Transfer-Encoding; RFC 9112 6.3) is answered 400 as soon as its headers are read and the
+ * connection is closed, so no byte after its headers is taken as a request (libmicrohttpd
+ * 0.9.75 itself takes the first Content-Length, and lets chunked win over Content-Length).
+ * Connections are capped in total (http.max_connections) and per client address
+ * (http.max_connections_per_client; more are closed at accept). A connection has
+ * http.header_timeout to send its request's headers, counted from its accept or from its
+ * previous answer; a reaper thread shuts the socket of one that takes longer down (MHD then
+ * closes it). No traffic at all for http.idle_timeout closes a connection too. Content-Length
+ * above http.max_body is answered 413 before the body is read.
+ *
+ * Stopping quiesces the listener and waits up to 10 s for requests in flight; requests still
+ * queued then are answered 503; the workers are joined before the event thread stops. The
+ * route table grows under a write lock and is read under a read lock, so roles may register
+ * routes while the server runs.
  *
  * CORS (api.cors_origins): a request whose Origin is allowed gets Access-Control-Allow-Origin
  * (its own origin echoed), Vary: Origin and Access-Control-Expose-Headers on every answer,
@@ -27,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -40,6 +60,7 @@
 #define HTTP_MAX_HEADERS 8
 #define HTTP_PROBLEM_BASE "https://outboxd.dev/problems/"
 #define HTTP_DRAIN_MS 10000
+#define HTTP_QUEUE_PER_WORKER 16
 #define HTTP_CORS_MAX_AGE "600"
 #define HTTP_CORS_ALLOW_HEADERS "Authorization, Content-Type, Idempotency-Key, X-Correlation-Id"
 #define HTTP_CORS_EXPOSE_HEADERS "Location, Retry-After, Idempotent-Replayed, WWW-Authenticate"
@@ -64,6 +85,27 @@ typedef struct {
   int64_t last_ns;
 } http_bucket_t;
 
+/* One open connection, for the header deadline: registered when MHD accepts it, removed
+ * when MHD closes it (before its socket is closed), both under obx_http.conns_mu. */
+typedef struct http_conn {
+  int fd;
+  int64_t since_ns;       /* accept or the previous answer; INT64_MAX once shut down */
+  bool in_request;        /* headers received, answer not yet sent */
+  struct http_conn *prev, *next;
+} http_conn_t;
+
+/* A fixed set of threads running queued requests (see DESIGN). */
+typedef struct {
+  obx_http_t *http;
+  pthread_t *threads;
+  int nthreads;
+  pthread_mutex_t mu;      /* everything below */
+  pthread_cond_t cv;
+  obx_http_req_t **queue;  /* ring of cap entries */
+  int cap, head, n;
+  bool stopping;           /* queued requests are answered 503, then the threads exit */
+} http_pool_t;
+
 struct obx_http {
   struct MHD_Daemon *daemon;
   obx_auth_t *auth;
@@ -84,22 +126,19 @@ struct obx_http {
   obx_histogram_t *latency;
   char **cors_origins;          /* api.cors_origins without trailing '/'; NULL-terminated */
   bool cors_any;                /* "*" among them */
+  int workers;                  /* http.workers */
+  unsigned max_conns, max_conns_per_client, idle_timeout_s;
+  int64_t header_timeout_ns;    /* http.header_timeout */
+  http_pool_t handlers, probes; /* route handlers; the built-in probes */
+  pthread_mutex_t conns_mu;     /* conns, reaper_stop */
+  pthread_cond_t conns_cv;
+  http_conn_t *conns;
+  bool reaper_stop, reaper_started;
+  pthread_t reaper;
+  obx_counter_t *refused;       /* requests or connections refused before any handler */
 };
 
-struct obx_http_req {
-  struct MHD_Connection *conn;
-  const char *method, *path;
-  char *body;
-  size_t len, cap;
-  bool too_large;
-  int64_t start_ns;
-  const char *route;                     /* the matched pattern (metrics label) */
-  const char *org;
-  char *path_copy;                       /* path split at '/', params point into it */
-  const char *param_names[HTTP_MAX_SEGMENTS];
-  const char *param_values[HTTP_MAX_SEGMENTS];
-  int nparams;
-};
+typedef enum { REQ_READING, REQ_QUEUED, REQ_ANSWERED } http_req_state_t;
 
 struct obx_http_resp {
   int status;
@@ -108,6 +147,25 @@ struct obx_http_resp {
   size_t len;
   char *headers[HTTP_MAX_HEADERS][2];
   int nheaders;
+};
+
+struct obx_http_req {
+  struct MHD_Connection *conn;
+  const char *method, *path;
+  char *body;
+  size_t len, cap;
+  bool too_large;
+  http_req_state_t state;
+  bool close;                            /* answer with Connection: close */
+  const char *origin;                    /* the allowed CORS Origin, or NULL */
+  obx_http_resp_t resp;                  /* filled by a worker, sent by the event thread */
+  int64_t start_ns;
+  const char *route;                     /* the matched pattern (metrics label) */
+  const char *org;
+  char *path_copy;                       /* path split at '/', params point into it */
+  const char *param_names[HTTP_MAX_SEGMENTS];
+  const char *param_values[HTTP_MAX_SEGMENTS];
+  int nparams;
 };
 
 static int64_t now_ns(void) {
@@ -359,12 +417,6 @@ static bool http_authorize(obx_http_t *http, obx_http_req_t *req, const char *pe
 static void http_dispatch(obx_http_t *http, obx_http_req_t *req, obx_http_resp_t *resp) {
   http_route_t route;
   char allow[128];
-  if (req->too_large) {
-    char detail[96];
-    snprintf(detail, sizeof detail, "the body exceeds %zu bytes", http->max_body);
-    obx_http_reply_problem(resp, 413, "Payload too large", detail, NULL);
-    return;
-  }
   switch (http_match(http, req, &route, allow, sizeof allow)) {
   case MATCH_NONE:
     obx_http_reply_problem(resp, 404, "Not found", "no such resource", NULL);
@@ -445,7 +497,7 @@ static void cors_preflight(obx_http_t *http, obx_http_req_t *req, obx_http_resp_
 /* ---- metrics ------------------------------------------------------------------------------ */
 
 /* Requests by route pattern (not the raw path: ids would explode the series), method and
- * status; latency by route. */
+ * status; latency by route; what the edge refused before any handler, by reason. */
 static void http_register_metrics(obx_http_t *http) {
   static const double buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
   http->requests = obx_metrics_counter("outboxd_http_requests_total", "HTTP requests by route, method and status",
@@ -453,6 +505,11 @@ static void http_register_metrics(obx_http_t *http) {
   http->latency = obx_metrics_histogram("outboxd_http_request_duration_seconds",
                                         "HTTP request latency from first byte to response, by route", "route", buckets,
                                         (int)(sizeof buckets / sizeof buckets[0]));
+  http->refused = obx_metrics_counter("outboxd_http_refused_total",
+                                      "HTTP requests or connections refused before a handler ran, by reason "
+                                      "(framing: ambiguous Content-Length/Transfer-Encoding; header_timeout: headers "
+                                      "not received within http.header_timeout; busy: the handler queue was full)",
+                                      "reason");
 }
 
 static void http_observe(obx_http_t *http, const obx_http_req_t *req, int status) {
@@ -468,91 +525,6 @@ static void http_metrics(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) 
   char *text = obx_metrics_render(&len);
   obx_http_reply(resp, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
   free(text);
-}
-
-/* ---- MHD callbacks ------------------------------------------------------------------------ */
-
-/* cors_origin: the allowed Origin of the request, or NULL. */
-static enum MHD_Result http_queue(struct MHD_Connection *conn, obx_http_resp_t *resp, const char *cors_origin) {
-  struct MHD_Response *mresp =
-    MHD_create_response_from_buffer(resp->len, resp->body ? resp->body : "", MHD_RESPMEM_MUST_COPY);
-  if (resp->content_type) MHD_add_response_header(mresp, MHD_HTTP_HEADER_CONTENT_TYPE, resp->content_type);
-  for (int i = 0; i < resp->nheaders; i++) MHD_add_response_header(mresp, resp->headers[i][0], resp->headers[i][1]);
-  if (cors_origin) {
-    MHD_add_response_header(mresp, "Access-Control-Allow-Origin", cors_origin);
-    MHD_add_response_header(mresp, "Access-Control-Expose-Headers", HTTP_CORS_EXPOSE_HEADERS);
-    MHD_add_response_header(mresp, MHD_HTTP_HEADER_VARY, "Origin");
-  }
-  enum MHD_Result ret = MHD_queue_response(conn, (unsigned)resp->status, mresp);
-  MHD_destroy_response(mresp);
-  return ret;
-}
-
-static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
-                                       const char *version, const char *upload_data, size_t *upload_data_size,
-                                       void **con_cls) {
-  obx_http_t *http = cls;
-  obx_http_req_t *req = *con_cls;
-  if (!req) {
-    req = calloc(1, sizeof *req);
-    req->conn = conn;
-    req->method = method;
-    req->path = url;
-    req->start_ns = now_ns();
-    *con_cls = req;
-    atomic_fetch_add(&http->busy, 1);
-    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-    if (!cl || strtoull(cl, NULL, 10) <= http->max_body) return MHD_YES;
-    req->too_large = true; /* answer now, before reading the body */
-  } else if (*upload_data_size) {
-    size_t n = *upload_data_size;
-    *upload_data_size = 0;
-    if (req->too_large) return MHD_YES;
-    if (req->len + n > http->max_body) {
-      req->too_large = true;
-      return MHD_YES;
-    }
-    if (req->len + n + 1 > req->cap) {
-      req->cap = (req->len + n + 1) * 2;
-      if (req->cap > http->max_body + 1) req->cap = http->max_body + 1;
-      req->body = realloc(req->body, req->cap);
-    }
-    memcpy(req->body + req->len, upload_data, n);
-    req->len += n;
-    req->body[req->len] = '\0';
-    return MHD_YES;
-  }
-  obx_log_set_role("http");
-  obx_http_resp_t resp = {0};
-  const char *origin = cors_origin(http, req);
-  if (origin && strcmp(method, "OPTIONS") == 0 && obx_http_req_header(req, "Access-Control-Request-Method"))
-    cors_preflight(http, req, &resp);
-  else
-    http_dispatch(http, req, &resp);
-  obx_debug("%s %s -> %d", method, url, resp.status);
-  http_observe(http, req, resp.status);
-  enum MHD_Result ret = http_queue(conn, &resp, origin);
-  resp_cleanup(&resp);
-  return ret;
-}
-
-static void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
-                              enum MHD_RequestTerminationCode toe) {
-  obx_http_t *http = cls;
-  obx_http_req_t *req = *con_cls;
-  if (!req) return;
-  atomic_fetch_sub(&http->busy, 1);
-  free(req->path_copy);
-  free(req->body);
-  free(req);
-  *con_cls = NULL;
-}
-
-static void http_on_mhd_log(void *cls, const char *fmt, va_list ap) {
-  char msg[256];
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  msg[strcspn(msg, "\n")] = '\0';
-  obx_warn("libmicrohttpd: %s", msg);
 }
 
 /* ---- built-in routes ---------------------------------------------------------------------- */
@@ -590,6 +562,320 @@ static void http_readyz(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
   free(checks);
 }
 
+/* The built-in routes, public, run on the probe worker (see DESIGN). */
+static const struct {
+  const char *path;
+  obx_http_handler_t handler;
+} http_builtins[] = {{"/healthz", http_healthz}, {"/readyz", http_readyz}, {"/metrics", http_metrics}};
+
+static bool http_is_builtin(const char *method, const char *path) {
+  if (strcmp(method, "GET") != 0) return false;
+  for (size_t i = 0; i < sizeof http_builtins / sizeof http_builtins[0]; i++)
+    if (strcmp(path, http_builtins[i].path) == 0) return true;
+  return false;
+}
+
+/* ---- connections: framing and the header deadline ----------------------------------------- */
+
+typedef struct {
+  int content_lengths;
+  bool transfer_encoding;
+} http_framing_t;
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+  http_framing_t *f = cls;
+  if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) f->content_lengths++;
+  else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) f->transfer_encoding = true;
+  return MHD_YES;
+}
+
+/* NULL when the request's body framing is unambiguous, else why it is not (RFC 9112 6.3).
+ * A Content-Length that is not a decimal number never gets here: MHD answers it 400 and
+ * closes the connection itself (0.9.75 writes its answer's header block twice, a quirk of
+ * the library; nothing after the headers is read). */
+static const char *framing_problem(struct MHD_Connection *conn) {
+  http_framing_t f = {0};
+  MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_header, &f);
+  if (f.content_lengths > 1) return "more than one Content-Length header";
+  if (f.content_lengths && f.transfer_encoding) return "Content-Length together with Transfer-Encoding";
+  return NULL;
+}
+
+static http_conn_t *conn_entry(struct MHD_Connection *conn) {
+  const union MHD_ConnectionInfo *info = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  return info ? info->socket_context : NULL;
+}
+
+/* Marks the connection's request as begun (headers in) or ended (answer sent). */
+static void conn_set_in_request(obx_http_t *http, struct MHD_Connection *conn, bool in_request) {
+  http_conn_t *c = conn_entry(conn);
+  if (!c) return;
+  pthread_mutex_lock(&http->conns_mu);
+  c->in_request = in_request;
+  if (!in_request && c->since_ns != INT64_MAX) c->since_ns = now_ns();
+  pthread_mutex_unlock(&http->conns_mu);
+}
+
+static void http_on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                               enum MHD_ConnectionNotificationCode code) {
+  obx_http_t *http = cls;
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    http_conn_t *c = calloc(1, sizeof *c);
+    c->fd = info ? info->connect_fd : -1;
+    c->since_ns = now_ns();
+    pthread_mutex_lock(&http->conns_mu);
+    c->next = http->conns;
+    if (c->next) c->next->prev = c;
+    http->conns = c;
+    pthread_mutex_unlock(&http->conns_mu);
+    *socket_context = c;
+    return;
+  }
+  http_conn_t *c = *socket_context;
+  if (!c) return;
+  pthread_mutex_lock(&http->conns_mu);
+  if (c->prev) c->prev->next = c->next;
+  else http->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  pthread_mutex_unlock(&http->conns_mu);
+  free(c);
+  *socket_context = NULL;
+}
+
+/* Shuts down the sockets of connections that have not sent a request's headers within
+ * http.header_timeout; MHD sees the end of the stream and closes them. The fd stays valid
+ * while its entry is listed: MHD unlists it (conns_mu) before closing the socket. */
+static void *http_reaper(void *arg) {
+  obx_http_t *http = arg;
+  obx_log_set_role("http");
+  int64_t tick_ns = http->header_timeout_ns / 4;
+  if (tick_ns < 50000000) tick_ns = 50000000;
+  if (tick_ns > 1000000000) tick_ns = 1000000000;
+  pthread_mutex_lock(&http->conns_mu);
+  while (!http->reaper_stop) {
+    int64_t now = now_ns();
+    int reaped = 0;
+    for (http_conn_t *c = http->conns; c; c = c->next) {
+      if (c->in_request || c->fd < 0 || c->since_ns == INT64_MAX || now - c->since_ns < http->header_timeout_ns) continue;
+      shutdown(c->fd, SHUT_RDWR);
+      c->since_ns = INT64_MAX;
+      reaped++;
+    }
+    if (reaped) {
+      obx_counter_add(http->refused, reaped, "header_timeout");
+      obx_debug("http: closed %d connections that sent no complete headers within %lld ms", reaped,
+                (long long)(http->header_timeout_ns / 1000000));
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    int64_t ns = until.tv_nsec + tick_ns;
+    until.tv_sec += ns / 1000000000;
+    until.tv_nsec = ns % 1000000000;
+    pthread_cond_timedwait(&http->conns_cv, &http->conns_mu, &until);
+  }
+  pthread_mutex_unlock(&http->conns_mu);
+  return NULL;
+}
+
+/* ---- workers ------------------------------------------------------------------------------ */
+
+/* Runs a dequeued request (or answers 503 when the server is stopping) and hands it back to
+ * the event thread. */
+static void pool_run(http_pool_t *pool, obx_http_req_t *req, bool stopping) {
+  if (stopping) {
+    obx_http_resp_header(&req->resp, "Retry-After", "1");
+    obx_http_reply_problem(&req->resp, 503, "Service unavailable", "the server is stopping", NULL);
+  } else {
+    http_dispatch(pool->http, req, &req->resp);
+  }
+  req->state = REQ_ANSWERED;
+  MHD_resume_connection(req->conn);
+}
+
+static void *pool_thread(void *arg) {
+  http_pool_t *pool = arg;
+  obx_log_set_role("http");
+  pthread_mutex_lock(&pool->mu);
+  for (;;) {
+    while (!pool->n && !pool->stopping) pthread_cond_wait(&pool->cv, &pool->mu);
+    if (!pool->n) break;
+    obx_http_req_t *req = pool->queue[pool->head];
+    pool->head = (pool->head + 1) % pool->cap;
+    pool->n--;
+    bool stopping = pool->stopping;
+    pthread_mutex_unlock(&pool->mu);
+    pool_run(pool, req, stopping);
+    pthread_mutex_lock(&pool->mu);
+  }
+  pthread_mutex_unlock(&pool->mu);
+  return NULL;
+}
+
+static void pool_start(http_pool_t *pool, obx_http_t *http, int nthreads) {
+  pool->http = http;
+  pool->nthreads = nthreads;
+  pool->cap = nthreads * HTTP_QUEUE_PER_WORKER;
+  pool->queue = calloc((size_t)pool->cap, sizeof *pool->queue);
+  pool->threads = calloc((size_t)nthreads, sizeof *pool->threads);
+  pthread_mutex_init(&pool->mu, NULL);
+  pthread_cond_init(&pool->cv, NULL);
+  for (int i = 0; i < nthreads; i++) pthread_create(&pool->threads[i], NULL, pool_thread, pool);
+}
+
+/* Suspends req's connection and queues req; false (nothing done) when the queue is full.
+ * Called on the event thread, inside the access callback. The suspension happens under the
+ * pool lock, so no worker can resume the connection before it is suspended. */
+static bool pool_submit(http_pool_t *pool, obx_http_req_t *req) {
+  pthread_mutex_lock(&pool->mu);
+  bool ok = pool->n < pool->cap && !pool->stopping;
+  if (ok) {
+    req->state = REQ_QUEUED;
+    MHD_suspend_connection(req->conn);
+    pool->queue[(pool->head + pool->n) % pool->cap] = req;
+    pool->n++;
+    pthread_cond_signal(&pool->cv);
+  }
+  pthread_mutex_unlock(&pool->mu);
+  return ok;
+}
+
+/* Answers what is still queued with 503 and joins the threads. Safe on a pool never started. */
+static void pool_stop(http_pool_t *pool) {
+  if (!pool->threads) return;
+  pthread_mutex_lock(&pool->mu);
+  pool->stopping = true;
+  pthread_cond_broadcast(&pool->cv);
+  pthread_mutex_unlock(&pool->mu);
+  for (int i = 0; i < pool->nthreads; i++) pthread_join(pool->threads[i], NULL);
+  pthread_cond_destroy(&pool->cv);
+  pthread_mutex_destroy(&pool->mu);
+  free(pool->threads);
+  free(pool->queue);
+  memset(pool, 0, sizeof *pool);
+}
+
+/* ---- MHD callbacks ------------------------------------------------------------------------ */
+
+static enum MHD_Result http_queue(struct MHD_Connection *conn, obx_http_req_t *req) {
+  obx_http_resp_t *resp = &req->resp;
+  struct MHD_Response *mresp =
+    MHD_create_response_from_buffer(resp->len, resp->body ? resp->body : "", MHD_RESPMEM_MUST_COPY);
+  if (resp->content_type) MHD_add_response_header(mresp, MHD_HTTP_HEADER_CONTENT_TYPE, resp->content_type);
+  for (int i = 0; i < resp->nheaders; i++) MHD_add_response_header(mresp, resp->headers[i][0], resp->headers[i][1]);
+  if (req->origin) {
+    MHD_add_response_header(mresp, "Access-Control-Allow-Origin", req->origin);
+    MHD_add_response_header(mresp, "Access-Control-Expose-Headers", HTTP_CORS_EXPOSE_HEADERS);
+    MHD_add_response_header(mresp, MHD_HTTP_HEADER_VARY, "Origin");
+  }
+  if (req->close) MHD_add_response_header(mresp, MHD_HTTP_HEADER_CONNECTION, "close");
+  enum MHD_Result ret = MHD_queue_response(conn, (unsigned)resp->status, mresp);
+  MHD_destroy_response(mresp);
+  return ret;
+}
+
+/* Sends req's answer (event thread). */
+static enum MHD_Result http_answer(obx_http_t *http, obx_http_req_t *req) {
+  req->state = REQ_ANSWERED;
+  obx_debug("%s %s -> %d", req->method, req->path, req->resp.status);
+  http_observe(http, req, req->resp.status);
+  enum MHD_Result ret = http_queue(req->conn, req);
+  resp_cleanup(&req->resp);
+  memset(&req->resp, 0, sizeof req->resp);
+  return ret;
+}
+
+static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                       const char *version, const char *upload_data, size_t *upload_data_size,
+                                       void **con_cls) {
+  obx_http_t *http = cls;
+  obx_http_req_t *req = *con_cls;
+  if (!req) {
+    req = calloc(1, sizeof *req);
+    req->conn = conn;
+    req->method = method;
+    req->path = url;
+    req->start_ns = now_ns();
+    *con_cls = req;
+    atomic_fetch_add(&http->busy, 1);
+    conn_set_in_request(http, conn, true);
+    req->origin = cors_origin(http, req);
+    const char *problem = framing_problem(conn);
+    if (problem) { /* answered before any body byte is read; the connection closes after it */
+      obx_counter_inc(http->refused, "framing");
+      req->close = true;
+      obx_http_reply_problem(&req->resp, 400, "Bad request", problem, NULL);
+      return http_answer(http, req);
+    }
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (!cl || strtoull(cl, NULL, 10) <= http->max_body) return MHD_YES;
+    req->too_large = true; /* answer now, before reading the body */
+  } else if (*upload_data_size) {
+    size_t n = *upload_data_size;
+    *upload_data_size = 0;
+    if (req->too_large || req->state != REQ_READING) return MHD_YES;
+    if (req->len + n > http->max_body) {
+      req->too_large = true;
+      return MHD_YES;
+    }
+    if (req->len + n + 1 > req->cap) {
+      req->cap = (req->len + n + 1) * 2;
+      if (req->cap > http->max_body + 1) req->cap = http->max_body + 1;
+      req->body = realloc(req->body, req->cap);
+    }
+    memcpy(req->body + req->len, upload_data, n);
+    req->len += n;
+    req->body[req->len] = '\0';
+    return MHD_YES;
+  }
+  switch (req->state) {
+  case REQ_QUEUED: return MHD_YES; /* not resumed yet */
+  case REQ_ANSWERED:
+    if (req->resp.status) return http_answer(http, req); /* back from a worker */
+    return MHD_YES;
+  case REQ_READING: break;
+  }
+  if (req->origin && strcmp(method, "OPTIONS") == 0 && obx_http_req_header(req, "Access-Control-Request-Method")) {
+    cors_preflight(http, req, &req->resp);
+    return http_answer(http, req);
+  }
+  if (req->too_large) {
+    char detail[96];
+    snprintf(detail, sizeof detail, "the body exceeds %zu bytes", http->max_body);
+    obx_http_reply_problem(&req->resp, 413, "Payload too large", detail, NULL);
+    return http_answer(http, req);
+  }
+  if (pool_submit(http_is_builtin(method, url) ? &http->probes : &http->handlers, req)) return MHD_YES;
+  obx_counter_inc(http->refused, "busy");
+  obx_http_resp_header(&req->resp, "Retry-After", "1");
+  obx_http_reply_problem(&req->resp, 503, "Service unavailable", "every request worker is busy; retry", NULL);
+  return http_answer(http, req);
+}
+
+static void http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                              enum MHD_RequestTerminationCode toe) {
+  obx_http_t *http = cls;
+  obx_http_req_t *req = *con_cls;
+  if (!req) return;
+  conn_set_in_request(http, conn, false);
+  atomic_fetch_sub(&http->busy, 1);
+  resp_cleanup(&req->resp);
+  free(req->path_copy);
+  free(req->body);
+  free(req);
+  *con_cls = NULL;
+}
+
+/* What a client does to its own connection (closing it, a malformed request, the header
+ * deadline) is debug: an abusive client must not be able to flood the log. */
+static void http_on_mhd_log(void *cls, const char *fmt, va_list ap) {
+  char msg[256];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  msg[strcspn(msg, "\n")] = '\0';
+  if (strcasestr(msg, "connection") || strcasestr(msg, "socket")) obx_debug("libmicrohttpd: %s", msg);
+  else obx_warn("libmicrohttpd: %s", msg);
+}
+
 /* ---- lifecycle ---------------------------------------------------------------------------- */
 
 obx_http_t *obx_http_new(const obx_conf_t *conf, obx_err_t *err) {
@@ -601,18 +887,24 @@ obx_http_t *obx_http_new(const obx_conf_t *conf, obx_err_t *err) {
   http->port = (int)conf->http_port;
   http->max_body = (size_t)conf->http_max_body;
   http->rate = conf->api_rate_limit;
+  http->workers = (int)conf->http_workers;
+  http->max_conns = (unsigned)conf->http_max_connections;
+  http->max_conns_per_client = (unsigned)conf->http_max_connections_per_client;
+  http->header_timeout_ns = conf->http_header_timeout * 1000000;
+  http->idle_timeout_s = (unsigned)((conf->http_idle_timeout + 999) / 1000);
   http->nbuckets = obx_auth_count(auth) + 1;
   http->buckets = calloc((size_t)http->nbuckets, sizeof *http->buckets);
   pthread_mutex_init(&http->rate_mu, NULL);
   pthread_rwlock_init(&http->lock, NULL);
+  pthread_mutex_init(&http->conns_mu, NULL);
+  pthread_cond_init(&http->conns_cv, NULL);
   http_register_metrics(http);
   if (!cors_parse(http, conf->api_cors_origins, err)) {
     obx_http_destroy(http);
     return NULL;
   }
-  obx_http_route(http, "GET", "/healthz", NULL, http_healthz, http);
-  obx_http_route(http, "GET", "/readyz", NULL, http_readyz, http);
-  obx_http_route(http, "GET", "/metrics", NULL, http_metrics, http);
+  for (size_t i = 0; i < sizeof http_builtins / sizeof http_builtins[0]; i++)
+    obx_http_route(http, "GET", http_builtins[i].path, NULL, http_builtins[i].handler, http);
   return http;
 }
 
@@ -620,7 +912,7 @@ bool obx_http_start(obx_http_t *http, obx_err_t *err) {
   struct sockaddr_in6 sa6 = {0};
   struct sockaddr_in sa4 = {0};
   struct sockaddr *sa;
-  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC | MHD_USE_ERROR_LOG;
+  unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
   if (inet_pton(AF_INET, http->bind, &sa4.sin_addr) == 1) {
     sa4.sin_family = AF_INET;
     sa4.sin_port = htons((uint16_t)http->port);
@@ -634,23 +926,33 @@ bool obx_http_start(obx_http_t *http, obx_err_t *err) {
     obx_err_set(err, OBX_ERR_CONF, 0, false, "http.bind: '%s' is not an IPv4 or IPv6 address", http->bind);
     return false;
   }
+  pool_start(&http->handlers, http, http->workers);
+  pool_start(&http->probes, http, 1);
   http->daemon = MHD_start_daemon(flags, (uint16_t)http->port, NULL, NULL, http_on_request, http,
                                   MHD_OPTION_EXTERNAL_LOGGER, http_on_mhd_log, http,
                                   MHD_OPTION_SOCK_ADDR, sa,
                                   MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, http,
-                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
-                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)1024,
+                                  MHD_OPTION_NOTIFY_CONNECTION, http_on_connection, http,
+                                  MHD_OPTION_CONNECTION_TIMEOUT, http->idle_timeout_s,
+                                  MHD_OPTION_CONNECTION_LIMIT, http->max_conns,
+                                  MHD_OPTION_PER_IP_CONNECTION_LIMIT, http->max_conns_per_client,
                                   MHD_OPTION_END);
   if (!http->daemon) {
+    pool_stop(&http->probes);
+    pool_stop(&http->handlers);
     obx_err_set(err, OBX_ERR_SYS, 0, false, "cannot listen on %s:%d", http->bind, http->port);
     return false;
   }
+  http->reaper_stop = false;
+  pthread_create(&http->reaper, NULL, http_reaper, http);
+  http->reaper_started = true;
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(http->daemon, MHD_DAEMON_INFO_BIND_PORT);
   if (info) http->port = info->port;
-  char port[16];
+  char port[16], workers[16];
   snprintf(port, sizeof port, "%d", http->port);
-  obx_log_field_t fields[] = {{"bind", http->bind}, {"port", port}};
-  obx_log_write(OBX_LOG_INFO, fields, 2, "http listening");
+  snprintf(workers, sizeof workers, "%d", http->workers);
+  obx_log_field_t fields[] = {{"bind", http->bind}, {"port", port}, {"workers", workers}};
+  obx_log_write(OBX_LOG_INFO, fields, 3, "http listening");
   return true;
 }
 
@@ -663,6 +965,15 @@ void obx_http_stop(obx_http_t *http) {
   MHD_socket listener = MHD_quiesce_daemon(http->daemon);
   for (int waited = 0; atomic_load(&http->busy) > 0 && waited < HTTP_DRAIN_MS; waited += 10) usleep(10000);
   if (atomic_load(&http->busy) > 0) obx_warn("http: %d requests still running after %d ms; closing", atomic_load(&http->busy), HTTP_DRAIN_MS);
+  /* workers first: each resumes the connection it holds, so none is suspended when MHD stops */
+  pool_stop(&http->handlers);
+  pool_stop(&http->probes);
+  pthread_mutex_lock(&http->conns_mu);
+  http->reaper_stop = true;
+  pthread_cond_signal(&http->conns_cv);
+  pthread_mutex_unlock(&http->conns_mu);
+  if (http->reaper_started) pthread_join(http->reaper, NULL);
+  http->reaper_started = false;
   MHD_stop_daemon(http->daemon);
   if (listener != MHD_INVALID_SOCKET) close(listener);
   http->daemon = NULL;
@@ -683,6 +994,8 @@ void obx_http_destroy(obx_http_t *http) {
   free(http->routes);
   pthread_rwlock_destroy(&http->lock);
   pthread_mutex_destroy(&http->rate_mu);
+  pthread_mutex_destroy(&http->conns_mu);
+  pthread_cond_destroy(&http->conns_cv);
   free(http->buckets);
   for (char **o = http->cors_origins; o && *o; o++) free(*o);
   free(http->cors_origins);

@@ -4,12 +4,17 @@
  * scripts/test.sh). Proves, with rabbitmq-c 0.11, the broker features the worker uses:
  * durable quorum queues, publisher confirms, persistent messages consumed in order with
  * manual acks, and queue TTL + dead-letter exchange routing an expired message onwards (one
- * rung of the retry ladder). Every queue and exchange has a unique name and is deleted. */
+ * rung of the retry ladder). Every queue and exchange has a unique name and is deleted.
+ * scripts/rabbitmq.sh itself: a node starts on a port that TIME-WAIT connections still name
+ * (what a node just stopped leaves behind), at once. */
 #include "obx_test.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -312,10 +317,77 @@ static void test_ttl_dead_letter_routes_expired_message(void **state) {
   check_reply(amqp_get_rpc_reply(conn), "exchange.delete");
 }
 
+/* A listener on 127.0.0.1:port (SO_REUSEADDR, so it binds over TIME-WAIT); -1 when taken. */
+static int listen_on(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 4) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Leaves a TIME-WAIT connection whose local port is `port`: the accepting side closes first. */
+static void time_wait_on(int lfd, int port) {
+  int c = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  assert_int_equal(connect(c, (struct sockaddr *)&sa, sizeof sa), 0);
+  int a = accept(lfd, NULL, NULL);
+  assert_true(a >= 0);
+  close(a);
+  char buf[1];
+  assert_int_equal(recv(c, buf, 1, 0), 0); /* the FIN arrived: the accepted side is in FIN-WAIT-2/TIME-WAIT */
+  close(c);
+}
+
+/* The AMQP port of a node started with OBX_RMQ_PORT=P is P, even while TIME-WAIT sockets of
+ * an earlier node hold P: `ss` counts listening and established sockets only. */
+static void test_script_restarts_on_its_port_at_once(void **state) {
+  char dir[300], cmd[1200], env_path[340], line[256];
+  /* under /tmp itself: run as root the node runs as `rabbitmq`, which the test's private
+   * temp directory keeps out */
+  snprintf(dir, sizeof dir, "/tmp/obx-rmq-restart-%d", (int)getpid());
+  int port = 0, lfd = -1;
+  srand((unsigned)getpid());
+  for (int tries = 0; tries < 50 && lfd < 0; tries++) {
+    port = 20000 + rand() % 9000;
+    lfd = listen_on(port);
+  }
+  assert_true(lfd >= 0);
+  time_wait_on(lfd, port);
+  close(lfd);
+  snprintf(cmd, sizeof cmd, "ss -Htan state time-wait '( sport = :%d )' | grep -q .", port);
+  assert_int_equal(system(cmd), 0); /* the precondition: a TIME-WAIT names the port */
+  int64_t t0 = obx_test_now_ms();
+  snprintf(cmd, sizeof cmd, "OBX_RMQ_DIR=%s OBX_RMQ_PORT=%d %s/scripts/rabbitmq.sh start", dir, port, OBX_SOURCE_DIR);
+  int rc = system(cmd);
+  int64_t took = obx_test_now_ms() - t0;
+  snprintf(env_path, sizeof env_path, "%s/env", dir);
+  FILE *f = fopen(env_path, "r");
+  char want[64];
+  snprintf(want, sizeof want, "127.0.0.1:%d/", port);
+  bool on_port = false;
+  while (f && fgets(line, sizeof line, f)) on_port |= strstr(line, want) != NULL;
+  if (f) fclose(f);
+  snprintf(cmd, sizeof cmd, "OBX_RMQ_DIR=%s %s/scripts/rabbitmq.sh stop", dir, OBX_SOURCE_DIR);
+  int stop_rc = system(cmd);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+  if (rc != 0 || !on_port) fail_msg("start on port %d beside a TIME-WAIT: exit %d, env names the port: %s", port, rc,
+                                    on_port ? "yes" : "no");
+  assert_int_equal(stop_rc, 0);
+  print_message("started on port %d beside its TIME-WAIT in %lld ms\n", port, (long long)took);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_quorum_queue_confirms_and_ordered_consume),
     cmocka_unit_test(test_ttl_dead_letter_routes_expired_message),
+    cmocka_unit_test(test_script_restarts_on_its_port_at_once),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
