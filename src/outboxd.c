@@ -24,7 +24,8 @@
  *
  * CONFIGURATION
  *   Defaults, then FILE, then the environment, then -X (later wins); `outboxctl conf list`
- *   prints every key. A bad key or value stops the start with a message naming it.
+ *   prints every key. A bad key or value stops the start with a message naming it; the
+ *   start-up validation (obx_conf_validate) is the one `outboxctl conf check` runs.
  *
  * SIGNALS
  *   SIGTERM, SIGINT: stop intake (the HTTP server), stop the roles in reverse start order
@@ -142,7 +143,7 @@ int main(int argc, char **argv) {
 
   obx_conf_init(&conf);
   if (!obx_conf_load(&conf, file, NULL, overrides, noverrides, &err) ||
-      (role_list && !apply_roles(&conf, role_list, &err))) {
+      (role_list && !apply_roles(&conf, role_list, &err)) || !obx_conf_validate(&conf, &err)) {
     fprintf(stderr, "outboxd: %s\n", err.msg);
     goto done;
   }

@@ -188,6 +188,11 @@ bool obx_conf_load_env(obx_conf_t *conf, char *const *envp, obx_err_t *err);
  * whatever the result. */
 bool obx_conf_load(obx_conf_t *conf, const char *file, char *const *envp,
                    char *const *overrides, int noverrides, obx_err_t *err);
+/* The start-up validation (src/lib/conf_check.c): what the values mean beyond their type and
+ * range (required values, addresses, URLs, names, readable files, the ladder's order, kafka.*
+ * keys librdkafka knows). outboxd runs it before starting anything; `outboxctl conf check` runs
+ * the same. The message names the key, the value (secrets masked) and what is allowed. */
+bool obx_conf_validate(const obx_conf_t *conf, obx_err_t *err);
 /* Current value of a key as text (sensitive values redacted unless reveal); caller frees. */
 char *obx_conf_get_string(const obx_conf_t *conf, const char *key, bool reveal);
 /* Documentation: format "text" (aligned table) or "markdown" (README table). */

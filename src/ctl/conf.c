@@ -4,8 +4,9 @@
  *       Every key with its environment name, type, default, allowed values and description.
  *       The markdown form is the README's configuration section.
  *   outboxctl conf check [-c FILE] [-X key=value ...]
- *       Loads defaults, FILE, the environment and -X exactly as outboxd does and prints the
- *       effective values, secrets masked. Exits 2 naming the bad key if the load fails.
+ *       Loads defaults, FILE, the environment and -X exactly as outboxd does, runs outboxd's
+ *       start-up validation (obx_conf_validate) and prints the effective values, secrets
+ *       masked. Exits 2 naming the bad key, its value and what is allowed.
  *
  * DESIGN: a thin shell over obx_conf (src/lib/conf.c); nothing here knows about keys. */
 #include "obx/obx_ctl.h"
@@ -51,8 +52,9 @@ static int conf_check(int argc, char **argv) {
     if (obx_ctl_conf_option(&opts, opt, optarg)) continue;
     if (opt == 'h') {
       printf("usage: outboxctl conf check [-c FILE] [-X key=value ...]\n\n"
-             "Loads the configuration as outboxd would (defaults, FILE, environment, -X; later wins)\n"
-             "and prints the effective values with secrets masked. Exits 2 naming the bad key.\n\n"
+             "Loads the configuration as outboxd would (defaults, FILE, environment, -X; later wins),\n"
+             "runs outboxd's start-up validation and prints the effective values with secrets masked.\n"
+             "Exits 2 naming the bad key, its value and what is allowed.\n\n"
              "options:\n" OBX_CTL_CONF_USAGE);
       rc = OBX_CTL_OK;
     }
@@ -63,8 +65,13 @@ static int conf_check(int argc, char **argv) {
     goto done;
   }
   if (obx_ctl_conf_load(&opts, &conf)) {
-    obx_conf_print_values(&conf, stdout);
-    rc = OBX_CTL_OK;
+    obx_err_t err = OBX_ERR_INIT;
+    if (obx_conf_validate(&conf, &err)) {
+      obx_conf_print_values(&conf, stdout);
+      rc = OBX_CTL_OK;
+    } else {
+      obx_ctl_errorf("configuration: %s", err.msg);
+    }
   }
   obx_conf_cleanup(&conf);
 done:

@@ -196,14 +196,18 @@ static bool set_entry(obx_conf_t *conf, int i, const char *key, const char *valu
   }
   case OBX_CONF_DURATION_LIST: {
     obx_conf_durations_t list = {0};
-    char *copy = strdup(value), *save = NULL;
+    char *copy = strdup(value), *rest = copy;
     ok = true;
-    for (char *tok = strtok_r(copy, ",", &save); tok && ok; tok = strtok_r(NULL, ",", &save)) {
+    for (char *tok; ok && value[0] && (tok = strsep(&rest, ","));) {
       while (isspace((unsigned char)*tok)) tok++;
       char *e = tok + strlen(tok);
       while (e > tok && isspace((unsigned char)e[-1])) *--e = '\0';
       int64_t ms;
-      if (list.n == OBX_CONF_MAX_LIST) {
+      if (!tok[0]) {
+        obx_err_set(err, OBX_ERR_CONF, 0, false, "%s=%s: element %d is empty; must be increasing durations such as "
+                    "5s,30s,2m", key, shown, list.n + 1);
+        ok = false;
+      } else if (list.n == OBX_CONF_MAX_LIST) {
         obx_err_set(err, OBX_ERR_CONF, 0, false, "%s=%s: at most %d durations", key, shown, OBX_CONF_MAX_LIST);
         ok = false;
       } else if (!obx_conf_parse_duration(tok, &ms)) {
@@ -212,6 +216,11 @@ static bool set_entry(obx_conf_t *conf, int i, const char *key, const char *valu
                     shown, tok);
         ok = false;
       } else if (!duration_in_range(k, key, shown, ms, err)) {
+        ok = false;
+      } else if (list.n > 0 && ms <= list.ms[list.n - 1]) {
+        obx_err_set(err, OBX_ERR_CONF, 0, false,
+                    "%s=%s: '%s' is not longer than the element before it; must be strictly increasing durations "
+                    "such as 5s,30s,2m", key, shown, tok);
         ok = false;
       } else {
         list.ms[list.n++] = ms;
