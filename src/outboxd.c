@@ -49,6 +49,7 @@
 #include "obx/obx_err.h"
 #include "obx/obx_http.h"
 #include "obx/obx_log.h"
+#include "obx/obx_trace.h"
 #include "obx/obx_mongo.h"
 #include "obx/obx_ops.h"
 #include "obx/obx_pipeline.h"
@@ -150,6 +151,11 @@ int main(int argc, char **argv) {
   obx_log_level_t level;
   if (obx_log_level_parse(conf.log_level, &level)) obx_log_set_level(level);
   obx_log_set_role("main");
+  /* OTEL_* variables: sampler and OTLP exporter, before any role starts spans */
+  if (!obx_trace_start_from_env(&err)) {
+    fprintf(stderr, "outboxd: %s\n", err.msg);
+    goto done;
+  }
 
   sigset_t sigs;
   sigemptyset(&sigs);
@@ -192,6 +198,7 @@ stop:
   obx_pipeline_api_stop(pipelines);
   obx_http_destroy(http);
   obx_mongo_destroy(mongo);
+  obx_trace_stop(); /* the last spans, bounded by the export timeout */
   if (status == 0) obx_info("outboxd stopped");
 done:
   obx_conf_cleanup(&conf);

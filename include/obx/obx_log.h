@@ -3,6 +3,8 @@
  * DESIGN: one JSON object per line on the log stream (stdout by default):
  *   {"ts":"2026-11-29T18:00:00.123Z","level":"info","role":"relay","msg":"...",
  *    "eventId":"...","correlationId":"...", <extra fields>}
+ * plus "traceId" and "spanId" while the writing thread has a current trace context
+ * (obx_trace_set_current: the span of the request or event being handled).
  * The level is checked before anything is formatted (obx_log_enabled). Values of fields whose
  * name looks secret (password, secret, token, authorization, apikey, uri/url credentials) are
  * redacted; URIs have their userinfo replaced by "***". Thread-safe: each line is written with

@@ -5,9 +5,11 @@
  * fwrite under the mutex, so lines from different threads never interleave. Every text that
  * reaches the line (msg and field values) passes through redact_text(): URI userinfo
  * passwords and `password=...`-style values are masked; fields whose name looks secret are
- * replaced entirely. librdkafka logs come from its own threads; that is fine here. */
+ * replaced entirely. Lines written while the thread has a current trace context (obx_trace.h)
+ * carry its traceId and spanId. librdkafka logs come from its own threads; that is fine here. */
 #include "obx/obx_log.h"
 #include "obx/obx_event.h"
+#include "obx/obx_trace.h"
 
 #include <ctype.h>
 #include <pthread.h>
@@ -263,6 +265,13 @@ static void write_line(obx_log_level_t level, const obx_log_field_t *fields, int
   sb_add(&line, "\"");
   add_json_field(&line, &tmp, "role", t_role ? t_role : "main", false);
   add_json_field(&line, &tmp, "msg", msg, true);
+  const obx_trace_ctx_t *trace = obx_trace_current(); /* the span of the event being handled */
+  if (trace) {
+    char trace_hex[OBX_TRACE_ID_HEX + 1], span_hex[OBX_SPAN_ID_HEX + 1];
+    obx_trace_ids_hex(trace, trace_hex, span_hex);
+    add_json_field(&line, &tmp, "traceId", trace_hex, false);
+    add_json_field(&line, &tmp, "spanId", span_hex, false);
+  }
   for (int i = 0; i < nfields; i++) {
     if (!fields[i].key || !fields[i].value) continue;
     if (obx_log_key_is_secret(fields[i].key))
