@@ -5,7 +5,8 @@
  *  - a Kafka record in CloudEvents 1.0 binary mode (DESIGN.md §4): key = partitionKey,
  *    value = payload as relaxed JSON, headers ce_specversion, ce_id, ce_source, ce_type,
  *    ce_time (RFC 3339, ms), ce_subject (<aggregateType>/<aggregateId>), ce_partitionkey,
- *    ce_orgid, ce_correlationid, ce_causationid, ce_eventversion, content-type.
+ *    ce_orgid, ce_correlationid, ce_causationid, ce_eventversion, content-type, and the
+ *    CloudEvents distributed-tracing extensions ce_traceparent / ce_tracestate when present.
  *  - CloudEvents structured mode JSON (HTTP sink) via obx_event_from_ce_json.
  * Decoding rejects malformed input (missing required attribute, bad specversion, payload that
  * is not a JSON object, bad time) with an OBX_ERR_INPUT error naming the attribute.
@@ -34,6 +35,8 @@ typedef struct {
   char *correlation_id;       /* optional */
   char *causation_id;         /* optional */
   char *source;               /* CloudEvents source, e.g. "/outboxd/orders"; optional in the outbox */
+  char *traceparent;          /* W3C trace context of the span that wrote the event; optional */
+  char *tracestate;           /* optional; finalize drops invalid values of both (never an error) */
   bson_t payload;             /* a document; owned */
   int64_t occurred_at_ms;     /* ms since the epoch */
 } obx_event_t;

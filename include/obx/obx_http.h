@@ -92,5 +92,7 @@ void obx_http_reply_err(obx_http_resp_t *resp, const obx_err_t *err);
 void obx_http_reply_result(obx_http_resp_t *resp, bool ok, int status, const bson_t *doc, const obx_err_t *err);
 /* Adds a response header (copied). */
 void obx_http_resp_header(obx_http_resp_t *resp, const char *name, const char *value);
+/* The status the handler replied with so far (0: none yet). */
+int obx_http_resp_status(const obx_http_resp_t *resp);
 
 #endif

@@ -66,6 +66,7 @@ typedef struct {
   int64_t offset;
   const char *source_kind;         /* when topic is NULL: "http", "amqp", ... */
   int64_t seq;                     /* order among the events of the key */
+  const char *traceparent;         /* W3C context of the consumer span that stored it; NULL: none */
 } obx_inbox_entry_t;
 
 /* Inserts the entry as `status` (RECEIVED or BLOCKED). When the event is already there,

@@ -239,6 +239,8 @@ void obx_http_reply_result(obx_http_resp_t *resp, bool ok, int status, const bso
   else obx_http_reply_err(resp, err);
 }
 
+int obx_http_resp_status(const obx_http_resp_t *resp) { return resp->status; }
+
 void obx_http_resp_header(obx_http_resp_t *resp, const char *name, const char *value) {
   assert(resp->nheaders < HTTP_MAX_HEADERS);
   resp->headers[resp->nheaders][0] = strdup(name);

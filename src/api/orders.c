@@ -25,6 +25,7 @@
 #include "obx/obx_event.h"
 #include "obx/obx_log.h"
 #include "obx/obx_outbox.h"
+#include "obx/obx_trace.h"
 
 #define ORDERS_NUMBER_ATTEMPTS 3
 #define ORDERS_MAX_EXTERNAL_CODES 50
@@ -569,8 +570,29 @@ static bool run_pre_hook(order_req_t *r, obx_http_resp_t *resp) {
   return false;
 }
 
-static void orders_post(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
+/* The MongoDB transaction's span (db semconv); the event carries its context to the relay. */
+static obx_span_t *txn_span(order_req_t *r) {
+  const char *db = obx_mongo_db_name(r->api->mongo);
+  char name[160];
+  snprintf(name, sizeof name, "transaction %s", db);
+  obx_span_t *span = obx_span_start(name, OBX_SPAN_CLIENT, obx_trace_current());
+  obx_span_set_str(span, "db.system", "mongodb");
+  obx_span_set_str(span, "db.namespace", db);
+  obx_span_set_str(span, "db.name", db);
+  obx_span_set_str(span, "db.operation.name", "transaction");
+  obx_span_set_str(span, "db.operation", "transaction");
+  obx_span_set_str(span, "db.mongodb.collections", "orders,outbox");
+  obx_span_set_str(span, "outboxd.order.id", r->id);
+  char tp[OBX_TRACEPARENT_LEN + 1];
+  obx_trace_format(obx_span_ctx(span), tp);
+  r->event.traceparent = strdup(tp);
+  if (obx_span_ctx(span)->state[0]) r->event.tracestate = strdup(obx_span_ctx(span)->state);
+  return span;
+}
+
+static void orders_confirm(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
   obx_api_t *api = ctx;
+  obx_span_t *txn = NULL;
   size_t len;
   const char *body = obx_http_req_body(req, &len);
   const char *correlation_id = obx_http_req_header(req, "X-Correlation-Id");
@@ -608,6 +630,7 @@ static void orders_post(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
   r.event.aggregate_type = strdup("Order");
   r.event.aggregate_id = strdup(r.id);
   r.event.source = strdup("/outboxd/orders");
+  txn = txn_span(&r);
   for (int attempt = 1;; attempt++) {
     if (!in.order_number) orders_new_number(r.number);
     build_event(&r, correlation_id);
@@ -622,6 +645,7 @@ static void orders_post(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
     }
     if (!run_pre_hook(&r, resp)) goto done;
     if (obx_mongo_transaction(api->mongo, order_txn, &r, &err)) break;
+    obx_span_set_error(txn, err.msg);
     if (!obx_err_is_duplicate_key(&err)) {
       obx_http_reply_err(resp, &err);
       goto done;
@@ -635,6 +659,8 @@ static void orders_post(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
       goto done;
     }
   }
+  obx_span_set_ok(txn);
+  obx_span_set_str(txn, "outboxd.event.id", r.event.id);
   obx_log_event(OBX_LOG_INFO, r.event.id, r.event.correlation_id, "order %s (%s) confirmed", r.number, r.id);
   reply_created(resp, &r.order, false);
 done:
@@ -644,6 +670,35 @@ done_noinput:
   if (r.run) r.hook.release(r.hook.ctx, r.run);
   obx_event_cleanup(&r.event);
   bson_destroy(&r.order);
+  obx_span_end(txn);
+}
+
+/* POST /orders as a server span (HTTP semconv) continuing the caller's traceparent, current
+ * while the order is confirmed so its log lines and the transaction span belong to it. */
+static void orders_post(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
+  const char *tp = obx_http_req_header(req, "traceparent"), *ts = obx_http_req_header(req, "tracestate");
+  const char *agent = obx_http_req_header(req, "User-Agent");
+  obx_trace_ctx_t incoming;
+  obx_trace_parse(tp, tp ? strlen(tp) : 0, ts, ts ? strlen(ts) : 0, &incoming);
+  obx_span_t *span = obx_span_start("POST /orders", OBX_SPAN_SERVER, &incoming);
+  obx_span_set_str(span, "http.request.method", "POST");
+  obx_span_set_str(span, "http.route", "/orders");
+  obx_span_set_str(span, "url.path", "/orders");
+  obx_span_set_str(span, "url.scheme", "http");
+  obx_span_set_str(span, "user_agent.original", agent);
+  obx_span_set_str(span, "outboxd.org_id", obx_http_req_org(req));
+  obx_trace_set_current(obx_span_ctx(span));
+  orders_confirm(req, resp, ctx);
+  int status = obx_http_resp_status(resp);
+  obx_span_set_int(span, "http.response.status_code", status);
+  if (status >= 500) {
+    char code[16];
+    snprintf(code, sizeof code, "%d", status);
+    obx_span_set_str(span, "error.type", code);
+    obx_span_set_error(span, NULL);
+  }
+  obx_trace_set_current(NULL);
+  obx_span_end(span);
 }
 
 /* ---- GET /orders/:id -------------------------------------------------------------------- */

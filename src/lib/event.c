@@ -8,6 +8,7 @@
  * The payload travels as relaxed extended JSON: Decimal128 values become {"$numberDecimal":
  * "..."} and dates {"$date": ...}; libbson's JSON reader turns both back into BSON types. */
 #include "obx/obx_event.h"
+#include "obx/obx_trace.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,8 @@ void obx_event_cleanup(obx_event_t *ev) {
   free(ev->correlation_id);
   free(ev->causation_id);
   free(ev->source);
+  free(ev->traceparent);
+  free(ev->tracestate);
   bson_destroy(&ev->payload);
   memset(ev, 0, sizeof *ev);
 }
@@ -55,6 +58,8 @@ void obx_event_copy(obx_event_t *dst, const obx_event_t *src) {
   dst->correlation_id = dup_or_null(src->correlation_id);
   dst->causation_id = dup_or_null(src->causation_id);
   dst->source = dup_or_null(src->source);
+  dst->traceparent = dup_or_null(src->traceparent);
+  dst->tracestate = dup_or_null(src->tracestate);
   bson_destroy(&dst->payload);
   bson_copy_to(&src->payload, &dst->payload);
   dst->occurred_at_ms = src->occurred_at_ms;
@@ -104,6 +109,21 @@ static bool recheck(char **field, const char *name, bool required, obx_err_t *er
   return ok;
 }
 
+/* Trace context is optional and never fails an event (W3C: an invalid traceparent is ignored):
+ * an invalid traceparent drops both fields, an invalid tracestate drops itself. */
+static void trace_check(obx_event_t *ev) {
+  obx_trace_ctx_t ctx;
+  if (ev->traceparent && !obx_trace_parse(ev->traceparent, strlen(ev->traceparent), NULL, 0, &ctx)) {
+    free(ev->traceparent);
+    ev->traceparent = NULL;
+  }
+  if (ev->tracestate && (!ev->traceparent || !*ev->tracestate ||
+                         !obx_tracestate_valid(ev->tracestate, strlen(ev->tracestate)))) {
+    free(ev->tracestate);
+    ev->tracestate = NULL;
+  }
+}
+
 bool obx_event_finalize(obx_event_t *ev, obx_err_t *err) {
   if (!ev->id[0]) obx_uuid7(ev->id);
   if (!check_id(ev->id, strlen(ev->id), "id", err)) return false;
@@ -121,6 +141,7 @@ bool obx_event_finalize(obx_event_t *ev, obx_err_t *err) {
   }
   if (!ev->partition_key) ev->partition_key = strdup(ev->aggregate_id);
   if (ev->occurred_at_ms == 0) ev->occurred_at_ms = obx_time_now_ms();
+  trace_check(ev);
   return true;
 }
 
@@ -149,6 +170,8 @@ bool obx_event_to_outbox(const obx_event_t *ev, bson_t *out, obx_err_t *err) {
   append_str_or_null(out, "correlationId", ev->correlation_id);
   append_str_or_null(out, "causationId", ev->causation_id);
   if (ev->source) BSON_APPEND_UTF8(out, "source", ev->source);
+  if (ev->traceparent) BSON_APPEND_UTF8(out, "traceparent", ev->traceparent);
+  if (ev->tracestate) BSON_APPEND_UTF8(out, "tracestate", ev->tracestate);
   BSON_APPEND_DOCUMENT(out, "payload", &ev->payload);
   BSON_APPEND_DATE_TIME(out, "occurredAt", ev->occurred_at_ms);
   BSON_APPEND_UTF8(out, "status", "PENDING");
@@ -231,6 +254,11 @@ bool obx_event_from_outbox(obx_event_t *ev, const bson_t *doc, obx_err_t *err) {
     return false;
   }
   ev->occurred_at_ms = bson_iter_date_time(&it);
+  /* optional trace context: anything but a string is ignored, like an invalid value */
+  if (bson_iter_init_find(&it, doc, "traceparent") && BSON_ITER_HOLDS_UTF8(&it))
+    ev->traceparent = strdup(bson_iter_utf8(&it, NULL));
+  if (bson_iter_init_find(&it, doc, "tracestate") && BSON_ITER_HOLDS_UTF8(&it))
+    ev->tracestate = strdup(bson_iter_utf8(&it, NULL));
   return obx_event_finalize(ev, err);
 }
 
@@ -248,11 +276,14 @@ enum {
   A_CORRELATIONID,
   A_CAUSATIONID,
   A_EVENTVERSION,
+  A_TRACEPARENT,
+  A_TRACESTATE,
   A_COUNT
 };
 static const char *const attr_names[A_COUNT] = {"specversion",  "id",    "source",        "type",
                                                 "time",         "subject", "partitionkey", "orgid",
-                                                "correlationid", "causationid", "eventversion"};
+                                                "correlationid", "causationid", "eventversion",
+                                                "traceparent",  "tracestate"};
 
 typedef struct {
   const char *v; /* NULL when absent */
@@ -285,7 +316,9 @@ static bool decode_attrs(obx_event_t *ev, const attr_t *a, const char *prefix, o
       !attr_dup(&ev->partition_key, a[A_PARTITIONKEY].v, a[A_PARTITIONKEY].len, prefix, "partitionkey", false, err) ||
       !attr_dup(&ev->correlation_id, a[A_CORRELATIONID].v, a[A_CORRELATIONID].len, prefix, "correlationid", false,
                 err) ||
-      !attr_dup(&ev->causation_id, a[A_CAUSATIONID].v, a[A_CAUSATIONID].len, prefix, "causationid", false, err))
+      !attr_dup(&ev->causation_id, a[A_CAUSATIONID].v, a[A_CAUSATIONID].len, prefix, "causationid", false, err) ||
+      !attr_dup(&ev->traceparent, a[A_TRACEPARENT].v, a[A_TRACEPARENT].len, prefix, "traceparent", false, err) ||
+      !attr_dup(&ev->tracestate, a[A_TRACESTATE].v, a[A_TRACESTATE].len, prefix, "tracestate", false, err))
     goto done;
 
   if (!attr_dup(&tmp, a[A_SUBJECT].v, a[A_SUBJECT].len, prefix, "subject", true, err)) goto done;
@@ -375,6 +408,8 @@ bool obx_event_to_kafka(const obx_event_t *ev, const char *source, obx_kafka_rec
     {"ce_correlationid", ev->correlation_id, NULL},
     {"ce_causationid", ev->causation_id, NULL},
     {"ce_eventversion", version, NULL},
+    {"ce_traceparent", ev->traceparent, NULL},
+    {"ce_tracestate", ev->tracestate, NULL},
     {"content-type", CE_CONTENT_TYPE, NULL},
   };
   size_t n = sizeof h / sizeof h[0], total = 0;

@@ -9,7 +9,10 @@
  * the database; effects wait in the run for obx_pipeline_run_commit (commit.c). Metrics:
  * outboxd_pipeline_runs_total{trigger,status}, outboxd_pipeline_run_duration_seconds{trigger},
  * outboxd_pipeline_steps_total{type,status} (and outboxd_pipeline_egress_refused_total{stage}
- * in egress.c). */
+ * in egress.c). Tracing: a run is a span "pipeline <trigger>" (a child of the thread's current
+ * context: the worker's consumer span, the API's request span), each step a child span
+ * "step <nodeId>", current while the node runs; the execution document records the run span's
+ * traceId and spanId. */
 #include "pipeline_int.h"
 
 #include <stdlib.h>
@@ -19,6 +22,7 @@
 #include <time.h>
 
 #include "obx/obx_metrics.h"
+#include "obx/obx_trace.h"
 
 #define OBX_STEP_OUTPUT_MAX 4096
 #define OBX_STEP_PREVIEW_MAX 1024
@@ -136,8 +140,20 @@ static const char *run_step(obx_node_ctx_t *ctx, int n, bson_t *steps, uint32_t 
   bson_t rendered = BSON_INITIALIZER, output = BSON_INITIALIZER;
   const char *outcome = NULL;
   obx_err_clear(err);
+  char span_name[300];
+  snprintf(span_name, sizeof span_name, "step %s", node->id);
+  obx_trace_ctx_t outer = {0};
+  if (obx_trace_current()) outer = *obx_trace_current();
+  obx_span_t *span = obx_span_start(span_name, OBX_SPAN_INTERNAL, &outer);
+  obx_span_set_str(span, "outboxd.step.id", node->id);
+  obx_span_set_str(span, "outboxd.step.type", node->type->name);
+  obx_trace_set_current(obx_span_ctx(span));
   bool ok = obx_template_render_doc(&node->config, ctx->input->context, outputs, &rendered, err) &&
             node->type->run(ctx, &rendered, &output, &outcome, err);
+  obx_trace_set_current(&outer);
+  if (ok) obx_span_set_str(span, "outboxd.step.outcome", outcome);
+  else obx_span_set_error(span, err->msg);
+  obx_span_end(span);
   int64_t duration = mono_ms() - t0;
   assert(!ok || outcome); /* a node type that succeeds names its outcome */
 
@@ -225,11 +241,29 @@ obx_pipeline_run_t *obx_pipeline_execute(const obx_pipeline_t *pipeline, const o
   const char *trigger = input->trigger ? input->trigger : pipeline->trigger;
   int64_t started_at = obx_time_now_ms(), t0 = mono_ms();
 
+  char span_name[200];
+  snprintf(span_name, sizeof span_name, "pipeline %s", trigger ? trigger : "none");
+  obx_trace_ctx_t outer = {0};
+  if (obx_trace_current()) outer = *obx_trace_current();
+  obx_span_t *span = obx_span_start(span_name, OBX_SPAN_INTERNAL, &outer);
+  obx_span_set_str(span, "outboxd.pipeline.id", pipeline->id);
+  obx_span_set_str(span, "outboxd.pipeline.name", pipeline->name);
+  obx_span_set_str(span, "outboxd.trigger", trigger);
+  obx_span_set_str(span, "outboxd.event.id", input->event_id);
+  obx_span_set_str(span, "outboxd.execution.id", run->id);
+  obx_span_set_int(span, "outboxd.attempt", input->attempt > 0 ? input->attempt : 1);
+  obx_trace_set_current(obx_span_ctx(span));
   bson_t steps = BSON_INITIALIZER;
   if (pipeline->enabled)
     walk(run, pipeline, input, egress, &steps);
   else
     run->status = OBX_PIPELINE_SKIPPED;
+  obx_trace_set_current(&outer);
+  obx_span_set_str(span, "outboxd.pipeline.status", obx_pipeline_status_name(run->status));
+  if (run->status == OBX_PIPELINE_FAILED) obx_span_set_error(span, run->err.msg);
+  char trace_hex[OBX_TRACE_ID_HEX + 1], span_hex[OBX_SPAN_ID_HEX + 1];
+  obx_trace_ids_hex(obx_span_ctx(span), trace_hex, span_hex);
+  obx_span_end(span);
 
   bson_t *doc = &run->execution;
   BSON_APPEND_UTF8(doc, "_id", run->id);
@@ -250,6 +284,8 @@ obx_pipeline_run_t *obx_pipeline_execute(const obx_pipeline_t *pipeline, const o
   BSON_APPEND_DATE_TIME(doc, "finishedAt", obx_time_now_ms());
   BSON_APPEND_INT64(doc, "durationMs", duration);
   BSON_APPEND_ARRAY(doc, "steps", &steps);
+  BSON_APPEND_UTF8(doc, "traceId", trace_hex);
+  BSON_APPEND_UTF8(doc, "spanId", span_hex);
   bson_destroy(&steps);
   obx_counter_inc(runs_total, trigger ? trigger : "none", obx_pipeline_status_name(run->status));
   obx_histogram_observe(run_seconds, (double)duration / 1000.0, trigger ? trigger : "none");

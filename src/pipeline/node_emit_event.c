@@ -4,11 +4,15 @@
  * The event is collected by the run and appended to the outbox by obx_pipeline_run_commit in
  * the same transaction as the run's tracking (and, for order.pre, as the order). Envelope:
  * orgId, aggregateType/aggregateId and partitionKey of the run (the order's key), the
- * correlationId propagated (or the triggering event id), causationId = the triggering event. */
+ * correlationId propagated (or the triggering event id), causationId = the triggering event,
+ * traceparent = the step's span (the relay and the worker continue the same trace). */
 #include "pipeline_int.h"
 
 #include <ctype.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "obx/obx_trace.h"
 
 static bool type_name_valid(const char *s) {
   if (!s || !*s) return false;
@@ -79,6 +83,13 @@ static bool emit_run(obx_node_ctx_t *ctx, const bson_t *config, bson_t *output, 
   const char *correlation_id = in->correlation_id ? in->correlation_id : in->event_id;
   if (correlation_id) ev.correlation_id = strdup(correlation_id);
   if (in->event_id) ev.causation_id = strdup(in->event_id);
+  const obx_trace_ctx_t *trace = obx_trace_current(); /* the step's span: the new event continues the trace */
+  if (trace) {
+    char traceparent[OBX_TRACEPARENT_LEN + 1];
+    obx_trace_format(trace, traceparent);
+    ev.traceparent = strdup(traceparent);
+    if (trace->state[0]) ev.tracestate = strdup(trace->state);
+  }
   ev.source = strdup("/outboxd/pipelines");
   if (!obx_event_finalize(&ev, err)) goto done;
   BSON_APPEND_UTF8(output, "eventId", ev.id);

@@ -6,14 +6,44 @@
  * obx_egress_request (egress.c). Outcome "success" on 2xx with output { status, body } (the
  * body parsed when it is JSON, else text). Failures: 3xx (redirects are not followed) and
  * 4xx other than 408/429 are terminal; 5xx, 408, 429, network and timeouts transient;
- * egress refusals and oversized responses terminal. */
+ * egress refusals and oversized responses terminal. Each call is a client span (HTTP semconv,
+ * child of the step) whose context is sent as `traceparent` (and `tracestate`), replacing any
+ * the config names. */
 #include "pipeline_int.h"
 
 #include <ctype.h>
+#include <curl/curl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+
+#include "obx/obx_trace.h"
 
 static const char *const methods[] = {"GET", "POST", "PUT", "PATCH", "DELETE", NULL};
+
+/* The client span of a call to url: url.full without its query (it may hold credentials),
+ * server.address and server.port. */
+static obx_span_t *client_span(const char *method, const char *url) {
+  obx_span_t *span = obx_span_start(method, OBX_SPAN_CLIENT, obx_trace_current());
+  obx_span_set_str(span, "http.request.method", method);
+  CURLU *u = curl_url();
+  char *host = NULL, *port = NULL;
+  if (curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK) {
+    curl_url_set(u, CURLUPART_QUERY, NULL, 0);
+    curl_url_set(u, CURLUPART_FRAGMENT, NULL, 0);
+    char *full = NULL;
+    if (curl_url_get(u, CURLUPART_URL, &full, 0) == CURLUE_OK) obx_span_set_str(span, "url.full", full);
+    curl_free(full);
+    if (curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK) obx_span_set_str(span, "server.address", host);
+    if (curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) == CURLUE_OK)
+      obx_span_set_int(span, "server.port", atoi(port));
+  }
+  curl_free(host);
+  curl_free(port);
+  curl_url_cleanup(u);
+  return span;
+}
 
 static bool header_name_valid(const char *s) {
   if (!*s) return false;
@@ -97,6 +127,7 @@ static bool http_run(obx_node_ctx_t *ctx, const bson_t *config, bson_t *output, 
   int nheaders = 0;
   bson_string_t *body = NULL;
   obx_http_response_t resp = {0};
+  obx_span_t *span = NULL;
   bool ok = false;
   if (!url) {
     obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "config.url: must render to a string");
@@ -112,9 +143,11 @@ static bool http_run(obx_node_ctx_t *ctx, const bson_t *config, bson_t *output, 
     bson_iter_recurse(&it, &h);
     uint32_t count = 0;
     while (bson_iter_next(&h)) count++;
-    headers = bson_malloc0((count + 1) * sizeof *headers);
+    headers = bson_malloc0((count + 3) * sizeof *headers);
     bson_iter_recurse(&it, &h);
     while (bson_iter_next(&h)) {
+      if (strcasecmp(bson_iter_key(&h), "traceparent") == 0 || strcasecmp(bson_iter_key(&h), "tracestate") == 0)
+        continue; /* the call's own context is sent */
       const char *value = BSON_ITER_HOLDS_UTF8(&h) ? bson_iter_utf8(&h, NULL) : NULL;
       if (!value || strpbrk(value, "\r\n")) {
         obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "config.headers.%s: must render to one line of text",
@@ -124,6 +157,12 @@ static bool http_run(obx_node_ctx_t *ctx, const bson_t *config, bson_t *output, 
       headers[nheaders++] = bson_strdup_printf("%s: %s", bson_iter_key(&h), value);
     }
   }
+  if (!headers) headers = bson_malloc0(3 * sizeof *headers);
+  span = client_span(method, url);
+  char traceparent[OBX_TRACEPARENT_LEN + 1];
+  obx_trace_format(obx_span_ctx(span), traceparent);
+  headers[nheaders++] = bson_strdup_printf("traceparent: %s", traceparent);
+  if (obx_span_ctx(span)->state[0]) headers[nheaders++] = bson_strdup_printf("tracestate: %s", obx_span_ctx(span)->state);
   if (has_body) {
     body = bson_string_new(NULL);
     obx_json_append_value(body, &body_it);
@@ -136,6 +175,7 @@ static bool http_run(obx_node_ctx_t *ctx, const bson_t *config, bson_t *output, 
   if (!obx_egress_request(&egress, method, url, (const char *const *)headers, body ? body->str : NULL,
                           body ? body->len : 0, &resp, err))
     goto done;
+  obx_span_set_int(span, "http.response.status_code", resp.status);
   if (resp.status >= 300 && resp.status < 400) {
     obx_err_set(err, OBX_ERR_CURL, (int)resp.status, false, "HTTP %ld redirect%s%s refused: redirects are not followed",
                 resp.status, resp.location ? " to " : "", resp.location ? resp.location : "");
@@ -150,6 +190,13 @@ static bool http_run(obx_node_ctx_t *ctx, const bson_t *config, bson_t *output, 
   *outcome = "success";
   ok = true;
 done:
+  if (span && !ok) {
+    char type[32];
+    if (resp.status) snprintf(type, sizeof type, "%ld", resp.status);
+    obx_span_set_str(span, "error.type", resp.status ? type : "network");
+    obx_span_set_error(span, err->msg);
+  }
+  obx_span_end(span);
   obx_http_response_cleanup(&resp);
   if (body) bson_string_free(body, true);
   for (int i = 0; i < nheaders; i++) bson_free(headers[i]);

@@ -7,14 +7,19 @@
  * passthrough keys. The idempotent producer keeps order per partition with up to 5
  * requests in flight, so per-key order in Kafka is the order of obx_relay_producer_send calls.
  * Delivery reports are served on the thread that calls obx_relay_producer_poll (the relay
- * thread); `pending` is only touched there and in send, so it needs no lock. */
+ * thread); `pending` is only touched there and in send, so it needs no lock. Each record gets a
+ * producer span (messaging semconv, messaging.system=kafka) from send to its delivery report,
+ * a child of the event's ce_traceparent (or a new trace); its context is the record's
+ * ce_traceparent, so the consumer continues the trace. */
 #include "obx/obx_relay.h"
 
 #include <librdkafka/rdkafka.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "obx/obx_log.h"
+#include "obx/obx_trace.h"
 
 struct obx_relay_producer {
   rd_kafka_t *rk;
@@ -24,17 +29,33 @@ struct obx_relay_producer {
   bool fatal;
 };
 
+/* The rdkafka opaque of a record: the caller's opaque and the record's producer span. */
+typedef struct {
+  void *opaque;
+  obx_span_t *span;
+} producer_sent_t;
+
 static void producer_on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque) {
   obx_relay_producer_t *producer = opaque;
+  producer_sent_t *sent = msg->_private;
   obx_relay_ack_t ack;
   memset(&ack, 0, sizeof ack);
-  ack.opaque = msg->_private;
+  ack.opaque = sent->opaque;
   ack.ok = msg->err == RD_KAFKA_RESP_ERR_NO_ERROR;
   ack.partition = msg->partition;
   ack.offset = msg->offset;
   if (!ack.ok) obx_err_from_kafka(&ack.err, msg->err, "delivery");
   producer->pending--;
+  char partition[16];
+  snprintf(partition, sizeof partition, "%d", (int)msg->partition);
+  obx_span_set_str(sent->span, "messaging.destination.partition.id", partition);
+  if (ack.ok) obx_span_set_int(sent->span, "messaging.kafka.message.offset", msg->offset);
+  else obx_span_set_error(sent->span, ack.err.msg);
+  obx_trace_set_current(obx_span_ctx(sent->span));
   producer->ack(&ack, producer->ctx);
+  obx_trace_set_current(NULL);
+  obx_span_end(sent->span);
+  free(sent);
 }
 
 static void producer_on_error(rd_kafka_t *rk, int code, const char *reason, void *opaque) {
@@ -109,19 +130,54 @@ void obx_relay_producer_destroy(obx_relay_producer_t *producer) {
   free(producer);
 }
 
+/* The producer span of rec: a child of its ce_traceparent, named "publish <topic>". */
+static obx_span_t *producer_span(const char *topic, const obx_kafka_record_t *rec) {
+  obx_trace_ctx_t parent = {0};
+  const char *state = NULL, *id = NULL;
+  size_t state_len = 0;
+  for (int i = 0; i < rec->nheaders; i++)
+    if (strcmp(rec->headers[i].name, "ce_tracestate") == 0) state = rec->headers[i].value, state_len = rec->headers[i].len;
+  for (int i = 0; i < rec->nheaders; i++) {
+    if (strcmp(rec->headers[i].name, "ce_traceparent") == 0)
+      obx_trace_parse(rec->headers[i].value, rec->headers[i].len, state, state_len, &parent);
+    if (strcmp(rec->headers[i].name, "ce_id") == 0) id = rec->headers[i].value;
+  }
+  char name[300];
+  snprintf(name, sizeof name, "publish %s", topic);
+  obx_span_t *span = obx_span_start(name, OBX_SPAN_PRODUCER, &parent);
+  obx_span_set_str(span, "messaging.system", "kafka");
+  obx_span_set_str(span, "messaging.operation.type", "publish");
+  obx_span_set_str(span, "messaging.operation.name", "publish");
+  obx_span_set_str(span, "messaging.destination.name", topic);
+  obx_span_set_str(span, "messaging.message.id", id);
+  obx_span_set_str(span, "messaging.kafka.message.key", rec->key);
+  obx_span_set_str(span, "messaging.client.id", "outboxd-relay");
+  return span;
+}
+
 bool obx_relay_producer_send(obx_relay_producer_t *producer, const char *topic,
                              const obx_kafka_record_t *rec, void *opaque, obx_err_t *err) {
-  rd_kafka_headers_t *headers = rd_kafka_headers_new((size_t)rec->nheaders);
+  producer_sent_t *sent = malloc(sizeof *sent);
+  if (!sent) abort();
+  sent->opaque = opaque;
+  sent->span = producer_span(topic, rec);
+  char traceparent[OBX_TRACEPARENT_LEN + 1];
+  obx_trace_format(obx_span_ctx(sent->span), traceparent);
+  rd_kafka_headers_t *headers = rd_kafka_headers_new((size_t)rec->nheaders + 1);
   for (int i = 0; i < rec->nheaders; i++)
-    rd_kafka_header_add(headers, rec->headers[i].name, -1, rec->headers[i].value,
-                        (ssize_t)rec->headers[i].len);
+    if (strcmp(rec->headers[i].name, "ce_traceparent") != 0)
+      rd_kafka_header_add(headers, rec->headers[i].name, -1, rec->headers[i].value, (ssize_t)rec->headers[i].len);
+  rd_kafka_header_add(headers, "ce_traceparent", -1, traceparent, -1);
   rd_kafka_resp_err_t rc = rd_kafka_producev(
     producer->rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
     RD_KAFKA_V_KEY(rec->key, rec->key_len), RD_KAFKA_V_VALUE(rec->value, rec->value_len),
-    RD_KAFKA_V_HEADERS(headers), RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
+    RD_KAFKA_V_HEADERS(headers), RD_KAFKA_V_OPAQUE(sent), RD_KAFKA_V_END);
   if (rc != RD_KAFKA_RESP_ERR_NO_ERROR) {
     rd_kafka_headers_destroy(headers); /* producev owns them only on success */
     obx_err_from_kafka(err, rc, "produce");
+    obx_span_set_error(sent->span, err->msg);
+    obx_span_end(sent->span);
+    free(sent);
     return false;
   }
   producer->pending++;

@@ -126,6 +126,7 @@ bool obx_inbox_claim(mongoc_client_t *client, const char *db, mongoc_client_sess
   }
   bson_append_document_end(&doc, &child);
   BSON_APPEND_INT64(&doc, "seq", entry->seq);
+  if (entry->traceparent) BSON_APPEND_UTF8(&doc, "traceparent", entry->traceparent);
   BSON_APPEND_DATE_TIME(&doc, "receivedAt", obx_time_now_ms());
   BSON_APPEND_NULL(&doc, "lastError");
   BSON_APPEND_ARRAY_BEGIN(&doc, "executionIds", &child);

@@ -24,6 +24,7 @@
 #include "obx/obx_metrics.h"
 #include "obx/obx_mongo.h"
 #include "obx/obx_pipeline.h"
+#include "obx/obx_trace.h"
 #include "worker_int.h"
 
 #define LANE_QUEUE_CAP 16 /* bounds how long the Kafka thread can block on a slow lane */
@@ -325,6 +326,58 @@ static worker_outcome_t handle_malformed(obx_worker_t *w, obx_ladder_msg_t *msg,
   return WORKER_DEAD;
 }
 
+/* Points the message's ce_traceparent at the current span (the attempt that failed), so its
+ * retry, or a redrive from the DLQ, links to it. */
+static void msg_continue_trace(obx_ladder_msg_t *msg) {
+  const obx_trace_ctx_t *trace = obx_trace_current();
+  if (!trace) return;
+  char tp[OBX_TRACEPARENT_LEN + 1];
+  obx_trace_format(trace, tp);
+  int i = 0;
+  while (i < msg->nheaders && strcmp(msg->headers[i].name, "ce_traceparent") != 0) i++;
+  if (i == OBX_LADDER_MAX_HEADERS) return;
+  if (i == msg->nheaders) msg->headers[msg->nheaders++].name = strdup("ce_traceparent");
+  free(msg->headers[i].value);
+  msg->headers[i].value = strdup(tp);
+  msg->headers[i].value_len = strlen(tp);
+}
+
+/* The consumer span of one delivery (messaging semconv): a child of the event's traceparent;
+ * for a redrive or a replay, whose original trace finished long ago, a new trace with a link to
+ * it. A work-queue message at attempt 0 with a history is a redrive (attempts reset, history
+ * kept). */
+static obx_span_t *consume_span(obx_worker_t *w, worker_source_t source, const obx_ladder_msg_t *msg,
+                                const obx_event_t *ev, int32_t partition, int64_t offset) {
+  obx_trace_ctx_t origin;
+  obx_trace_parse(ev->traceparent, ev->traceparent ? strlen(ev->traceparent) : 0, ev->tracestate,
+                  ev->tracestate ? strlen(ev->tracestate) : 0, &origin);
+  bool relinked = source == WORKER_SOURCE_WORK && (msg->replay || (msg->attempt == 0 && msg->history));
+  const char *dest = source == WORKER_SOURCE_KAFKA ? w->conf->kafka_topic
+                     : source == WORKER_SOURCE_WORK ? obx_ladder_work_queue(w->ladder) : "http";
+  char name[300];
+  snprintf(name, sizeof name, "process %s", dest);
+  obx_span_t *span = obx_span_start(name, OBX_SPAN_CONSUMER, relinked ? NULL : &origin);
+  if (relinked) obx_span_add_link(span, &origin, msg->replay ? "replay" : "redrive");
+  if (source != WORKER_SOURCE_HTTP)
+    obx_span_set_str(span, "messaging.system", source == WORKER_SOURCE_KAFKA ? "kafka" : "rabbitmq");
+  obx_span_set_str(span, "messaging.operation.type", "process");
+  obx_span_set_str(span, "messaging.operation.name", "process");
+  obx_span_set_str(span, "messaging.destination.name", dest);
+  obx_span_set_str(span, "messaging.message.id", ev->id);
+  obx_span_set_str(span, "messaging.consumer.group.name", w->consumer);
+  if (source == WORKER_SOURCE_KAFKA) {
+    char p[16];
+    snprintf(p, sizeof p, "%d", (int)partition);
+    obx_span_set_str(span, "messaging.destination.partition.id", p);
+    obx_span_set_int(span, "messaging.kafka.message.offset", offset);
+    obx_span_set_str(span, "messaging.kafka.message.key", ev->partition_key);
+  }
+  obx_span_set_str(span, "outboxd.event.type", ev->event_type);
+  obx_span_set_str(span, "outboxd.org_id", ev->org_id);
+  obx_span_set_int(span, "outboxd.attempt", msg->attempt + 1);
+  return span;
+}
+
 /* What the outcome transaction writes. */
 typedef struct {
   obx_worker_t *w;
@@ -395,6 +448,7 @@ static worker_outcome_t run_event(obx_worker_t *w, mongoc_client_t *client, obx_
       bool transient = obx_pipeline_run_failure_class(run) == OBX_FAILURE_TRANSIENT;
       t.last_error = rerr->msg;
       t.park = true;
+      msg_continue_trace(msg);
       obx_ladder_msg_fail(msg, transient ? "transient" : "terminal", rerr->msg, obx_time_now_ms());
       if (transient && attempt < w->max_attempts) {
         int tier = attempt - 1;
@@ -586,6 +640,10 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
     return source == WORKER_SOURCE_HTTP ? WORKER_MALFORMED : handle_malformed(w, msg, &err);
   }
   if (!msg->message_id) msg->message_id = strdup(ev.id); /* the ladder and the DLQ find it by id */
+  obx_span_t *span = consume_span(w, source, msg, &ev, partition, offset);
+  obx_trace_set_current(obx_span_ctx(span)); /* logs, the pipeline's spans and its HTTP calls */
+  char traceparent[OBX_TRACEPARENT_LEN + 1];
+  obx_trace_format(obx_span_ctx(span), traceparent);
   mongoc_client_t *client = obx_mongo_pop(w->mongo);
   const char *names[OBX_LADDER_MAX_HEADERS], *values[OBX_LADDER_MAX_HEADERS];
   for (int i = 0; i < msg->nheaders; i++) {
@@ -593,7 +651,8 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
     values[i] = msg->headers[i].value;
   }
   obx_inbox_entry_t entry = {.consumer = w->consumer, .event = &ev, .header_names = names, .header_values = values,
-                             .nheaders = msg->nheaders, .seq = offset >= 0 ? offset : obx_time_now_ms()};
+                             .nheaders = msg->nheaders, .seq = offset >= 0 ? offset : obx_time_now_ms(),
+                             .traceparent = traceparent};
   if (source == WORKER_SOURCE_KAFKA) {
     entry.topic = w->conf->kafka_topic;
     entry.partition = partition;
@@ -663,6 +722,11 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
 done:
   obx_mongo_push(w->mongo, client);
   obx_event_cleanup(&ev);
+  if (outcome == WORKER_RETRYING || outcome == WORKER_DEAD || outcome == WORKER_INFRA)
+    obx_span_set_error(span, msg->last_error ? msg->last_error : "MongoDB or RabbitMQ unavailable");
+  obx_span_set_bool(span, "outboxd.duplicate", outcome == WORKER_DUPLICATE);
+  obx_trace_set_current(NULL);
+  obx_span_end(span);
   return outcome;
 }
 

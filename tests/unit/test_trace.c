@@ -1,6 +1,7 @@
 /* test_trace.c - W3C trace context, sampling, spans, OTLP JSON, the exporter's queue and drops */
 #include "obx_test.h"
 #include "obx_test_httpd.h"
+#include "obx/obx_event.h"
 #include "obx/obx_log.h"
 #include "obx/obx_trace.h"
 
@@ -437,6 +438,71 @@ static void test_log_fields(void **state) {
   free(buf);
 }
 
+/* The event envelope carries the context through the outbox document and the Kafka headers;
+ * an invalid one is dropped, never an error (third-party writers may leave it out). */
+static void test_event_trace_fields(void **state) {
+  static const struct {
+    const char *tp, *ts, *want_tp, *want_ts;
+  } cases[] = {
+    {TP_OK, "rojo=1", TP_OK, "rojo=1"},
+    {TP_OK, NULL, TP_OK, NULL},
+    {TP_OK, "Bad", TP_OK, NULL},
+    {"00-xyz", "rojo=1", NULL, NULL},
+    {NULL, "rojo=1", NULL, NULL},
+    {NULL, NULL, NULL, NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    obx_event_t ev, back, from_kafka;
+    obx_event_init(&ev);
+    obx_event_init(&back);
+    obx_event_init(&from_kafka);
+    ev.event_type = strdup("OrderConfirmed");
+    ev.org_id = strdup("o");
+    ev.aggregate_type = strdup("Order");
+    ev.aggregate_id = strdup("a1");
+    ev.source = strdup("/t");
+    if (cases[i].tp) ev.traceparent = strdup(cases[i].tp);
+    if (cases[i].ts) ev.tracestate = strdup(cases[i].ts);
+    obx_err_t err = OBX_ERR_INIT;
+    assert_true(obx_event_finalize(&ev, &err));
+    bson_t doc = BSON_INITIALIZER;
+    assert_true(obx_event_to_outbox(&ev, &doc, &err));
+    assert_true(obx_event_from_outbox(&back, &doc, &err));
+    obx_kafka_record_t rec;
+    assert_true(obx_event_to_kafka(&back, NULL, &rec, &err));
+    assert_true(obx_event_from_kafka(&from_kafka, rec.key, rec.key_len, rec.value, rec.value_len, rec.headers,
+                                     rec.nheaders, &err));
+    const obx_event_t *got[] = {&ev, &back, &from_kafka};
+    for (int g = 0; g < 3; g++) {
+      if ((got[g]->traceparent == NULL) != (cases[i].want_tp == NULL) ||
+          (cases[i].want_tp && strcmp(got[g]->traceparent, cases[i].want_tp) != 0))
+        fail_msg("case %zu form %d: traceparent %s, want %s", i, g, got[g]->traceparent, cases[i].want_tp);
+      if ((got[g]->tracestate == NULL) != (cases[i].want_ts == NULL) ||
+          (cases[i].want_ts && strcmp(got[g]->tracestate, cases[i].want_ts) != 0))
+        fail_msg("case %zu form %d: tracestate %s, want %s", i, g, got[g]->tracestate, cases[i].want_ts);
+    }
+    bool header = false;
+    for (int h = 0; h < rec.nheaders; h++) header |= strcmp(rec.headers[h].name, "ce_traceparent") == 0;
+    assert_int_equal(header, cases[i].want_tp != NULL);
+    obx_kafka_record_cleanup(&rec);
+    bson_destroy(&doc);
+    obx_event_cleanup(&from_kafka);
+    obx_event_cleanup(&back);
+    obx_event_cleanup(&ev);
+  }
+  /* a third-party outbox document with a traceparent of the wrong type still relays */
+  bson_t *doc = BCON_NEW("_id", "0190f5c2-0000-7000-8000-000000000001", "eventType", "X", "orgId", "o",
+                         "aggregateType", "A", "aggregateId", "1", "payload", "{", "}", "occurredAt", BCON_DATE_TIME(1),
+                         "traceparent", BCON_INT32(7));
+  obx_event_t ev;
+  obx_event_init(&ev);
+  obx_err_t err = OBX_ERR_INIT;
+  assert_true(obx_event_from_outbox(&ev, doc, &err));
+  assert_null(ev.traceparent);
+  obx_event_cleanup(&ev);
+  bson_destroy(doc);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_traceparent_table),
@@ -449,6 +515,7 @@ int main(void) {
     cmocka_unit_test(test_exporter_collector_away),
     cmocka_unit_test(test_exporter_queue_full),
     cmocka_unit_test(test_log_fields),
+    cmocka_unit_test(test_event_trace_fields),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
