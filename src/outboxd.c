@@ -29,15 +29,26 @@
  *
  * SIGNALS
  *   SIGTERM, SIGINT: stop intake (the HTTP server), stop the roles in reverse start order
- *   (each finishes or hands back its in-flight work), exit 0.
+ *   (each finishes or hands back its in-flight work), exit 0. The whole stop is bounded by
+ *   shutdown.grace: when a stop hangs (a paused MongoDB, a broker that does not answer) the
+ *   process logs the stage it was in and exits 3 when the grace runs out; a second SIGTERM or
+ *   SIGINT during the stop exits 3 at once. Nothing is lost either way: unpublished outbox
+ *   events stay PENDING, uncommitted Kafka offsets and unacknowledged RabbitMQ messages are
+ *   delivered again, and an abandoned order transaction never commits.
  *
  * EXIT STATUS
- *   0 after a clean stop; 1 on a configuration or start error; 2 on bad usage.
+ *   0 after a clean stop; 1 on a configuration or start error; 2 on bad usage; 3 when the
+ *   stop was cut short (shutdown.grace ran out, or a second signal).
  *
  * DESIGN: main is short: parse, load config, start the HTTP server and the roles from the
  * role table, sigwait, drain. SIGTERM/SIGINT are blocked before any thread starts, so only
- * sigwait sees them. */
+ * sigwait sees them; after the first, a watchdog thread waits for a second one or the grace. */
+#include <errno.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <unistd.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,15 +71,16 @@
 
 typedef struct {
   const char *name;
+  const char *stop_stage; /* what the watchdog reports while stop runs */
   size_t enabled_offset; /* bool field of obx_conf_t */
   void *(*start)(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err);
   void (*stop)(void *role);
 } outboxd_role_t;
 
 static const outboxd_role_t roles[] = {
-  {"api", offsetof(obx_conf_t, api_enabled), obx_api_start, obx_api_stop},
-  {"relay", offsetof(obx_conf_t, relay_enabled), obx_relay_start, obx_relay_stop},
-  {"worker", offsetof(obx_conf_t, worker_enabled), obx_worker_start, obx_worker_stop},
+  {"api", "stopping the api role", offsetof(obx_conf_t, api_enabled), obx_api_start, obx_api_stop},
+  {"relay", "stopping the relay role", offsetof(obx_conf_t, relay_enabled), obx_relay_start, obx_relay_stop},
+  {"worker", "stopping the worker role", offsetof(obx_conf_t, worker_enabled), obx_worker_start, obx_worker_stop},
 };
 #define NROLES ((int)(sizeof roles / sizeof roles[0]))
 
@@ -106,6 +118,46 @@ static bool apply_roles(obx_conf_t *conf, const char *list, obx_err_t *err) {
 }
 
 static bool mongo_ready(void *mongo, obx_err_t *err) { return obx_mongo_ping(mongo, err); }
+
+#define EXIT_STOP_CUT 3
+
+/* What the stop is doing now, for the watchdog's message (a string literal or a role name). */
+static _Atomic(const char *) stop_stage = "stopping the HTTP server";
+
+typedef struct {
+  sigset_t sigs;
+  int64_t grace_ms;
+} watchdog_t;
+
+/* Ends the process when the stop outlasts the grace or a second signal arrives. Runs detached;
+ * a stop that finishes first returns from main and takes it along. */
+static void *stop_watchdog(void *arg) {
+  const watchdog_t *w = arg;
+  struct timespec now, until;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  int64_t end_ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000 + w->grace_ms;
+  for (;;) {
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    int64_t left = end_ms - ((int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000);
+    if (left <= 0) {
+      obx_error("shutdown grace of %lld ms ran out while %s; exiting now (in-flight work is delivered again)",
+                (long long)w->grace_ms, atomic_load(&stop_stage));
+      break;
+    }
+    until.tv_sec = left / 1000;
+    until.tv_nsec = (left % 1000) * 1000000L;
+    int sig = sigtimedwait(&w->sigs, NULL, &until);
+    if (sig > 0) {
+      obx_error("signal %d during the stop (while %s): exiting now (in-flight work is delivered again)", sig,
+                atomic_load(&stop_stage));
+      break;
+    }
+    if (errno != EAGAIN && errno != EINTR) break;
+  }
+  fflush(stdout);
+  _exit(EXIT_STOP_CUT);
+  return NULL;
+}
 
 /* quiet driver start, even for --help (see obx_mongo.h) */
 OBX_MONGO_PREINIT;
@@ -185,17 +237,28 @@ int main(int argc, char **argv) {
   obx_info("outboxd running");
   int sig = 0;
   sigwait(&sigs, &sig);
-  obx_info("signal %d: stopping", sig);
+  obx_info("signal %d: stopping (grace %lld ms)", sig, (long long)conf.shutdown_grace);
+  static watchdog_t watchdog;
+  watchdog.sigs = sigs;
+  watchdog.grace_ms = conf.shutdown_grace;
+  pthread_t wt;
+  if (pthread_create(&wt, NULL, stop_watchdog, &watchdog) == 0) pthread_detach(wt);
   status = 0;
   goto stop;
 fail:
   obx_error("outboxd: %s", err.msg);
 stop:
   obx_http_stop(http);
-  while (nstarted-- > 0)
-    if (handles[nstarted]) roles[nstarted].stop(handles[nstarted]);
+  while (nstarted-- > 0) {
+    if (!handles[nstarted]) continue;
+    atomic_store(&stop_stage, roles[nstarted].stop_stage);
+    roles[nstarted].stop(handles[nstarted]);
+  }
+  atomic_store(&stop_stage, "stopping the operators' API");
   obx_ops_api_stop(ops_api);
+  atomic_store(&stop_stage, "stopping the pipelines API");
   obx_pipeline_api_stop(pipelines);
+  atomic_store(&stop_stage, "closing MongoDB");
   obx_http_destroy(http);
   obx_mongo_destroy(mongo);
   obx_trace_stop(); /* the last spans, bounded by the export timeout */

@@ -140,6 +140,8 @@ typedef struct {
     "Directory of pipeline definitions (*.json) applied at start; empty: none")                  \
   X(pipeline_cache_ttl, DURATION, "pipelines.cache_ttl", "PIPELINES_CACHE_TTL", "1s", 0, 60000, NULL, 0, \
     "How long the api caches an org's order.pre pipeline (or its absence); this process's own saves apply at once, other processes' within the TTL; 0: no cache") \
+  X(shutdown_grace, DURATION, "shutdown.grace", "SHUTDOWN_GRACE", "20s", 1000, 3600000, NULL, 0,     \
+    "Longest SIGTERM-to-exit: roles still stopping then are abandoned (exit 3; their work is redelivered); keep it below the pod's terminationGracePeriodSeconds minus preStop") \
   X(log_level, ENUM, "log.level", "LOG_LEVEL", "info", 0, 0, "debug|info|warn|error", 0,           \
     "Lowest level written to the log")
 
