@@ -11,7 +11,12 @@
 # creates an API key for org "demo" with every permission (the key in STATE/api-key, its hash
 # in STATE/api-keys), applies config/pipelines/*.json (outboxctl pipelines apply), prints the
 # API address and a ready-made curl line, and waits. Ctrl-C (SIGINT) or SIGTERM stops
-# everything it started, in reverse order; so does outboxd exiting on its own.
+# everything it started, in reverse order (outboxd first, while its services still answer);
+# so does outboxd exiting on its own. Every process it starts runs in a session of its own
+# (setsid), so a terminal's Ctrl-C, which signals the whole foreground process group, reaches
+# only run.sh (the servers install SIGINT handlers, and outboxd's sigwait takes a blocked SIGINT
+# even when a non-interactive shell set it to be ignored); run.sh then stops outboxd
+# (SHUTDOWN_GRACE, default 3s here) and then the servers: everything is gone in under 5 s.
 #
 # STATE (--state-dir, default a fresh /tmp/outboxd-run.XXXXXX) holds the logs of every process
 # and, once everything is ready, `ready`: shell assignments (API_URL, API_KEY_FILE, MONGO_URI,
@@ -98,7 +103,7 @@ wait_file() {
 
 # ---- services --------------------------------------------------------------------------------
 if [ -z "${MONGO_URI:-}" ]; then
-  "$BUILD/tests/fixtures/devmongo/devmongod" --port 0 --port-file "$STATE/devmongod.port" \
+  setsid "$BUILD/tests/fixtures/devmongo/devmongod" --port 0 --port-file "$STATE/devmongod.port" \
     </dev/null >"$STATE/devmongod.log" 2>&1 &
   PIDS+=($!); DEVMONGOD_PID=$!
   wait_file "$STATE/devmongod.port" devmongod "$DEVMONGOD_PID"
@@ -106,7 +111,7 @@ if [ -z "${MONGO_URI:-}" ]; then
   log "devmongod on $MONGO_URI"
 fi
 if [ -z "${KAFKA_BROKERS:-}" ]; then
-  "$BUILD/tests/fixtures/kafka-mock/kafka-mockd" --brokers 1 --topic domain-events:4 \
+  setsid "$BUILD/tests/fixtures/kafka-mock/kafka-mockd" --brokers 1 --topic domain-events:4 \
     --bootstrap-file "$STATE/kafka.bootstrap" --control "$STATE/kafka.control" \
     </dev/null >"$STATE/kafka-mockd.log" 2>&1 &
   PIDS+=($!); KAFKA_MOCKD_PID=$!
@@ -116,7 +121,7 @@ if [ -z "${KAFKA_BROKERS:-}" ]; then
 fi
 if [ -z "${AMQP_URL:-}" ]; then
   RMQ_DIR=$(mktemp -d /tmp/obx-rmq-run.XXXXXX)
-  OBX_RMQ_DIR=$RMQ_DIR scripts/rabbitmq.sh start >"$STATE/rabbitmq.log" 2>&1 ||
+  OBX_RMQ_DIR=$RMQ_DIR setsid scripts/rabbitmq.sh start >"$STATE/rabbitmq.log" 2>&1 ||
     die "RabbitMQ did not start; log: $STATE/rabbitmq.log"
   # shellcheck disable=SC1091
   AMQP_URL=$(. "$RMQ_DIR/env" && echo "$AMQP_URL")
@@ -134,7 +139,7 @@ API_KEY=$(cat "$STATE/api-key")
 
 DEMO_ARGS=()
 if [ "$DEMO" = 1 ]; then
-  python3 "$ROOT/scripts/demo-stub.py" "$STATE/demo-stub.port" </dev/null >"$STATE/demo-stub.log" 2>&1 &
+  setsid python3 "$ROOT/scripts/demo-stub.py" "$STATE/demo-stub.port" </dev/null >"$STATE/demo-stub.log" 2>&1 &
   PIDS+=($!)
   wait_file "$STATE/demo-stub.port" demo-stub "$!"
   STUB_URL="http://127.0.0.1:$(cat "$STATE/demo-stub.port")"
@@ -145,7 +150,7 @@ if [ "$DEMO" = 1 ]; then
   DEMO_ARGS=(-X egress.allow_networks=127.0.0.0/8 -X worker.retry_ladder=1s,2s,4s)
 fi
 
-"$OUTBOXD" -X "http.port=${HTTP_PORT:-8080}" -X "http.bind=127.0.0.1" -X "api.keys_file=$STATE/api-keys" \
+SHUTDOWN_GRACE=${SHUTDOWN_GRACE:-3s} setsid "$OUTBOXD" -X "http.port=${HTTP_PORT:-8080}" -X "http.bind=127.0.0.1" -X "api.keys_file=$STATE/api-keys" \
   "${DEMO_ARGS[@]}" </dev/null >"$STATE/outboxd.log" 2>&1 &
 PIDS+=($!); OUTBOXD_PID=$!
 deadline=$((SECONDS + READY_TIMEOUT))
