@@ -14,7 +14,8 @@
 # to 127.0.0.1. Run as root, the node runs as the `rabbitmq` user (the dir is chowned to it).
 # Only processes carrying this node's name in their environment are ever signalled.
 #
-# Knobs: OBX_RMQ_DIR, OBX_RMQ_PORT, OBX_RMQ_START_TIMEOUT (seconds, default 180).
+# Knobs: OBX_RMQ_DIR, OBX_RMQ_PORT, OBX_RMQ_START_TIMEOUT (seconds, default 180),
+# OBX_RMQ_CONF_EXTRA (lines appended to the node's rabbitmq.conf, e.g. listeners.ssl.default).
 set -euo pipefail
 
 DIR=${OBX_RMQ_DIR:-/tmp/obx-rmq}
@@ -141,6 +142,8 @@ start() {
 log.console = false
 log.file.level = info
 EOF
+  # extra rabbitmq.conf lines, e.g. a TLS listener for test_ladder_tls
+  if [ -n "${OBX_RMQ_CONF_EXTRA:-}" ]; then printf '%s\n' "$OBX_RMQ_CONF_EXTRA" >>"$DIR/rabbitmq.conf"; fi
   if [ ! -s "$DIR/.erlang.cookie" ]; then
     (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$DIR/.erlang.cookie")
   fi

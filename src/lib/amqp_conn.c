@@ -131,6 +131,9 @@ amqp_connection_state_t obx_amqp_open(const obx_amqp_target_t *target, const cha
   int rc = amqp_socket_open_noblock(sock, target->host, target->port, &tv);
   if (rc != AMQP_STATUS_OK) {
     obx_err_from_amqp_status(err, rc, target->tls ? "connecting to RabbitMQ over TLS" : "connecting to RabbitMQ");
+    /* a refused certificate is a connection problem like any other: the broker's certificate
+     * or the mounted CA may change, and nothing about the message is wrong */
+    if (err) err->retriable = true;
     goto done;
   }
   amqp_set_handshake_timeout(conn, &tv);
