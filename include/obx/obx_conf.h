@@ -116,6 +116,10 @@ typedef struct {
     "Pipeline attempts per event before it is parked in the DLQ")                                \
   X(order_post_concurrency, INT, "worker.concurrency", "ORDER_POST_CONCURRENCY", "4", 1, 256, NULL, 0, \
     "Events of different keys run in parallel by one worker")                                    \
+  X(worker_infra_attempts, INT, "worker.infra_attempts", "WORKER_INFRA_ATTEMPTS", "30", 1, 1000, NULL, 0, \
+    "Tries of one step of an event while MongoDB or RabbitMQ is unavailable, before it is dead-lettered (class infra)") \
+  X(worker_infra_timeout, DURATION, "worker.infra_timeout", "WORKER_INFRA_TIMEOUT", "5m", 100, 86400000, NULL, 0, \
+    "Longest time one step of an event is retried while MongoDB or RabbitMQ is unavailable") \
   X(retry_ladder, DURATION_LIST, "worker.retry_ladder", "RETRY_LADDER", "5s,30s,2m,10m", 10, 86400000, NULL, 0, \
     "Delays of the RabbitMQ retry tiers (one TTL queue per tier)")                               \
   X(worker_source, ENUM, "worker.source", "WORKER_SOURCE", "kafka", 0, 0, "kafka|http", 0,         \

@@ -48,7 +48,7 @@ typedef struct {
   size_t len;
 } obx_ce_header_t;
 
-#define OBX_CE_MAX_HEADERS 16
+#define OBX_CE_MAX_HEADERS 24
 
 /* A Kafka record in binary mode. Strings point into `buf` storage owned by the record. */
 typedef struct {

@@ -41,7 +41,15 @@
 #include "obx_err.h"
 #include "obx_event.h"
 
-#define OBX_LADDER_MAX_HEADERS 24
+/* One header limit everywhere: the Kafka decoder, the ladder and the inbox keep as many. */
+#define OBX_LADDER_MAX_HEADERS OBX_CE_MAX_HEADERS
+/* AMQP field names are short strings; longer header names are left out of a publish. */
+#define OBX_LADDER_MAX_NAME 128
+/* Longest header value a publish carries (a message's headers travel in one AMQP frame). */
+#define OBX_LADDER_MAX_VALUE 32768
+/* Longest body a DLQ publish carries (well under RabbitMQ's max_message_size); longer ones are cut
+ * there (tiers and the work queue carry the whole event). */
+#define OBX_LADDER_MAX_BODY (8 * 1024 * 1024)
 
 typedef struct {
   const char *url;          /* AMQP URL, amqp_parse_url syntax; borrowed during _new */
@@ -67,6 +75,7 @@ typedef struct {
   size_t body_len;
   obx_ladder_header_t headers[OBX_LADDER_MAX_HEADERS]; /* CloudEvent headers */
   int nheaders;
+  int dropped_headers;      /* headers of the record past OBX_LADDER_MAX_HEADERS (not carried) */
   int attempt;              /* failed attempts so far */
   int64_t first_failure_ms; /* 0: none yet */
   char *last_error;
@@ -93,6 +102,12 @@ bool obx_ladder_msg_to_event(const obx_ladder_msg_t *msg, obx_event_t *ev, obx_e
 /* Records one failed attempt: attempt++, first failure time (if unset), last error, class and a
  * history entry. */
 void obx_ladder_msg_fail(obx_ladder_msg_t *msg, const char *failure_class, const char *error, int64_t now_ms);
+/* Describes, into buf, what a publish cannot carry as it is: a message id that is not a valid
+ * AMQP message-id (over 255 bytes or not UTF-8: left out), header values that are not UTF-8
+ * (sent as AMQP byte arrays, bytes unchanged), values over OBX_LADDER_MAX_VALUE (cut), names
+ * over OBX_LADDER_MAX_NAME (left out), a body over OBX_LADDER_MAX_BODY (cut), headers past the limit. Empty when nothing; returns the
+ * length. The worker appends it to a DLQ message's reason. */
+size_t obx_ladder_msg_carry_notes(const obx_ladder_msg_t *msg, char *buf, size_t cap);
 /* Value of a CloudEvent header, or NULL (borrowed from msg). */
 const char *obx_ladder_msg_header(const obx_ladder_msg_t *msg, const char *name);
 

@@ -210,7 +210,7 @@ bool obx_inbox_get(mongoc_client_t *client, const char *db, mongoc_client_sessio
 }
 
 bool obx_inbox_entry_event(const bson_t *doc, obx_event_t *ev, obx_err_t *err) {
-  obx_ce_header_t headers[OBX_CE_MAX_HEADERS];
+  obx_ce_header_t headers[OBX_CE_MAX_HEADERS]; /* the one header limit (obx_ladder.h) */
   int n = 0;
   bson_iter_t it, child;
   if (bson_iter_init_find(&it, doc, "headers") && BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &child)) {

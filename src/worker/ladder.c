@@ -18,6 +18,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <bson/bson.h>
+
 #include "obx/obx_amqp.h"
 #include "obx/obx_log.h"
 
@@ -59,7 +61,10 @@ void obx_ladder_msg_cleanup(obx_ladder_msg_t *msg) {
 
 static void msg_add_header(obx_ladder_msg_t *msg, const char *name, size_t name_len, const void *value,
                            size_t value_len) {
-  if (msg->nheaders >= OBX_LADDER_MAX_HEADERS) return;
+  if (msg->nheaders >= OBX_LADDER_MAX_HEADERS) {
+    msg->dropped_headers++;
+    return;
+  }
   obx_ladder_header_t *h = &msg->headers[msg->nheaders++];
   h->name = dup_bytes(name, name_len);
   h->value = dup_bytes(value, value_len);
@@ -393,13 +398,52 @@ static void msg_from_amqp(obx_ladder_msg_t *msg, const amqp_basic_properties_t *
   }
 }
 
+/* A header value as AMQP carries it: a UTF-8 string when it is one, else a byte array (the
+ * bytes unchanged), cut to OBX_LADDER_MAX_VALUE bytes (obx_ladder_msg_carry_notes says so). */
 static amqp_table_entry_t hdr_bytes(const char *key, const void *value, size_t len) {
   amqp_table_entry_t e;
   e.key = amqp_cstring_bytes(key);
-  e.value.kind = AMQP_FIELD_KIND_UTF8;
+  if (len > OBX_LADDER_MAX_VALUE) len = OBX_LADDER_MAX_VALUE;
+  e.value.kind = bson_utf8_validate(value, len, false) ? AMQP_FIELD_KIND_UTF8 : AMQP_FIELD_KIND_BYTES;
   e.value.value.bytes.bytes = (void *)value;
   e.value.value.bytes.len = len;
   return e;
+}
+
+static amqp_table_entry_t hdr_text(const char *key, const char *value) { return hdr_bytes(key, value, strlen(value)); }
+
+static bool name_fits(const char *name) { return strlen(name) <= OBX_LADDER_MAX_NAME; }
+
+static bool message_id_fits(const char *id) { return strlen(id) <= 255 && bson_utf8_validate(id, strlen(id), false); }
+
+size_t obx_ladder_msg_carry_notes(const obx_ladder_msg_t *msg, char *buf, size_t cap) {
+  size_t pos = 0;
+#define NOTE(...)                                                                                                 \
+  do {                                                                                                           \
+    if (pos < cap) pos += (size_t)snprintf(buf + pos, cap - pos, "%s", pos ? "; " : "");                         \
+    if (pos < cap) pos += (size_t)snprintf(buf + pos, cap - pos, __VA_ARGS__);                                   \
+  } while (0)
+  if (cap) buf[0] = '\0';
+  if (msg->message_id && !message_id_fits(msg->message_id))
+    NOTE("message id (%zu bytes%s) is not a valid AMQP message-id: left out", strlen(msg->message_id),
+         bson_utf8_validate(msg->message_id, strlen(msg->message_id), false) ? "" : ", not UTF-8");
+  if (msg->key && !bson_utf8_validate(msg->key, msg->key_len, false)) NOTE("x-key is not UTF-8: carried as bytes");
+  if (msg->key && msg->key_len > OBX_LADDER_MAX_VALUE)
+    NOTE("x-key cut from %zu to %d bytes", msg->key_len, OBX_LADDER_MAX_VALUE);
+  for (int i = 0; i < msg->nheaders; i++) {
+    const obx_ladder_header_t *h = &msg->headers[i];
+    if (!name_fits(h->name)) {
+      NOTE("a header name of %zu bytes (over %d) left out", strlen(h->name), OBX_LADDER_MAX_NAME);
+      continue;
+    }
+    if (!bson_utf8_validate(h->value, h->value_len, false)) NOTE("header %s is not UTF-8: carried as bytes", h->name);
+    if (h->value_len > OBX_LADDER_MAX_VALUE)
+      NOTE("header %s cut from %zu to %d bytes", h->name, h->value_len, OBX_LADDER_MAX_VALUE);
+  }
+  if (msg->body_len > OBX_LADDER_MAX_BODY) NOTE("body cut from %zu to %d bytes", msg->body_len, OBX_LADDER_MAX_BODY);
+  if (msg->dropped_headers) NOTE("%d headers past the limit of %d not carried", msg->dropped_headers, OBX_LADDER_MAX_HEADERS);
+#undef NOTE
+  return pos < cap ? pos : (cap ? cap - 1 : 0);
 }
 
 /* Publishes msg on CH_PUBLISH and waits for its confirm. c->conn must be open. */
@@ -409,7 +453,8 @@ static bool publish_confirmed(conn_t *c, const names_t *n, const char *exchange,
   int nh = 0;
   char first[32];
   for (int i = 0; i < msg->nheaders; i++)
-    h[nh++] = hdr_bytes(msg->headers[i].name, msg->headers[i].value, msg->headers[i].value_len);
+    if (name_fits(msg->headers[i].name))
+      h[nh++] = hdr_bytes(msg->headers[i].name, msg->headers[i].value, msg->headers[i].value_len);
   if (msg->key) h[nh++] = hdr_bytes("x-key", msg->key, msg->key_len);
   h[nh].key = amqp_cstring_bytes("x-attempt");
   h[nh].value.kind = AMQP_FIELD_KIND_I32;
@@ -418,11 +463,11 @@ static bool publish_confirmed(conn_t *c, const names_t *n, const char *exchange,
     obx_time_format_rfc3339(msg->first_failure_ms, first);
     h[nh++] = arg_str("x-first-failure-at", first);
   }
-  if (msg->last_error) h[nh++] = arg_str("x-last-error", msg->last_error);
-  if (msg->failure_class) h[nh++] = arg_str("x-failure-class", msg->failure_class);
-  if (msg->reason) h[nh++] = arg_str("x-reason", msg->reason);
-  if (msg->history) h[nh++] = arg_str("x-history", msg->history);
-  if (msg->source) h[nh++] = arg_str("x-source", msg->source);
+  if (msg->last_error) h[nh++] = hdr_text("x-last-error", msg->last_error);
+  if (msg->failure_class) h[nh++] = hdr_text("x-failure-class", msg->failure_class);
+  if (msg->reason) h[nh++] = hdr_text("x-reason", msg->reason);
+  if (msg->history) h[nh++] = hdr_text("x-history", msg->history);
+  if (msg->source) h[nh++] = hdr_text("x-source", msg->source);
   if (redriven_at) h[nh++] = arg_str("x-redriven-at", redriven_at);
   if (msg->replay) {
     h[nh].key = amqp_cstring_bytes("x-replay");
@@ -435,16 +480,18 @@ static bool publish_confirmed(conn_t *c, const names_t *n, const char *exchange,
   props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_HEADERS_FLAG |
                  AMQP_BASIC_TIMESTAMP_FLAG;
   const char *ct = obx_ladder_msg_header(msg, "content-type");
-  props.content_type = amqp_cstring_bytes(ct ? ct : "application/json");
+  props.content_type = amqp_cstring_bytes(ct && message_id_fits(ct) ? ct : "application/json");
   props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
   props.timestamp = (uint64_t)(obx_time_now_ms() / 1000);
   props.headers.num_entries = nh;
   props.headers.entries = h;
-  if (msg->message_id) {
+  if (msg->message_id && message_id_fits(msg->message_id)) {
     props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
     props.message_id = amqp_cstring_bytes(msg->message_id);
   }
-  amqp_bytes_t body = {msg->body_len, msg->body};
+  /* The DLQ keeps what RabbitMQ can hold; tiers and the work queue carry the event whole. */
+  bool dlq = strcmp(routing_key, n->dlq) == 0;
+  amqp_bytes_t body = {dlq && msg->body_len > OBX_LADDER_MAX_BODY ? OBX_LADDER_MAX_BODY : msg->body_len, msg->body};
   int rc = amqp_basic_publish(c->conn, CH_PUBLISH, amqp_cstring_bytes(exchange), amqp_cstring_bytes(routing_key), 1,
                               0, &props, body);
   if (rc != AMQP_STATUS_OK) {

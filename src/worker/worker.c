@@ -60,6 +60,8 @@ struct obx_worker {
   const char *consumer;     /* inbox consumer name = WORKER_GROUP */
   const char *db;
   int max_attempts;
+  int infra_attempts;       /* WORKER_INFRA_ATTEMPTS */
+  int64_t infra_timeout_ms; /* WORKER_INFRA_TIMEOUT */
   obx_mongo_t *mongo;
   obx_ladder_t *ladder;
   obx_ladder_opts_t ladder_opts;
@@ -266,63 +268,181 @@ static void *lane_main(void *arg) {
     pthread_cond_signal(&lane->nonfull);
     pthread_mutex_unlock(&lane->mu);
 
-    int64_t backoff = INFRA_BACKOFF_MIN_MS;
-    for (;;) {
-      job->outcome = job->source == WORKER_SOURCE_KAFKA
-                       ? worker_handle(w, job->source, &job->msg, job->partition, job->offset)
-                       : worker_handle(w, job->source, &job->msg, -1, -1);
-      /* MongoDB or RabbitMQ unavailable: retry the same event; HTTP callers retry themselves. */
-      if (job->outcome != WORKER_INFRA || job->source == WORKER_SOURCE_HTTP) break;
-      if (!nap_backoff(w, &backoff)) break;
-    }
+    /* worker_handle bounds its own retries: it returns WORKER_INFRA only when the event could
+     * be put nowhere (or the worker stops), and the source then gives it back. */
+    job->outcome = job->source == WORKER_SOURCE_KAFKA
+                     ? worker_handle(w, job->source, &job->msg, job->partition, job->offset)
+                     : worker_handle(w, job->source, &job->msg, -1, -1);
     count_outcome(w, job->outcome);
     complete(w, job);
   }
   return NULL;
 }
 
-/* ---- event handling ------------------------------------------------------------------------ */
+/* ---- bounded steps ------------------------------------------------------------------------ */
+
+typedef enum {
+  STEP_OK,
+  STEP_FAILED,    /* non-retriable error: retrying cannot help */
+  STEP_EXHAUSTED, /* retriable, but WORKER_INFRA_ATTEMPTS tries or WORKER_INFRA_TIMEOUT are spent */
+  STEP_STOPPED,   /* the worker stops */
+} step_result_t;
+
+typedef bool (*step_fn)(void *ctx, obx_err_t *err);
+
+/* Runs one step of an event until it succeeds, fails for good, spends its bounds or the worker
+ * stops. tries caps the tries below the configured bound (1: no retry, the HTTP sink's caller
+ * retries itself). A step after the pipeline ran (`finish`) is not abandoned by a stop before its
+ * bounds: its retries only ever repeat the recording, never the run. */
+static step_result_t retry_step(obx_worker_t *w, const char *what, const char *event_id, step_fn fn, void *ctx,
+                                int tries, bool finish, obx_err_t *err) {
+  int64_t backoff = INFRA_BACKOFF_MIN_MS, since = obx_time_now_ms();
+  int max = tries > 0 && tries < w->infra_attempts ? tries : w->infra_attempts;
+  for (int n = 1;; n++) {
+    obx_err_clear(err);
+    if (fn(ctx, err)) return STEP_OK;
+    if (!err->retriable) {
+      obx_log_event(OBX_LOG_WARN, event_id, NULL, "%s failed (not retriable): %s", what, err->msg);
+      return STEP_FAILED;
+    }
+    /* A stopping worker gives a finishing step three tries more at most: shutdown is bounded. */
+    if (n >= max || obx_time_now_ms() - since >= w->infra_timeout_ms || (finish && atomic_load(&w->stop) && n >= 3)) {
+      obx_log_event(OBX_LOG_WARN, event_id, NULL, "%s failed %d times in %" PRId64 " ms, giving up: %s", what, n,
+                    obx_time_now_ms() - since, err->msg);
+      return STEP_EXHAUSTED;
+    }
+    obx_log_event(OBX_LOG_WARN, event_id, NULL, "%s failed (try %d of %d), retrying: %s", what, n, max, err->msg);
+    if (finish && atomic_load(&w->stop)) {
+      struct timespec ts = {0, backoff * 1000000L};
+      nanosleep(&ts, NULL);
+      backoff = backoff * 2 > INFRA_BACKOFF_MAX_MS ? INFRA_BACKOFF_MAX_MS : backoff * 2;
+    } else if (!nap_backoff(w, &backoff)) {
+      if (!finish) return STEP_STOPPED;
+    }
+  }
+}
 
 #define PUBLISH_DLQ (-1)
 #define PUBLISH_WORK (-2)
 
-/* Publishes to retry tier `tier`, to the DLQ (PUBLISH_DLQ) or to the work queue (PUBLISH_WORK),
- * with retries while RabbitMQ is away; false only when the worker stops. */
-static bool publish_until_confirmed(obx_worker_t *w, const obx_ladder_msg_t *msg, int tier) {
-  int64_t backoff = INFRA_BACKOFF_MIN_MS;
-  for (;;) {
-    obx_err_t err = OBX_ERR_INIT;
-    bool ok = tier >= 0 ? obx_ladder_publish_retry(w->ladder, msg, tier, &err)
-              : tier == PUBLISH_DLQ ? obx_ladder_publish_dlq(w->ladder, msg, &err)
-                                    : obx_ladder_publish_work(w->ladder, msg, &err);
-    if (ok) return true;
-    obx_log_event(OBX_LOG_WARN, msg->message_id, NULL, "publish to %s failed, retrying: %s",
-                  tier >= 0 ? "retry tier" : tier == PUBLISH_DLQ ? "DLQ" : "work queue", err.msg);
-    if (!err.retriable) return false;
-    if (!nap_backoff(w, &backoff)) return false;
+typedef struct {
+  obx_worker_t *w;
+  const obx_ladder_msg_t *msg;
+  int tier; /* retry tier, PUBLISH_DLQ or PUBLISH_WORK */
+} publish_t;
+
+static bool publish_step(void *ctx, obx_err_t *err) {
+  publish_t *p = ctx;
+  return p->tier >= 0 ? obx_ladder_publish_retry(p->w->ladder, p->msg, p->tier, err)
+         : p->tier == PUBLISH_DLQ ? obx_ladder_publish_dlq(p->w->ladder, p->msg, err)
+                                  : obx_ladder_publish_work(p->w->ladder, p->msg, err);
+}
+
+static step_result_t publish(obx_worker_t *w, const obx_ladder_msg_t *msg, int tier, obx_err_t *err) {
+  publish_t p = {.w = w, .msg = msg, .tier = tier};
+  const char *what = tier >= 0 ? "publish to the retry tier" : tier == PUBLISH_DLQ ? "publish to the DLQ"
+                                                                                   : "publish to the work queue";
+  return retry_step(w, what, msg->message_id, publish_step, &p, 0, true, err);
+}
+
+/* ---- the event's lifecycle ---------------------------------------------------------------- */
+
+/* One event on its way through worker_handle: what it is, where it came from, what happened. */
+typedef struct {
+  obx_worker_t *w;
+  worker_source_t source;
+  obx_ladder_msg_t *msg;   /* the envelope; attempts, reason and history are updated on it */
+  obx_event_t ev;          /* decoded */
+  mongoc_client_t *client;
+  obx_inbox_entry_t entry;
+  const char *names[OBX_LADDER_MAX_HEADERS], *values[OBX_LADDER_MAX_HEADERS];
+  bool claimed;            /* an inbox entry exists for it */
+  /* admit */
+  bool blocked, inserted;
+  obx_inbox_status_t existing;
+  char head[OBX_UUID_LEN + 1];
+  /* lookup */
+  obx_pipeline_t *pipeline;
+  char trigger[160];
+} event_t;
+
+/* The stored entry of a DEAD event: status, attempts, the reason, and its key parked with it as
+ * the head (so later events of the key wait, as behind a failed pipeline run). */
+typedef struct {
+  obx_worker_t *w;
+  const obx_event_t *ev;
+  int attempts;
+  const char *reason;
+} dead_txn_t;
+
+static bool dead_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *err) {
+  dead_txn_t *t = ctx;
+  mongoc_client_t *client = mongoc_client_session_get_client(session);
+  return obx_inbox_set_status(client, t->w->db, session, t->w->consumer, t->ev->id, OBX_INBOX_DEAD, t->attempts,
+                              t->reason, NULL, err) &&
+         obx_inbox_park_key(client, t->w->db, session, t->w->consumer, t->ev->partition_key, t->ev->id,
+                            obx_inbox_status_name(OBX_INBOX_DEAD), err);
+}
+
+static bool dead_step(void *ctx, obx_err_t *err) {
+  dead_txn_t *t = ctx;
+  return obx_mongo_transaction(t->w->mongo, dead_txn, t, err);
+}
+
+/* Gives the envelope a message id the DLQ can carry (the event id; a generated one when the
+ * record's own is not a valid AMQP message-id, which the reason then says). */
+static void ensure_message_id(obx_ladder_msg_t *msg, const obx_event_t *ev) {
+  if (!msg->message_id) {
+    const char *id = ev && ev->id[0] ? ev->id : obx_ladder_msg_header(msg, "ce_id");
+    if (id) msg->message_id = strdup(id);
+  }
+  if (!msg->message_id || strlen(msg->message_id) > 255 ||
+      !bson_utf8_validate(msg->message_id, strlen(msg->message_id), false)) {
+    char gen[OBX_UUID_LEN + 1];
+    obx_uuid7(gen);
+    free(msg->message_id);
+    msg->message_id = strdup(gen);
   }
 }
 
-static worker_outcome_t handle_malformed(obx_worker_t *w, obx_ladder_msg_t *msg, const obx_err_t *cause) {
-  atomic_fetch_add(&w->stats.malformed, 1);
-  obx_counter_inc(metrics.malformed);
-  if (!msg->message_id) {
-    const char *id = obx_ladder_msg_header(msg, "ce_id");
-    char gen[OBX_UUID_LEN + 1];
-    if (!id) {
-      obx_uuid7(gen);
-      id = gen;
-    }
-    msg->message_id = strdup(id);
-  }
-  char reason[320];
-  snprintf(reason, sizeof reason, "malformed CloudEvent: %s", cause->msg);
-  obx_ladder_msg_fail(msg, "malformed", cause->msg, obx_time_now_ms());
+/* Ends an event in the DLQ: the one way out of every failure that is not a retry. Records the
+ * failed attempt (class, cause) on the envelope, its reason with what the publish could not carry
+ * as it is, publishes it (confirmed, bounded), then, when the event has an inbox entry, marks it
+ * DEAD with the reason and parks its key. `attempted`: the failure was already recorded on the
+ * envelope (a pipeline run's). When the DLQ cannot be reached within the bounds the inbox entry
+ * holds the event (DEAD, the reason says so, replayable); without one either, the event is given
+ * back to its source (WORKER_INFRA). */
+static worker_outcome_t dead_letter(event_t *e, const char *failure_class, const char *cause, bool attempted) {
+  obx_worker_t *w = e->w;
+  obx_ladder_msg_t *msg = e->msg;
+  const obx_event_t *ev = e->ev.id[0] ? &e->ev : NULL;
+  if (!attempted) obx_ladder_msg_fail(msg, failure_class, cause, obx_time_now_ms());
+  free(msg->failure_class);
+  msg->failure_class = strdup(failure_class);
+  char original[OBX_LADDER_MAX_NAME + 80] = "";
+  const char *ce_id = obx_ladder_msg_header(msg, "ce_id");
+  ensure_message_id(msg, ev);
+  if (ce_id && strcmp(ce_id, msg->message_id) != 0)
+    snprintf(original, sizeof original, "; message id %s generated (the record's ce_id is %zu bytes%s)",
+             msg->message_id, strlen(ce_id), bson_utf8_validate(ce_id, strlen(ce_id), false) ? "" : ", not UTF-8");
+  char notes[512], reason[2000];
+  obx_ladder_msg_carry_notes(msg, notes, sizeof notes);
+  snprintf(reason, sizeof reason, "%s%s%s%s", cause, original, notes[0] ? "; " : "", notes);
   free(msg->reason);
   msg->reason = strdup(reason);
-  obx_log_event(OBX_LOG_WARN, msg->message_id, NULL, "%s; parking it in the DLQ", reason);
-  if (!publish_until_confirmed(w, msg, PUBLISH_DLQ)) return WORKER_INFRA;
-  count_dlq(w, "malformed");
+  obx_log_event(OBX_LOG_WARN, msg->message_id, ev ? ev->correlation_id : NULL, "dead-lettered (%s): %s",
+                failure_class, reason);
+
+  obx_err_t err = OBX_ERR_INIT;
+  step_result_t published = publish(w, msg, PUBLISH_DLQ, &err);
+  if (published == STEP_OK) count_dlq(w, failure_class);
+  if (!e->claimed) return published == STEP_OK ? WORKER_DEAD : WORKER_INFRA;
+  char stored[2400];
+  snprintf(stored, sizeof stored, "%s%s%s", reason, published == STEP_OK ? "" : "; not in the DLQ: ",
+           published == STEP_OK ? "" : err.msg);
+  dead_txn_t t = {.w = w, .ev = &e->ev, .attempts = msg->attempt, .reason = stored};
+  step_result_t recorded = retry_step(w, "recording DEAD", e->ev.id, dead_step, &t, 0, true, &err);
+  if (recorded != STEP_OK && published != STEP_OK) return WORKER_INFRA;
   return WORKER_DEAD;
 }
 
@@ -404,34 +524,76 @@ static bool outcome_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *
   return true;
 }
 
-/* Runs the pipeline of ev and records the outcome. msg is the ladder form (attempt count). */
-static worker_outcome_t run_event(obx_worker_t *w, mongoc_client_t *client, obx_ladder_msg_t *msg,
-                                  const obx_event_t *ev) {
+static bool outcome_step(void *ctx, obx_err_t *err) {
+  outcome_txn_t *t = ctx;
+  return obx_mongo_transaction(t->w->mongo, outcome_txn, t, err);
+}
+
+static bool lookup_step(void *ctx, obx_err_t *err) {
+  event_t *e = ctx;
+  obx_pipeline_destroy(e->pipeline);
+  e->pipeline = NULL;
+  return obx_pipeline_cache_find_enabled(e->w->pipelines, e->client, e->w->db, e->ev.org_id, e->trigger, &e->pipeline,
+                                         err);
+}
+
+/* Records the outcome of a finished run (or of no run). Only the recording is retried: the run's
+ * result is kept, so a pipeline that ran is never run again because its recording failed. When
+ * the recording cannot be made, the event is dead-lettered (class terminal for a non-retriable
+ * error, infra when the bounds are spent), unless a retry tier already holds its next attempt. */
+static worker_outcome_t record(event_t *e, outcome_txn_t *t, worker_outcome_t outcome, bool dlq_published) {
+  obx_err_t err = OBX_ERR_INIT;
+  step_result_t r = retry_step(e->w, "recording the outcome", e->ev.id, outcome_step, t, 0, true, &err);
+  if (r == STEP_OK) return outcome;
+  if (outcome == WORKER_RETRYING) {
+    obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id,
+                  "recording RETRYING failed (%s); the retry tier's copy carries the event on", err.msg);
+    return outcome;
+  }
+  char cause[700];
+  snprintf(cause, sizeof cause, "recording the outcome (%s) failed: %s", obx_inbox_status_name(t->status), err.msg);
+  if (dlq_published) { /* the DLQ has it already: only the inbox is left to say DEAD */
+    dead_txn_t d = {.w = e->w, .ev = &e->ev, .attempts = e->msg->attempt, .reason = cause};
+    return retry_step(e->w, "recording DEAD", e->ev.id, dead_step, &d, 0, true, &err) == STEP_OK ? WORKER_DEAD
+                                                                                                   : outcome;
+  }
+  return dead_letter(e, r == STEP_FAILED ? "terminal" : "infra", cause, false);
+}
+
+/* Runs the pipeline of the event once and settles it: recorded, retried on a tier, or in the DLQ. */
+static worker_outcome_t run_event(event_t *e) {
+  obx_worker_t *w = e->w;
+  obx_ladder_msg_t *msg = e->msg;
+  const obx_event_t *ev = &e->ev;
   worker_outcome_t outcome = WORKER_INFRA;
   obx_err_t err = OBX_ERR_INIT;
-  obx_pipeline_t *pipeline = NULL;
   obx_pipeline_run_t *run = NULL;
   bson_t ctx = BSON_INITIALIZER;
-  char trigger[160];
-  obx_pipeline_trigger_for_event(ev->event_type, trigger, sizeof trigger);
+  obx_pipeline_trigger_for_event(ev->event_type, e->trigger, sizeof e->trigger);
   int attempt = msg->attempt + 1;
 
-  if (!obx_pipeline_cache_find_enabled(w->pipelines, client, w->db, ev->org_id, trigger, &pipeline, &err)) {
-    obx_log_event(OBX_LOG_WARN, ev->id, ev->correlation_id, "pipeline lookup failed: %s", err.msg);
+  step_result_t looked = retry_step(w, "pipeline lookup", ev->id, lookup_step, e,
+                                    e->source == WORKER_SOURCE_HTTP ? 1 : 0, false, &err);
+  if (looked == STEP_STOPPED || (looked == STEP_EXHAUSTED && e->source == WORKER_SOURCE_HTTP)) goto done;
+  if (looked != STEP_OK) {
+    char cause[600];
+    snprintf(cause, sizeof cause, "pipeline lookup failed: %s", err.msg);
+    outcome = dead_letter(e, looked == STEP_FAILED ? "terminal" : "infra", cause, false);
     goto done;
   }
   outcome_txn_t t = {.w = w, .ev = ev, .attempts = attempt};
-  if (!pipeline) {
+  bool dlq_published = false;
+  if (!e->pipeline) {
     t.status = OBX_INBOX_SKIPPED;
     t.attempts = msg->attempt;
     outcome = WORKER_SKIPPED;
   } else {
     obx_pipeline_context_from_event(ev, &ctx);
-    obx_pipeline_input_t in = {.context = &ctx, .org_id = ev->org_id, .trigger = trigger, .event_id = ev->id,
+    obx_pipeline_input_t in = {.context = &ctx, .org_id = ev->org_id, .trigger = e->trigger, .event_id = ev->id,
                                .correlation_id = ev->correlation_id, .aggregate_type = ev->aggregate_type,
                                .aggregate_id = ev->aggregate_id, .partition_key = ev->partition_key,
                                .attempt = attempt};
-    run = obx_pipeline_execute(pipeline, &in, &w->egress);
+    run = obx_pipeline_execute(e->pipeline, &in, &w->egress);
     t.run = run;
     count_run(w, obx_pipeline_run_status(run));
     switch (obx_pipeline_run_status(run)) {
@@ -450,57 +612,87 @@ static worker_outcome_t run_event(obx_worker_t *w, mongoc_client_t *client, obx_
       t.park = true;
       msg_continue_trace(msg);
       obx_ladder_msg_fail(msg, transient ? "transient" : "terminal", rerr->msg, obx_time_now_ms());
+      step_result_t published = STEP_FAILED;
       if (transient && attempt < w->max_attempts) {
         int tier = attempt - 1;
-        if (!publish_until_confirmed(w, msg, tier)) goto done;
-        int ntiers = obx_ladder_ntiers(w->ladder);
-        count_retry(w, tier < ntiers ? tier : ntiers - 1);
-        t.status = OBX_INBOX_RETRYING;
-        outcome = WORKER_RETRYING;
-        obx_log_event(OBX_LOG_INFO, ev->id, ev->correlation_id, "attempt %d failed (transient: %s); retry tier %d",
-                      attempt, rerr->msg, tier + 1);
-      } else {
-        free(msg->reason);
-        msg->reason = strdup(transient ? "attempts exhausted" : "terminal failure");
-        if (!publish_until_confirmed(w, msg, PUBLISH_DLQ)) goto done;
-        count_dlq(w, transient ? "transient" : "terminal");
-        t.status = OBX_INBOX_DEAD;
-        outcome = WORKER_DEAD;
-        obx_log_event(OBX_LOG_WARN, ev->id, ev->correlation_id, "attempt %d failed (%s: %s); parked in the DLQ",
-                      attempt, transient ? "attempts exhausted" : "terminal", rerr->msg);
+        published = publish(w, msg, tier, &err);
+        if (published == STEP_OK) {
+          int ntiers = obx_ladder_ntiers(w->ladder);
+          count_retry(w, tier < ntiers ? tier : ntiers - 1);
+          t.status = OBX_INBOX_RETRYING;
+          outcome = WORKER_RETRYING;
+          obx_log_event(OBX_LOG_INFO, ev->id, ev->correlation_id, "attempt %d failed (transient: %s); retry tier %d",
+                        attempt, rerr->msg, tier + 1);
+          break;
+        }
       }
+      /* Terminal, attempts exhausted, or no retry tier to be had: the DLQ. */
+      char cause[700];
+      if (transient && attempt < w->max_attempts)
+        snprintf(cause, sizeof cause, "attempt %d failed (%s) and the retry tier cannot be reached: %s", attempt,
+                 rerr->msg, err.msg);
+      else
+        snprintf(cause, sizeof cause, "%s after attempt %d: %s", transient ? "attempts exhausted" : "terminal failure",
+                 attempt, rerr->msg);
+      const char *fclass = !transient ? "terminal" : attempt >= w->max_attempts ? "exhausted" : "infra";
+      free(msg->reason);
+      msg->reason = NULL;
+      /* The run's record and DEAD go in one transaction below; the DLQ copy goes first. */
+      bool claimed = e->claimed;
+      e->claimed = false;
+      outcome = dead_letter(e, fclass, cause, true);
+      e->claimed = claimed;
+      dlq_published = outcome == WORKER_DEAD;
+      t.status = OBX_INBOX_DEAD;
+      t.last_error = msg->reason;
+      t.attempts = msg->attempt;
+      outcome = WORKER_DEAD;
+      obx_log_event(OBX_LOG_WARN, ev->id, ev->correlation_id, "attempt %d failed (%s: %s); parked in the DLQ",
+                    attempt, fclass, rerr->msg);
       break;
     }
     }
   }
-  if (!obx_mongo_transaction(w->mongo, outcome_txn, &t, &err)) {
-    obx_log_event(OBX_LOG_WARN, ev->id, ev->correlation_id, "recording the outcome failed: %s", err.msg);
-    outcome = WORKER_INFRA;
-  }
+  outcome = record(e, &t, outcome, dlq_published);
 done:
   obx_pipeline_run_destroy(run);
-  obx_pipeline_destroy(pipeline);
   bson_destroy(&ctx);
   return outcome;
 }
 
 /* Stores a fresh event of a parked key: BLOCKED when the key is still parked behind another
  * head (holding it, see obx_inbox_hold_key), else RECEIVED. One transaction. */
-typedef struct {
-  obx_worker_t *w;
-  const obx_inbox_entry_t *entry;
-  bool blocked, inserted;
-  obx_inbox_status_t existing;
-} admit_t;
-
 static bool admit_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *err) {
-  admit_t *a = ctx;
+  event_t *e = ctx;
   mongoc_client_t *client = mongoc_client_session_get_client(session);
-  const obx_event_t *ev = a->entry->event;
-  return obx_inbox_hold_key(client, a->w->db, session, a->w->consumer, ev->partition_key, ev->id, &a->blocked,
+  return obx_inbox_hold_key(client, e->w->db, session, e->w->consumer, e->ev.partition_key, e->ev.id, &e->blocked,
                             err) &&
-         obx_inbox_claim(client, a->w->db, session, a->entry, a->blocked ? OBX_INBOX_BLOCKED : OBX_INBOX_RECEIVED,
-                         &a->inserted, &a->existing, err);
+         obx_inbox_claim(client, e->w->db, session, &e->entry, e->blocked ? OBX_INBOX_BLOCKED : OBX_INBOX_RECEIVED,
+                         &e->inserted, &e->existing, err);
+}
+
+/* Admission: a fresh event of a parked key waits behind the head (BLOCKED); retries and
+ * redrives (work queue) are heads or released events themselves. Then the inbox entry. */
+static bool admit_step(void *ctx, obx_err_t *err) {
+  event_t *e = ctx;
+  obx_worker_t *w = e->w;
+  bool parked = false;
+  e->head[0] = '\0';
+  e->blocked = e->inserted = false;
+  e->existing = OBX_INBOX_RECEIVED;
+  if (e->source != WORKER_SOURCE_WORK &&
+      !obx_inbox_key_parked(e->client, w->db, NULL, w->consumer, e->ev.partition_key, &parked, e->head, err))
+    return false;
+  e->blocked = parked && strcmp(e->head, e->ev.id) != 0;
+  if (e->blocked) /* the head may finish in another worker process right now: decide and store together */
+    return obx_mongo_transaction(w->mongo, admit_txn, e, err);
+  return obx_inbox_claim(e->client, w->db, NULL, &e->entry, OBX_INBOX_RECEIVED, &e->inserted, &e->existing, err);
+}
+
+static bool processing_step(void *ctx, obx_err_t *err) {
+  event_t *e = ctx;
+  return obx_inbox_set_status(e->client, e->w->db, NULL, e->w->consumer, e->ev.id, OBX_INBOX_PROCESSING, -1, NULL,
+                              NULL, err);
 }
 
 /* One release step of a key after its head `done` finished, in a transaction: the head moves
@@ -560,168 +752,244 @@ done:
   return ok;
 }
 
+/* The raw form of a stored entry that no longer decodes, for the DLQ: its headers, key and
+ * payload (as relaxed extended JSON) exactly as stored. */
+static void msg_from_entry_raw(obx_ladder_msg_t *msg, const bson_t *doc) {
+  obx_ce_header_t headers[OBX_LADDER_MAX_HEADERS];
+  int n = 0;
+  bson_iter_t it, child;
+  if (bson_iter_init_find(&it, doc, "headers") && BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &child))
+    while (bson_iter_next(&child) && n < OBX_LADDER_MAX_HEADERS) {
+      if (!BSON_ITER_HOLDS_UTF8(&child)) continue;
+      uint32_t len;
+      headers[n].name = bson_iter_key(&child);
+      headers[n].value = bson_iter_utf8(&child, &len);
+      headers[n++].len = len;
+    }
+  const char *key = obx_mongo_doc_str(doc, "partitionKey");
+  char *json = NULL;
+  size_t json_len = 0;
+  if (bson_iter_init_find(&it, doc, "payload")) {
+    bson_t wrap = BSON_INITIALIZER;
+    bson_append_iter(&wrap, "payload", -1, &it);
+    json = bson_as_relaxed_extended_json(&wrap, &json_len);
+    bson_destroy(&wrap);
+  }
+  obx_ladder_msg_from_record(msg, obx_mongo_doc_str(doc, "_id.eventId"), key, key ? strlen(key) : 0, json, json_len,
+                             headers, n);
+  bson_free(json);
+}
+
+/* A stored BLOCKED entry that no longer decodes cannot hold its key forever: its raw form goes to
+ * the DLQ (class malformed) and the entry says DEAD; the release step then goes on past it. */
+static bool dead_letter_entry(obx_worker_t *w, mongoc_client_t *client, const bson_t *doc, const char *id,
+                              const char *key, const obx_err_t *cause, obx_err_t *err) {
+  obx_ladder_msg_t msg;
+  obx_ladder_msg_init(&msg);
+  msg_from_entry_raw(&msg, doc);
+  char why[700];
+  snprintf(why, sizeof why, "blocked entry of key %s does not decode: %s", key, cause->msg);
+  event_t e = {.w = w, .source = WORKER_SOURCE_WORK, .msg = &msg, .client = client};
+  obx_event_init(&e.ev);
+  worker_outcome_t outcome = dead_letter(&e, "malformed", why, false);
+  obx_event_cleanup(&e.ev);
+  bool ok = outcome == WORKER_DEAD &&
+            obx_inbox_set_status(client, w->db, NULL, w->consumer, id, OBX_INBOX_DEAD, -1, msg.reason, NULL, err);
+  if (outcome != WORKER_DEAD) obx_err_set(err, OBX_ERR_AMQP, 0, true, "the DLQ cannot be reached");
+  obx_ladder_msg_cleanup(&msg);
+  return ok;
+}
+
 /* After the head `done` of a parked key finished: hands the head on to the next BLOCKED event
  * and sends it to the work queue, where any worker process runs it and, when it finishes, takes
- * the next step; so BLOCKED events run one at a time in seq order. An entry that no longer
- * decodes cannot block its key forever: it is marked DEAD and the step goes on past it. */
-static worker_outcome_t release_key(obx_worker_t *w, mongoc_client_t *client, const char *key, const char *done,
-                                    bool may_resend) {
+ * the next step; so BLOCKED events run one at a time in seq order. */
+static bool release_key(obx_worker_t *w, mongoc_client_t *client, const char *key, const char *done, bool may_resend,
+                        obx_err_t *err) {
   char cur[OBX_UUID_LEN + 1];
   snprintf(cur, sizeof cur, "%s", done);
   for (;;) {
-    obx_err_t err = OBX_ERR_INIT;
     step_t s = {.w = w, .key = key, .done = cur, .may_resend = may_resend};
     bson_init(&s.next);
-    if (!obx_mongo_transaction(w->mongo, step_txn, &s, &err)) {
+    if (!obx_mongo_transaction(w->mongo, step_txn, &s, err)) {
       bson_destroy(&s.next);
-      obx_warn("releasing key %s: %s", key, err.msg);
-      return WORKER_INFRA;
+      obx_err_prefix(err, "releasing key %s", key);
+      return false;
     }
     if (s.unparked) obx_info("key %s released", key);
     if (!s.send) {
       bson_destroy(&s.next);
-      return WORKER_DONE;
+      return true;
     }
     obx_event_t ev;
     obx_event_init(&ev);
     obx_ladder_msg_t msg;
     obx_ladder_msg_init(&msg);
-    worker_outcome_t outcome = WORKER_DONE;
+    bool ok = true, past = false;
     const char *next = obx_mongo_doc_str(&s.next, "_id.eventId");
     snprintf(cur, sizeof cur, "%s", next ? next : "");
-    if (!obx_inbox_entry_event(&s.next, &ev, &err) || !obx_ladder_msg_from_event(&msg, &ev, &err)) {
-      obx_warn("blocked entry %s of key %s does not decode (%s); marking it DEAD", cur, key, err.msg);
-      outcome = obx_inbox_set_status(client, w->db, NULL, w->consumer, cur, OBX_INBOX_DEAD, -1, err.msg, NULL, &err)
-                  ? WORKER_SKIPPED : WORKER_INFRA;
+    obx_err_t derr = OBX_ERR_INIT;
+    if (!obx_inbox_entry_event(&s.next, &ev, &derr) || !obx_ladder_msg_from_event(&msg, &ev, &derr)) {
+      ok = dead_letter_entry(w, client, &s.next, cur, key, &derr, err);
+      past = ok;
     } else {
       obx_log_event(OBX_LOG_INFO, ev.id, ev.correlation_id, "key %s: next in order after %s", key, done);
-      outcome = publish_until_confirmed(w, &msg, PUBLISH_WORK) ? WORKER_DONE : WORKER_INFRA;
+      ok = publish(w, &msg, PUBLISH_WORK, err) == STEP_OK;
       /* Not recorded: a redelivered copy of `done` sends it once more (at least once). */
-      if (outcome == WORKER_DONE && !obx_inbox_mark_sent(client, w->db, NULL, w->consumer, key, cur, &err))
-        obx_log_event(OBX_LOG_WARN, ev.id, ev.correlation_id, "recording the send failed: %s", err.msg);
+      obx_err_t merr = OBX_ERR_INIT;
+      if (ok && !obx_inbox_mark_sent(client, w->db, NULL, w->consumer, key, cur, &merr))
+        obx_log_event(OBX_LOG_WARN, ev.id, ev.correlation_id, "recording the send failed: %s", merr.msg);
     }
     obx_ladder_msg_cleanup(&msg);
     obx_event_cleanup(&ev);
     bson_destroy(&s.next);
-    if (outcome != WORKER_SKIPPED) return outcome; /* SKIPPED: past an undecodable entry */
+    if (!past) return ok;
   }
 }
 
-/* After ev (from the work queue) finished: when it is, or was, the head of its parked key,
- * takes the release step, retrying while MongoDB or RabbitMQ is away. False when the worker
- * stops with the step undone: ev's message is then given back to the broker (WORKER_INFRA),
- * comes back redelivered, and finishes it. */
-static bool release_if_head(obx_worker_t *w, mongoc_client_t *client, const obx_event_t *ev, bool may_resend) {
-  int64_t backoff = INFRA_BACKOFF_MIN_MS;
-  for (;;) {
-    bool parked = false;
-    obx_err_t err = OBX_ERR_INIT;
-    if (obx_inbox_key_parked(client, w->db, NULL, w->consumer, ev->partition_key, &parked, NULL, &err)) {
-      if (!parked || release_key(w, client, ev->partition_key, ev->id, may_resend) != WORKER_INFRA) return true;
-      may_resend = true; /* a hand-over this process moved but did not send is its own to send */
-    } else {
-      obx_log_event(OBX_LOG_WARN, ev->id, ev->correlation_id, "parked-key lookup failed: %s", err.msg);
+typedef struct {
+  event_t *e;
+  bool may_resend;
+} release_t;
+
+/* When the finished event is, or was, the head of its parked key, takes the release step. */
+static bool release_step(void *ctx, obx_err_t *err) {
+  release_t *r = ctx;
+  event_t *e = r->e;
+  bool parked = false;
+  if (!obx_inbox_key_parked(e->client, e->w->db, NULL, e->w->consumer, e->ev.partition_key, &parked, NULL, err))
+    return false;
+  if (!parked) return true;
+  if (release_key(e->w, e->client, e->ev.partition_key, e->ev.id, r->may_resend, err)) return true;
+  r->may_resend = true; /* a hand-over this process moved but did not send is its own to send */
+  return false;
+}
+
+/* After an event from the work queue finished: hands its key on when it is the head. False when
+ * the step cannot be taken within the bounds: the event's message is then given back to the
+ * broker (WORKER_INFRA), comes back redelivered as a finished duplicate, and takes the step. */
+static bool release_if_head(event_t *e) {
+  release_t r = {.e = e, .may_resend = e->msg->redelivered};
+  obx_err_t err = OBX_ERR_INIT;
+  if (retry_step(e->w, "releasing the key", e->ev.id, release_step, &r, 0, false, &err) == STEP_OK) return true;
+  obx_warn("key %s is handed on when the message of %s comes back", e->ev.partition_key, e->ev.id);
+  return false;
+}
+
+/* Header checks the decoder does not make: the inbox stores every header, so each must be a
+ * UTF-8 string, and none of the record's may be left behind. */
+static bool check_headers(const obx_ladder_msg_t *msg, obx_err_t *err) {
+  if (msg->dropped_headers) {
+    obx_err_set(err, OBX_ERR_INPUT, 0, false, "%d headers, over the limit of %d",
+                msg->nheaders + msg->dropped_headers, OBX_LADDER_MAX_HEADERS);
+    return false;
+  }
+  for (int i = 0; i < msg->nheaders; i++) {
+    const obx_ladder_header_t *h = &msg->headers[i];
+    if (!bson_utf8_validate(h->name, strlen(h->name), false) || strlen(h->name) > OBX_LADDER_MAX_NAME) {
+      obx_err_set(err, OBX_ERR_INPUT, 0, false, "a header name (%zu bytes) is not a UTF-8 string of at most %d bytes",
+                  strlen(h->name), OBX_LADDER_MAX_NAME);
+      return false;
     }
-    if (!nap_backoff(w, &backoff)) {
-      obx_warn("stopping: key %s is handed on when its head's message comes back", ev->partition_key);
+    if (!bson_utf8_validate(h->value, h->value_len, false)) {
+      obx_err_set(err, OBX_ERR_INPUT, 0, false, "header %s: the value (%zu bytes) is not UTF-8", h->name,
+                  h->value_len);
       return false;
     }
   }
+  return true;
 }
 
 worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladder_msg_t *msg, int32_t partition,
                                int64_t offset) {
-  obx_event_t ev;
-  obx_event_init(&ev);
+  event_t e = {.w = w, .source = source, .msg = msg};
+  obx_event_init(&e.ev);
   obx_err_t err = OBX_ERR_INIT;
   worker_outcome_t outcome = WORKER_INFRA;
-  if (!obx_ladder_msg_to_event(msg, &ev, &err)) {
-    obx_event_cleanup(&ev);
-    return source == WORKER_SOURCE_HTTP ? WORKER_MALFORMED : handle_malformed(w, msg, &err);
+  int pre_tries = source == WORKER_SOURCE_HTTP ? 1 : 0; /* the sink's caller retries a 503 itself */
+
+  /* decode: anything that cannot be decoded is dead-lettered as it came (class malformed). */
+  if (!obx_ladder_msg_to_event(msg, &e.ev, &err) || !check_headers(msg, &err)) {
+    obx_event_cleanup(&e.ev);
+    obx_event_init(&e.ev);
+    if (source == WORKER_SOURCE_HTTP) return WORKER_MALFORMED;
+    atomic_fetch_add(&w->stats.malformed, 1);
+    obx_counter_inc(metrics.malformed);
+    char cause[600];
+    snprintf(cause, sizeof cause, "malformed CloudEvent: %s", err.msg);
+    outcome = dead_letter(&e, "malformed", cause, false);
+    obx_event_cleanup(&e.ev);
+    return outcome;
   }
-  if (!msg->message_id) msg->message_id = strdup(ev.id); /* the ladder and the DLQ find it by id */
-  obx_span_t *span = consume_span(w, source, msg, &ev, partition, offset);
+  if (!msg->message_id) msg->message_id = strdup(e.ev.id); /* the ladder and the DLQ find it by id */
+  obx_span_t *span = consume_span(w, source, msg, &e.ev, partition, offset);
   obx_trace_set_current(obx_span_ctx(span)); /* logs, the pipeline's spans and its HTTP calls */
   char traceparent[OBX_TRACEPARENT_LEN + 1];
   obx_trace_format(obx_span_ctx(span), traceparent);
-  mongoc_client_t *client = obx_mongo_pop(w->mongo);
-  const char *names[OBX_LADDER_MAX_HEADERS], *values[OBX_LADDER_MAX_HEADERS];
+  e.client = obx_mongo_pop(w->mongo);
   for (int i = 0; i < msg->nheaders; i++) {
-    names[i] = msg->headers[i].name;
-    values[i] = msg->headers[i].value;
+    e.names[i] = msg->headers[i].name;
+    e.values[i] = msg->headers[i].value;
   }
-  obx_inbox_entry_t entry = {.consumer = w->consumer, .event = &ev, .header_names = names, .header_values = values,
-                             .nheaders = msg->nheaders, .seq = offset >= 0 ? offset : obx_time_now_ms(),
-                             .traceparent = traceparent};
+  e.entry = (obx_inbox_entry_t){.consumer = w->consumer, .event = &e.ev, .header_names = e.names,
+                                .header_values = e.values, .nheaders = msg->nheaders,
+                                .seq = offset >= 0 ? offset : obx_time_now_ms(), .traceparent = traceparent};
   if (source == WORKER_SOURCE_KAFKA) {
-    entry.topic = w->conf->kafka_topic;
-    entry.partition = partition;
-    entry.offset = offset;
+    e.entry.topic = w->conf->kafka_topic;
+    e.entry.partition = partition;
+    e.entry.offset = offset;
   } else {
-    entry.source_kind = source == WORKER_SOURCE_HTTP ? "http" : "amqp";
+    e.entry.source_kind = source == WORKER_SOURCE_HTTP ? "http" : "amqp";
   }
 
-  /* A fresh event of a parked key waits behind the head. Retries and redrives (work queue)
-   * are heads or released events themselves. */
-  bool parked = false;
-  char head[OBX_UUID_LEN + 1] = "";
-  if (source != WORKER_SOURCE_WORK &&
-      !obx_inbox_key_parked(client, w->db, NULL, w->consumer, ev.partition_key, &parked, head, &err)) {
-    obx_log_event(OBX_LOG_WARN, ev.id, ev.correlation_id, "parked-key lookup failed: %s", err.msg);
+  /* claim */
+  step_result_t admitted = retry_step(w, "inbox claim", e.ev.id, admit_step, &e, pre_tries, false, &err);
+  if (admitted == STEP_STOPPED || (admitted == STEP_EXHAUSTED && source == WORKER_SOURCE_HTTP)) goto done;
+  if (admitted != STEP_OK) {
+    char cause[600];
+    snprintf(cause, sizeof cause, "the inbox cannot store the event: %s", err.msg);
+    outcome = dead_letter(&e, admitted == STEP_FAILED ? "malformed" : "infra", cause, false);
     goto done;
   }
-  bool blocked = parked && strcmp(head, ev.id) != 0;
-  bool inserted = false;
-  obx_inbox_status_t existing = OBX_INBOX_RECEIVED;
-  if (blocked) {
-    /* The head may finish in another worker process right now: decide and store together. */
-    admit_t a = {.w = w, .entry = &entry};
-    if (!obx_mongo_transaction(w->mongo, admit_txn, &a, &err)) {
-      obx_log_event(OBX_LOG_WARN, ev.id, ev.correlation_id, "inbox claim failed: %s", err.msg);
-      goto done;
-    }
-    blocked = a.blocked;
-    inserted = a.inserted;
-    existing = a.existing;
-  } else if (!obx_inbox_claim(client, w->db, NULL, &entry, OBX_INBOX_RECEIVED, &inserted, &existing, &err)) {
-    obx_log_event(OBX_LOG_WARN, ev.id, ev.correlation_id, "inbox claim failed: %s", err.msg);
-    goto done;
-  }
-  if (inserted && blocked) {
-    obx_log_event(OBX_LOG_INFO, ev.id, ev.correlation_id, "key %s is parked behind %s: stored BLOCKED",
-                  ev.partition_key, head);
+  if (e.inserted && e.blocked) {
+    obx_log_event(OBX_LOG_INFO, e.ev.id, e.ev.correlation_id, "key %s is parked behind %s: stored BLOCKED",
+                  e.ev.partition_key, e.head);
     outcome = WORKER_BLOCKED;
     goto done;
   }
-  if (!inserted) {
-    bool finished = existing == OBX_INBOX_DONE || existing == OBX_INBOX_SKIPPED;
+  e.claimed = true;
+  if (!e.inserted) {
+    bool finished = e.existing == OBX_INBOX_DONE || e.existing == OBX_INBOX_SKIPPED;
     /* From Kafka or HTTP, an event the ladder, the DLQ or its key already owns is a duplicate
      * too; from the work queue those are exactly the events to run again. */
-    bool owned = existing == OBX_INBOX_RETRYING || existing == OBX_INBOX_DEAD || existing == OBX_INBOX_BLOCKED;
+    bool owned = e.existing == OBX_INBOX_RETRYING || e.existing == OBX_INBOX_DEAD || e.existing == OBX_INBOX_BLOCKED;
     bool replay = source == WORKER_SOURCE_WORK && msg->replay;
     if ((finished && !replay) || (source != WORKER_SOURCE_WORK && owned)) {
-      obx_log_event(OBX_LOG_DEBUG, ev.id, ev.correlation_id, "duplicate (%s): skipped",
-                    obx_inbox_status_name(existing));
+      obx_log_event(OBX_LOG_DEBUG, e.ev.id, e.ev.correlation_id, "duplicate (%s): skipped",
+                    obx_inbox_status_name(e.existing));
       outcome = WORKER_DUPLICATE;
       /* A finished head that comes back (a copy, or a release interrupted by a stop) still
        * hands its key on. */
-      if (finished && source == WORKER_SOURCE_WORK && !release_if_head(w, client, &ev, msg->redelivered))
-        outcome = WORKER_INFRA;
+      if (finished && source == WORKER_SOURCE_WORK && !release_if_head(&e)) outcome = WORKER_INFRA;
       goto done;
     }
-    if (existing != OBX_INBOX_RECEIVED &&
-        !obx_inbox_set_status(client, w->db, NULL, w->consumer, ev.id, OBX_INBOX_PROCESSING, -1, NULL, NULL, &err)) {
-      obx_log_event(OBX_LOG_WARN, ev.id, ev.correlation_id, "inbox update failed: %s", err.msg);
-      goto done;
+    if (e.existing != OBX_INBOX_RECEIVED) {
+      step_result_t r = retry_step(w, "inbox update", e.ev.id, processing_step, &e, pre_tries, false, &err);
+      if (r == STEP_STOPPED || (r == STEP_EXHAUSTED && source == WORKER_SOURCE_HTTP)) goto done;
+      if (r != STEP_OK) {
+        char cause[600];
+        snprintf(cause, sizeof cause, "marking the inbox entry PROCESSING failed: %s", err.msg);
+        outcome = dead_letter(&e, r == STEP_FAILED ? "terminal" : "infra", cause, false);
+        goto done;
+      }
     }
   }
-  outcome = run_event(w, client, msg, &ev);
-  if ((outcome == WORKER_DONE || outcome == WORKER_SKIPPED) && source == WORKER_SOURCE_WORK &&
-      !release_if_head(w, client, &ev, msg->redelivered))
+  outcome = run_event(&e);
+  if ((outcome == WORKER_DONE || outcome == WORKER_SKIPPED) && source == WORKER_SOURCE_WORK && !release_if_head(&e))
     outcome = WORKER_INFRA;
 done:
-  obx_mongo_push(w->mongo, client);
-  obx_event_cleanup(&ev);
+  obx_pipeline_destroy(e.pipeline);
+  if (e.client) obx_mongo_push(w->mongo, e.client);
+  obx_event_cleanup(&e.ev);
   if (outcome == WORKER_RETRYING || outcome == WORKER_DEAD || outcome == WORKER_INFRA)
     obx_span_set_error(span, msg->last_error ? msg->last_error : "MongoDB or RabbitMQ unavailable");
   obx_span_set_bool(span, "outboxd.duplicate", outcome == WORKER_DUPLICATE);
@@ -808,17 +1076,19 @@ static void kafka_dispatch(obx_worker_t *w, const rd_kafka_message_t *rkm) {
   job->offset = rkm->offset;
   job->generation = w->generation;
   obx_ce_header_t hdrs[OBX_LADDER_MAX_HEADERS];
-  int n = 0;
+  int n = 0, dropped = 0;
   rd_kafka_headers_t *kh = NULL;
   if (rd_kafka_message_headers(rkm, &kh) == RD_KAFKA_RESP_ERR_NO_ERROR) {
     const char *name;
     const void *val;
     size_t size;
-    for (size_t i = 0; n < OBX_LADDER_MAX_HEADERS && !rd_kafka_header_get_all(kh, i, &name, &val, &size); i++)
-      hdrs[n++] = (obx_ce_header_t){name, val, size};
+    for (size_t i = 0; !rd_kafka_header_get_all(kh, i, &name, &val, &size); i++)
+      if (n < OBX_LADDER_MAX_HEADERS) hdrs[n++] = (obx_ce_header_t){name, val, size};
+      else dropped++; /* counted: such a record is dead-lettered as malformed, never cut silently */
   }
   obx_ladder_msg_init(&job->msg);
   obx_ladder_msg_from_record(&job->msg, NULL, rkm->key, rkm->key_len, rkm->payload, rkm->len, hdrs, n);
+  job->msg.dropped_headers = dropped;
   char src[256];
   snprintf(src, sizeof src, "%s/%" PRId32 "/%" PRId64, w->conf->kafka_topic, rkm->partition, rkm->offset);
   job->msg.source = strdup(src);
@@ -976,6 +1246,8 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   w->conf = conf;
   w->consumer = conf->worker_group;
   w->max_attempts = (int)conf->order_post_attempts;
+  w->infra_attempts = (int)conf->worker_infra_attempts;
+  w->infra_timeout_ms = conf->worker_infra_timeout;
   w->nlanes = (int)conf->order_post_concurrency;
   pthread_once(&metrics_once, metrics_register);
   atomic_store(&w->stats.lag, -1);

@@ -143,7 +143,7 @@ static void test_exhaustion_to_dlq_then_redrive(void **state) {
   if (!obx_ladder_dlq_browse(fx->ladder, 0, NULL, wt_dlq_collect, &seen, &err)) fail_msg("browse: %s", err.msg);
   assert_int_equal(seen.n, 1);
   assert_string_equal(seen.id[0], ev.id);
-  assert_string_equal(seen.reason[0], "attempts exhausted");
+  if (strncmp(seen.reason[0], "attempts exhausted", 18) != 0) fail_msg("reason: got %s", seen.reason[0]);
   assert_int_equal(seen.attempt[0], 3);
 
   wt_route(fx, "X-1", 200);
@@ -338,8 +338,9 @@ static void find_str(wt_fx_t *fx, const char *collection, const bson_t *filter, 
 /* Any type other than OrderConfirmed runs the enabled event.<Type> pipeline: here it calls the
  * ERP and emits ShipmentNotified, whose outbox document is written with the inbox outcome (it
  * is there as soon as the entry says DONE) and names the triggering event as its cause. The
- * first commit of the outcome fails: its emitted event and execution go with it, so the event
- * that is run again leaves exactly one of each. */
+ * first commit of the outcome fails with a retriable error: its emitted event and execution go
+ * with it, only the recording is retried (the pipeline is not run again), and exactly one of
+ * each is left. */
 static void test_event_pipeline_emits_into_outbox(void **state) {
   WT_NEED_BROKER();
   wt_fx_t *fx = *state;
@@ -355,7 +356,7 @@ static void test_event_pipeline_emits_into_outbox(void **state) {
            obx_test_httpd_url(fx->httpd, "/erp"));
   wt_create_pipeline_json(fx, json);
   obx_test_fail_point(fx->client, "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": "
-                                  "{\"failCommands\": [\"commitTransaction\"], \"errorCode\": 2}}");
+                                  "{\"failCommands\": [\"commitTransaction\"], \"errorCode\": 91}}");
   wt_start_worker(fx);
   obx_event_t ev;
   wt_event(&ev, "OrderShipped", "K-E", "E-1");
@@ -376,6 +377,8 @@ static void test_event_pipeline_emits_into_outbox(void **state) {
   assert_string_equal(got, "K-E");
   bson_destroy(filter);
   assert_int_equal(wt_executions(fx, ev.id), 1);
+  /* Only the recording was retried: the pipeline (its HTTP call) ran once. */
+  assert_int_equal(wt_erp_calls(fx, "E-1"), 1);
   filter = BCON_NEW("eventId", BCON_UTF8(ev.id), "trigger", BCON_UTF8("event.OrderShipped"));
   find_str(fx, "pipeline_executions", filter, "status", got, sizeof got);
   bson_destroy(filter);
