@@ -14,13 +14,16 @@
  * RETRYING; after ORDER_POST_ATTEMPTS attempts, or at once for a terminal failure, it goes to
  * the DLQ and the inbox says DEAD. The order is never undone. A Kafka offset is committed only
  * when every earlier offset of its partition has its outcome in the inbox (contiguous commits).
+ * Every failure is classified and bounded: each step retries a retriable error at most
+ * WORKER_INFRA_ATTEMPTS times within WORKER_INFRA_TIMEOUT, a non-retriable one ends the event;
+ * either way it is dead-lettered (x-failure-class malformed | terminal | exhausted | infra,
+ * x-reason naming the cause; README "The message format"). A pipeline that ran is never run
+ * again because its recording failed: only the recording is retried.
  *
  * Threads: one Kafka poll thread (owns the consumer and the offset trackers), one work-queue
  * thread (owns the AMQP consumer, acks), ORDER_POST_CONCURRENCY lane threads. An event goes to
  * lane hash(partitionKey) % lanes, so one key is handled by one lane, in arrival order, while
- * other keys run in parallel. Lanes hand outcomes back through locked lists. When MongoDB or
- * RabbitMQ is unavailable a lane retries the same event with backoff; nothing is committed or
- * acked meanwhile, so outages lose nothing. */
+ * other keys run in parallel. Lanes hand outcomes back through locked lists. */
 #ifndef OBX_WORKER_H
 #define OBX_WORKER_H
 
