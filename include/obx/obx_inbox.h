@@ -49,11 +49,6 @@ bool obx_inbox_status_parse(const char *s, obx_inbox_status_t *out);
 /* DONE, SKIPPED and DEAD are final (processedAt set). */
 bool obx_inbox_status_final(obx_inbox_status_t status);
 
-/* Creates the indexes: TTL on processedAt (retention_ms), {_id.consumer, partitionKey, status,
- * seq} for parked keys, {status, receivedAt} and {eventType, receivedAt} for listings and
- * replay. */
-bool obx_inbox_ensure_indexes(obx_mongo_t *mongo, int64_t retention_ms, obx_err_t *err);
-
 /* What the worker knows about a received event. Pointers borrowed for the call. */
 typedef struct {
   const char *consumer;

@@ -1,4 +1,4 @@
-/* obx_mongo.h - the MongoDB client pool, index setup, transactions and readiness ping
+/* obx_mongo.h - the MongoDB client pool, transactions and readiness ping
  *
  * DESIGN: one obx_mongo_t per role (or per process) wraps a mongoc_client_pool_t built from
  * MONGO_URI (appname "outboxd", driver logs routed into ours, serverSelectionTimeoutMS 5000
@@ -62,23 +62,6 @@ bool obx_mongo_find_one(mongoc_collection_t *collection, const bson_t *filter, c
 /* The string at a dotted path of doc ("_id.eventId"); NULL when absent or not a string.
  * Borrowed from doc. */
 const char *obx_mongo_doc_str(const bson_t *doc, const char *path);
-
-/* One index for obx_mongo_create_indexes: keys and options are relaxed extended JSON, e.g.
- *   {"outbox_published_ttl", "{\"publishedAt\": 1}",
- *    "{\"expireAfterSeconds\": 604800, \"partialFilterExpression\": {\"status\": \"PUBLISHED\"}}"}
- * options may be NULL; "name" must not appear in options. */
-typedef struct {
-  const char *name;
-  const char *keys;
-  const char *options;
-} obx_mongo_index_t;
-
-/* Runs createIndexes on `collection` (creating the collection if needed). Idempotent: indexes
- * that already exist with the same definition are left alone; when only expireAfterSeconds of
- * an existing index differs (a changed retention), it is updated with collMod. Other
- * conflicts fail (OBX_ERR_MONGO, not retriable). Network errors are retriable. */
-bool obx_mongo_create_indexes(obx_mongo_t *mongo, const char *collection,
-                              const obx_mongo_index_t *indexes, int nindexes, obx_err_t *err);
 
 /* The body of a transaction. It runs the transaction's operations with `session` (pass it in
  * the operation opts with mongoc_client_session_append) and returns true to commit. On

@@ -216,11 +216,6 @@ bool obx_pipeline_run(const obx_pipeline_t *pipeline, const obx_pipeline_input_t
 
 /* ---- store (collection `pipelines`) ------------------------------------------------------ */
 
-/* Creates the indexes of `pipelines` (one enabled pipeline per (orgId, trigger): partial
- * unique; (orgId, name)) and `pipeline_executions` ((orgId, pipelineId, _id)). Idempotent;
- * retriable errors while MongoDB is unreachable. */
-bool obx_pipeline_store_ensure_indexes(obx_mongo_t *mongo, obx_err_t *err);
-
 /* Creates a pipeline of org_id from a definition (orgId in the body is ignored, trigger
  * required); validated first. _id is a new UUIDv7, version 1. `saved` (initialised by the
  * caller, may be NULL) receives the stored document. At most one enabled pipeline per

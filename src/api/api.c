@@ -1,9 +1,10 @@
-/* api.c - the api role: MongoDB pool, orders indexes, routes, the order.pre hook
+/* api.c - the api role: MongoDB pool, its schema, routes, the order.pre hook
  *
- * DESIGN: obx_api_start never waits for MongoDB: an indexer thread creates the orders
- * indexes, retrying every second until it succeeds or the role stops. Until then POST /orders
- * answers 503 (the unique indexes are what turn a duplicate order number into 409) and
- * /readyz reports "orders indexes". Reads mongo.*, api.*. */
+ * DESIGN: obx_api_start never waits for MongoDB: an indexer thread ensures the collections
+ * and indexes the api touches (obx_schema_ensure, OBX_SCHEMA_API), retrying every second until
+ * it succeeds or the role stops. Until then POST /orders answers 503 (the unique indexes are
+ * what turn a duplicate order number into 409) and /readyz reports the "api" check not ready.
+ * Reads mongo.*, api.*. */
 #include "api_int.h"
 
 #include <pthread.h>
@@ -12,15 +13,9 @@
 #include <time.h>
 
 #include "obx/obx_log.h"
+#include "obx/obx_schema.h"
 
 #define API_INDEX_RETRY_MS 1000
-
-static const obx_mongo_index_t order_indexes[] = {
-  {"orders_org_number", "{\"orgId\": 1, \"orderNumber\": 1}", "{\"unique\": true}"},
-  {"orders_org_idempotency", "{\"orgId\": 1, \"idempotencyKey\": 1}",
-   "{\"unique\": true, \"partialFilterExpression\": {\"idempotencyKey\": {\"$exists\": true}}}"},
-  {"orders_org_created", "{\"orgId\": 1, \"createdAt\": -1}", NULL},
-};
 
 static pthread_mutex_t hook_mu = PTHREAD_MUTEX_INITIALIZER;
 static obx_api_pre_hook_t pre_hook;
@@ -48,7 +43,7 @@ bool obx_api_indexes_ready(obx_api_t *api) {
 
 static bool api_ready(void *ctx, obx_err_t *err) {
   if (obx_api_indexes_ready(ctx)) return true;
-  obx_err_set(err, OBX_ERR_MONGO, 0, true, "orders indexes not created yet");
+  obx_err_set(err, OBX_ERR_MONGO, 0, true, "collections and indexes (obx_schema.h) not ensured yet");
   return false;
 }
 
@@ -59,12 +54,11 @@ static void *api_indexer(void *arg) {
     obx_err_t err = OBX_ERR_INIT;
     /* The ping fails fast while MongoDB is down, so a stop is not held up by server selection. */
     bool ok = obx_mongo_ping(api->mongo, &err) &&
-              obx_mongo_create_indexes(api->mongo, "orders", order_indexes,
-                                       (int)(sizeof order_indexes / sizeof order_indexes[0]), &err);
+              obx_schema_ensure(api->mongo, api->conf, OBX_SCHEMA_API, &err);
     pthread_mutex_lock(&api->mu);
     if (ok) api->indexes_ready = true;
     if (!ok && !api->stopping) {
-      if (attempt == 1 || attempt % 30 == 0) obx_warn("orders indexes (attempt %d): %s", attempt, err.msg);
+      if (attempt == 1 || attempt % 30 == 0) obx_warn("api schema (attempt %d): %s", attempt, err.msg);
       struct timespec until;
       clock_gettime(CLOCK_REALTIME, &until);
       until.tv_sec += API_INDEX_RETRY_MS / 1000;
@@ -72,7 +66,7 @@ static void *api_indexer(void *arg) {
     }
     bool done = ok || api->stopping;
     pthread_mutex_unlock(&api->mu);
-    if (ok) obx_info("orders indexes ready");
+    if (ok) obx_info("api schema ready");
     if (done) return NULL;
   }
 }
@@ -94,6 +88,7 @@ void *obx_api_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err) {
   if (!mongo) return NULL;
   obx_api_t *api = calloc(1, sizeof *api);
   api->mongo = mongo;
+  api->conf = conf;
   api->currency = strdup(conf->order_currency);
   pthread_mutex_init(&api->mu, NULL);
   pthread_cond_init(&api->cond, NULL);

@@ -23,6 +23,7 @@
 
 typedef struct {
   obx_mongo_t *mongo;
+  const obx_conf_t *conf;    /* borrowed for the life of the role */
   char *currency;            /* api.default_currency */
   pthread_t indexer;
   pthread_mutex_t mu;        /* indexes_ready, stopping */

@@ -29,16 +29,18 @@
 #include "obx/obx_log.h"
 #include "obx/obx_mongo.h"
 #include "obx/obx_pipeline.h"
+#include "obx/obx_schema.h"
 
 #define EXECUTIONS_DEFAULT_LIMIT 20
 #define LOADER_RETRY_MS 2000
 
 typedef struct {
   obx_mongo_t *mongo;
+  const obx_conf_t *conf;       /* borrowed until stop */
   obx_egress_t egress;
   obx_pipeline_cache_t *cache;  /* order.pre lookups */
   char *pipelines_dir;
-  pthread_t setup;              /* indexes, then PIPELINES_DIR; retries while MongoDB is down */
+  pthread_t setup;              /* schema, then PIPELINES_DIR; retries while MongoDB is down */
   bool setup_started, stopping;
   pthread_mutex_t mu;
   pthread_cond_t cond;
@@ -201,7 +203,7 @@ static bool pre_commit(void *ctx, void *run, mongoc_client_session_t *session, o
 
 static void pre_release(void *ctx, void *run) { obx_pipeline_run_destroy(run); }
 
-/* ---- start-up: indexes, then PIPELINES_DIR ---------------------------------------------- */
+/* ---- start-up: schema, then PIPELINES_DIR ---------------------------------------------- */
 
 /* Waits LOADER_RETRY_MS or until stop; true when stopping. */
 static bool setup_wait(pipelines_api_t *api) {
@@ -231,8 +233,8 @@ static bool apply_dir(pipelines_api_t *api, obx_err_t *err) {
   return ok;
 }
 
-static bool ensure_indexes(pipelines_api_t *api, obx_err_t *err) {
-  return obx_pipeline_store_ensure_indexes(api->mongo, err);
+static bool ensure_schema(pipelines_api_t *api, obx_err_t *err) {
+  return obx_schema_ensure(api->mongo, api->conf, OBX_SCHEMA_API, err);
 }
 
 /* Runs step until it succeeds or fails for good (logged); false when a stop came first.
@@ -255,7 +257,7 @@ static bool setup_retry(pipelines_api_t *api, const char *what, bool (*step)(pip
 static void *setup_main(void *arg) {
   pipelines_api_t *api = arg;
   obx_log_set_role("api");
-  if (setup_retry(api, "pipelines indexes", ensure_indexes) && api->pipelines_dir)
+  if (setup_retry(api, "pipelines schema", ensure_schema) && api->pipelines_dir)
     setup_retry(api, "pipelines from PIPELINES_DIR", apply_dir);
   return NULL;
 }
@@ -266,6 +268,7 @@ void *obx_pipeline_api_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   pipelines_api_t *api = calloc(1, sizeof *api);
   pthread_mutex_init(&api->mu, NULL);
   pthread_cond_init(&api->cond, NULL);
+  api->conf = conf;
   api->cache = obx_pipeline_cache_new(conf->pipeline_cache_ttl);
   if (conf->pipelines_dir && *conf->pipelines_dir) api->pipelines_dir = strdup(conf->pipelines_dir);
   if (!obx_egress_init_conf(&api->egress, conf, err) || !(api->mongo = obx_mongo_new(conf, err))) goto fail;

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "obx/obx_schema.h"
+
 int worker_ctl_parse(worker_ctl_args_t *a, int argc, char **argv, const char *usage) {
   static const struct option longopts[] = {
     {"json", no_argument, NULL, 'j'},     {"who", required_argument, NULL, 'w'},  {"dry-run", no_argument, NULL, 'n'},
@@ -60,6 +62,11 @@ int worker_ctl_open(worker_ctl_t *ctl, const worker_ctl_args_t *args, bool need_
   if (!(ctl->mongo = obx_mongo_new(&ctl->conf, &err))) {
     obx_ctl_errorf("%s", err.msg);
     return OBX_CTL_USAGE;
+  }
+  /* the collections the command may write in a transaction exist before it (obx_schema.h) */
+  if (!obx_schema_ensure(ctl->mongo, &ctl->conf, OBX_SCHEMA_CTL, &err)) {
+    obx_ctl_errorf("%s", err.msg);
+    return OBX_CTL_FAILED;
   }
   if (need_amqp) {
     obx_ladder_opts_t lo = {.url = ctl->conf.amqp_url, .prefix = ctl->conf.worker_queue_prefix,

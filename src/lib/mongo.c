@@ -1,4 +1,4 @@
-/* mongo.c - the MongoDB client pool, index setup, transactions and readiness ping
+/* mongo.c - the MongoDB client pool, transactions and readiness ping
  *
  * DESIGN: a thin layer over mongoc_client_pool_t (see obx_mongo.h). mongoc_init runs once per
  * process (pthread_once); driver logs go through obx_log_route_mongoc. The pool connects
@@ -30,7 +30,6 @@ void obx_mongo_preinit(int argc, char **argv, char **envp) {
   unlink(path);
 }
 #define OBX_MONGO_PROBE_CONNECT_TIMEOUT_MS 2000
-#define OBX_MONGO_INDEX_OPTIONS_CONFLICT 85
 
 struct obx_mongo {
   mongoc_client_pool_t *pool;
@@ -133,84 +132,6 @@ const char *obx_mongo_doc_str(const bson_t *doc, const char *path) {
   bson_iter_t it, v;
   if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &v) || !BSON_ITER_HOLDS_UTF8(&v)) return NULL;
   return bson_iter_utf8(&v, NULL);
-}
-
-/* Parses relaxed extended JSON that the caller wrote in code: a syntax error is a bug. */
-static bool json_to_bson(const char *json, bson_t *out, const char *what, obx_err_t *err) {
-  bson_error_t berr;
-  if (bson_init_from_json(out, json, -1, &berr)) return true;
-  obx_err_set(err, OBX_ERR_INPUT, 0, false, "%s: %s", what, berr.message);
-  return false;
-}
-
-/* collMod {index: {name, expireAfterSeconds}}: the retention of a TTL index changed. */
-static bool mongo_update_ttl(mongoc_database_t *db, const char *collection, const char *name,
-                             const bson_t *options, obx_err_t *err) {
-  bson_iter_t it;
-  if (!bson_iter_init_find(&it, options, "expireAfterSeconds") || !BSON_ITER_HOLDS_NUMBER(&it)) {
-    obx_err_set(err, OBX_ERR_MONGO, OBX_MONGO_INDEX_OPTIONS_CONFLICT, false,
-                "index %s.%s exists with other options", collection, name);
-    return false;
-  }
-  bson_t cmd = BSON_INITIALIZER, index, reply;
-  BSON_APPEND_UTF8(&cmd, "collMod", collection);
-  BSON_APPEND_DOCUMENT_BEGIN(&cmd, "index", &index);
-  BSON_APPEND_UTF8(&index, "name", name);
-  BSON_APPEND_INT64(&index, "expireAfterSeconds", bson_iter_as_int64(&it));
-  bson_append_document_end(&cmd, &index);
-  bson_error_t berr;
-  bool ok = mongoc_database_write_command_with_opts(db, &cmd, NULL, &reply, &berr);
-  if (!ok) {
-    obx_err_from_bson(err, &berr, &reply);
-    obx_err_prefix(err, "collMod %s.%s", collection, name);
-  }
-  bson_destroy(&reply);
-  bson_destroy(&cmd);
-  return ok;
-}
-
-static bool mongo_create_index(mongoc_database_t *db, const char *collection,
-                               const obx_mongo_index_t *index, obx_err_t *err) {
-  bool ok = false;
-  bson_t keys = BSON_INITIALIZER, options = BSON_INITIALIZER, cmd = BSON_INITIALIZER, reply = BSON_INITIALIZER;
-  bson_t arr, spec;
-  bson_error_t berr;
-  if (!json_to_bson(index->keys, &keys, index->name, err)) goto done;
-  if (index->options && !json_to_bson(index->options, &options, index->name, err)) goto done;
-  BSON_APPEND_UTF8(&cmd, "createIndexes", collection);
-  BSON_APPEND_ARRAY_BEGIN(&cmd, "indexes", &arr);
-  BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &spec);
-  BSON_APPEND_DOCUMENT(&spec, "key", &keys);
-  BSON_APPEND_UTF8(&spec, "name", index->name);
-  bson_concat(&spec, &options);
-  bson_append_document_end(&arr, &spec);
-  bson_append_array_end(&cmd, &arr);
-  bson_destroy(&reply);
-  if (mongoc_database_write_command_with_opts(db, &cmd, NULL, &reply, &berr)) {
-    ok = true;
-  } else if (berr.code == OBX_MONGO_INDEX_OPTIONS_CONFLICT) {
-    ok = mongo_update_ttl(db, collection, index->name, &options, err);
-  } else {
-    obx_err_from_bson(err, &berr, &reply);
-    obx_err_prefix(err, "createIndexes %s.%s", collection, index->name);
-  }
-done:
-  bson_destroy(&reply);
-  bson_destroy(&cmd);
-  bson_destroy(&options);
-  bson_destroy(&keys);
-  return ok;
-}
-
-bool obx_mongo_create_indexes(obx_mongo_t *mongo, const char *collection,
-                              const obx_mongo_index_t *indexes, int nindexes, obx_err_t *err) {
-  mongoc_client_t *client = obx_mongo_pop(mongo);
-  mongoc_database_t *db = mongoc_client_get_database(client, mongo->db);
-  bool ok = true;
-  for (int i = 0; ok && i < nindexes; i++) ok = mongo_create_index(db, collection, &indexes[i], err);
-  mongoc_database_destroy(db);
-  obx_mongo_push(mongo, client);
-  return ok;
 }
 
 typedef struct {

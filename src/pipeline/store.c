@@ -25,24 +25,8 @@
 
 #include "obx/obx_mongo.h"
 
-static const obx_mongo_index_t pipeline_indexes[] = {
-  {"pipelines_enabled_trigger", "{\"orgId\": 1, \"trigger\": 1}",
-   "{\"unique\": true, \"partialFilterExpression\": {\"enabled\": true}}"},
-  {"pipelines_org_name", "{\"orgId\": 1, \"name\": 1}", NULL},
-};
 /* Bumped after every write of a pipeline by this process: cache entries of older generations are stale. */
 static atomic_uint_fast64_t store_generation;
-
-static const obx_mongo_index_t execution_indexes[] = {
-  {"executions_pipeline", "{\"orgId\": 1, \"pipelineId\": 1, \"_id\": -1}", NULL},
-};
-
-bool obx_pipeline_store_ensure_indexes(obx_mongo_t *mongo, obx_err_t *err) {
-  return obx_mongo_create_indexes(mongo, "pipelines", pipeline_indexes,
-                                  (int)(sizeof pipeline_indexes / sizeof pipeline_indexes[0]), err) &&
-         obx_mongo_create_indexes(mongo, "pipeline_executions", execution_indexes,
-                                  (int)(sizeof execution_indexes / sizeof execution_indexes[0]), err);
-}
 
 /* A write that lost the race for the (orgId, trigger) unique index: a conflict. */
 static void write_failed(obx_err_t *err, const bson_error_t *berr, const bson_t *reply, const bson_t *doc) {

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "obx/obx_log.h"
+#include "obx/obx_schema.h"
 
 #define RELAY_REPORT_BATCH 256
 #define RELAY_REPORT_DELAY_MS 10
@@ -394,19 +395,25 @@ void relay_serve(obx_relay_t *relay, int timeout_ms, bool force) {
 
 /* ---- set-up and the loop ------------------------------------------------------------------ */
 
-static bool relay_ensure_indexes(obx_relay_t *relay) {
-  char ttl[160];
-  snprintf(ttl, sizeof ttl, "{\"expireAfterSeconds\": %lld, \"partialFilterExpression\": {\"status\": \"PUBLISHED\"}}",
-           (long long)(relay->conf->outbox_retention / 1000));
-  const obx_mongo_index_t indexes[] = {
-    {"status_1_availableAt_1", "{\"status\": 1, \"availableAt\": 1}", NULL},
-    {"orgId_1_status_1_occurredAt_-1", "{\"orgId\": 1, \"status\": 1, \"occurredAt\": -1}", NULL},
-    {"publishedAt_1", "{\"publishedAt\": 1}", ttl},
-  };
+/* The relay's collections and indexes (obx_schema.h); the reason is kept for /readyz. */
+static bool relay_ensure_schema(obx_relay_t *relay) {
   obx_err_t err = OBX_ERR_INIT;
-  if (obx_mongo_create_indexes(relay->mongo, "outbox", indexes, 3, &err)) return true;
-  obx_warn("outbox indexes: %s", err.msg);
-  return false;
+  bool ok = obx_mongo_ping(relay->mongo, &err) && obx_schema_ensure(relay->mongo, relay->conf, OBX_SCHEMA_RELAY, &err);
+  pthread_mutex_lock(&relay->ready_mu);
+  relay->schema_ready = ok;
+  if (!ok) snprintf(relay->not_ready, sizeof relay->not_ready, "schema not ensured yet: %s", err.msg);
+  pthread_mutex_unlock(&relay->ready_mu);
+  if (!ok) obx_warn("relay schema: %s (retrying)", err.msg);
+  return ok;
+}
+
+static bool relay_ready(void *ctx, obx_err_t *err) {
+  obx_relay_t *relay = ctx;
+  pthread_mutex_lock(&relay->ready_mu);
+  bool ready = relay->schema_ready;
+  if (!ready) obx_err_set(err, OBX_ERR_MONGO, 0, true, "%s", relay->not_ready);
+  pthread_mutex_unlock(&relay->ready_mu);
+  return ready;
 }
 
 /* Becoming the leader: resume from the checkpoint, or (none yet) start from now and publish
@@ -453,7 +460,7 @@ static void *relay_main(void *arg) {
   relay->checkpoints = obx_mongo_collection(relay->mongo, relay->client, "relay_checkpoints");
   relay->leases = obx_mongo_collection(relay->mongo, relay->client, "leases");
 
-  while (!relay->stopping && !relay_ensure_indexes(relay)) relay_sleep_ms(1000);
+  while (!relay->stopping && !relay_ensure_schema(relay)) relay_sleep_ms(1000);
 
   while (!relay->stopping) {
     if (obx_relay_producer_fatal(relay->producer)) relay_producer_renew(relay);
@@ -511,6 +518,7 @@ static void relay_destroy(obx_relay_t *relay) {
   if (relay->client) obx_mongo_push(relay->mongo, relay->client);
   obx_mongo_destroy(relay->mongo);
   relay_window_cleanup(&relay->window);
+  pthread_mutex_destroy(&relay->ready_mu);
   bson_destroy(relay->read_token);
   bson_destroy(relay->ckpt_token);
   free(relay);
@@ -521,6 +529,8 @@ static obx_relay_t *relay_new(const obx_conf_t *conf, obx_err_t *err) {
   char host[64] = "localhost";
   if (!relay) abort();
   relay->conf = conf;
+  pthread_mutex_init(&relay->ready_mu, NULL);
+  snprintf(relay->not_ready, sizeof relay->not_ready, "schema not ensured yet");
   relay->poll_mode = strcmp(conf->relay_mode, "poll") == 0;
   gethostname(host, sizeof host - 1);
   static atomic_uint serial;
@@ -545,6 +555,7 @@ void *obx_relay_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err) 
     relay_destroy(relay);
     return NULL;
   }
+  if (http) obx_http_add_ready_check(http, "relay", relay_ready, relay);
   obx_info("relay started (mode %s, topic %s, owner %s)", conf->relay_mode, conf->kafka_topic, relay->owner);
   return relay;
 }

@@ -106,6 +106,11 @@ typedef struct obx_relay {
 
   int64_t next_sweep_ms;
   relay_counters_t counters;
+
+  /* readiness (GET /readyz runs on an HTTP thread) */
+  pthread_mutex_t ready_mu;
+  bool schema_ready;
+  char not_ready[320];      /* why not ready */
 } obx_relay_t;
 
 /* relay.c */

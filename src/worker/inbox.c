@@ -30,18 +30,6 @@ bool obx_inbox_status_final(obx_inbox_status_t status) {
   return status == OBX_INBOX_DONE || status == OBX_INBOX_SKIPPED || status == OBX_INBOX_DEAD;
 }
 
-bool obx_inbox_ensure_indexes(obx_mongo_t *mongo, int64_t retention_ms, obx_err_t *err) {
-  char ttl[64];
-  snprintf(ttl, sizeof ttl, "{\"expireAfterSeconds\": %lld}", (long long)(retention_ms / 1000));
-  const obx_mongo_index_t inbox[] = {
-    {"inbox_processed_ttl", "{\"processedAt\": 1}", ttl},
-    {"inbox_key_status_seq", "{\"_id.consumer\": 1, \"partitionKey\": 1, \"status\": 1, \"seq\": 1}", NULL},
-    {"inbox_status_received", "{\"status\": 1, \"receivedAt\": -1}", NULL},
-    {"inbox_type_received", "{\"eventType\": 1, \"receivedAt\": 1}", NULL},
-  };
-  return obx_mongo_create_indexes(mongo, "inbox", inbox, (int)(sizeof inbox / sizeof inbox[0]), err);
-}
-
 static mongoc_collection_t *coll(mongoc_client_t *client, const char *db, const char *name) {
   return mongoc_client_get_collection(client, db, name);
 }

@@ -24,6 +24,7 @@
 #include "obx/obx_metrics.h"
 #include "obx/obx_mongo.h"
 #include "obx/obx_pipeline.h"
+#include "obx/obx_schema.h"
 #include "obx/obx_trace.h"
 #include "worker_int.h"
 
@@ -63,6 +64,7 @@ struct obx_worker {
   int infra_attempts;       /* WORKER_INFRA_ATTEMPTS */
   int64_t infra_timeout_ms; /* WORKER_INFRA_TIMEOUT */
   obx_mongo_t *mongo;
+  obx_schema_guard_t *schema; /* lanes start once the worker's collections and indexes exist */
   obx_ladder_t *ladder;
   obx_ladder_opts_t ladder_opts;
   obx_egress_t egress;
@@ -254,6 +256,8 @@ static void *lane_main(void *arg) {
   snprintf(name, sizeof name, "obx-lane-%d", lane->index);
   pthread_setname_np(pthread_self(), name);
   obx_log_set_role("worker");
+  while (!obx_schema_guard_wait(w->schema, 100))
+    if (atomic_load(&w->stop)) return NULL;
   for (;;) {
     pthread_mutex_lock(&lane->mu);
     while (!lane->head && !atomic_load(&w->stop)) pthread_cond_wait(&lane->nonempty, &lane->mu);
@@ -1269,8 +1273,7 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   if (!(w->ladder = obx_ladder_new(&w->ladder_opts, err))) goto fail;
   obx_err_t soft = OBX_ERR_INIT;
   if (!obx_ladder_connect(w->ladder, &soft)) obx_warn("RabbitMQ not reachable yet (%s); will retry", soft.msg);
-  if (!obx_inbox_ensure_indexes(w->mongo, conf->inbox_retention, &soft))
-    obx_warn("inbox indexes not created yet (%s); will retry", soft.msg);
+  w->schema = obx_schema_guard_start(w->mongo, conf, OBX_SCHEMA_WORKER, http, "worker-schema");
   if (!(w->wq = obx_ladder_consumer_new(&w->ladder_opts, 2 * w->nlanes, err))) goto fail;
 
   w->lanes = calloc((size_t)w->nlanes, sizeof *w->lanes);
@@ -1345,6 +1348,7 @@ void obx_worker_destroy(obx_worker_t *w) {
   obx_ladder_destroy(w->ladder);
   if (w->egress_ok) obx_egress_cleanup(&w->egress);
   obx_pipeline_cache_destroy(w->pipelines);
+  obx_schema_guard_destroy(w->schema);
   obx_mongo_destroy(w->mongo);
   pthread_mutex_destroy(&w->done_mu);
   free(w);

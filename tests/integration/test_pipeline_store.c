@@ -8,6 +8,7 @@
 #include "obx_test_doc.h"
 #include "obx_test_fixture.h"
 #include "obx/obx_pipeline.h"
+#include "obx/obx_schema.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -342,8 +343,8 @@ static void test_unique_enabled_index(void **state) {
   assert_true(obx_conf_set(&conf, "mongo.db", "pl_index", &err));
   obx_mongo_t *mongo = obx_mongo_new(&conf, &err);
   assert_non_null(mongo);
-  if (!obx_pipeline_store_ensure_indexes(mongo, &err)) fail_msg("indexes: %s", err.msg);
-  assert_true(obx_pipeline_store_ensure_indexes(mongo, &err)); /* idempotent */
+  if (!obx_schema_ensure(mongo, &conf, OBX_SCHEMA_API, &err)) fail_msg("schema: %s", err.msg);
+  assert_true(obx_schema_ensure(mongo, &conf, OBX_SCHEMA_API, &err)); /* idempotent */
   static const struct {
     const char *doc;
     bool want_ok;

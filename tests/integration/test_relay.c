@@ -278,7 +278,7 @@ static void test_stream_publishes_in_order_and_checkpoints(void **state) {
     if (bson_iter_init_find(&it, index, "expireAfterSeconds") && bson_iter_as_int64(&it) == 7 * 86400 &&
         bson_iter_init(&it, index) && bson_iter_find_descendant(&it, "partialFilterExpression.status", &it))
       ttl = true;
-    if (bson_iter_init_find(&it, index, "name") && strcmp(bson_iter_utf8(&it, NULL), "status_1_availableAt_1") == 0)
+    if (bson_iter_init_find(&it, index, "name") && strcmp(bson_iter_utf8(&it, NULL), "outbox_status_available") == 0)
       status = true;
   }
   mongoc_cursor_destroy(cursor);

@@ -4,6 +4,7 @@
 
 #include "obx/obx_conf.h"
 #include "obx/obx_inbox.h"
+#include "obx/obx_schema.h"
 #include "obx/obx_mongo.h"
 #include "obx_test.h"
 #include "obx_test_mongo.h"
@@ -97,8 +98,8 @@ static void get(fx_t *fx, const char *id, bson_t *doc) {
 static void test_claim_detects_duplicates_with_their_status(void **state) {
   fx_t *fx = *state;
   obx_err_t err = OBX_ERR_INIT;
-  if (!obx_inbox_ensure_indexes(fx->mongo, 7 * 86400000LL, &err)) fail_msg("indexes: %s", err.msg);
-  if (!obx_inbox_ensure_indexes(fx->mongo, 7 * 86400000LL, &err)) fail_msg("indexes again: %s", err.msg);
+  if (!obx_schema_ensure(fx->mongo, &fx->conf, OBX_SCHEMA_WORKER, &err)) fail_msg("schema: %s", err.msg);
+  if (!obx_schema_ensure(fx->mongo, &fx->conf, OBX_SCHEMA_WORKER, &err)) fail_msg("schema again: %s", err.msg);
   obx_event_t ev;
   make_event(&ev, "K1");
   bool inserted = false;
