@@ -159,6 +159,14 @@ static void *stop_watchdog(void *arg) {
   return NULL;
 }
 
+/* Until every role has started (and registered its own readiness checks), /readyz says no. */
+static atomic_bool roles_started;
+static bool roles_ready(void *ctx, obx_err_t *err) {
+  if (atomic_load(&roles_started)) return true;
+  obx_err_set(err, OBX_ERR_SYS, 0, true, "roles still starting");
+  return false;
+}
+
 /* quiet driver start, even for --help (see obx_mongo.h) */
 OBX_MONGO_PREINIT;
 
@@ -218,6 +226,7 @@ int main(int argc, char **argv) {
 
   if (!(mongo = obx_mongo_new(&conf, &err)) || !(http = obx_http_new(&conf, &err))) goto fail;
   obx_http_add_ready_check(http, "mongo", mongo_ready, mongo);
+  obx_http_add_ready_check(http, "roles", roles_ready, NULL);
   /* API keys of the api_keys collection join the file's (the refresher reads through mongo) */
   if (conf.api_enabled && !obx_auth_watch_db(obx_http_auth(http), mongo, conf.api_keys_refresh, &err)) goto fail;
   if (!obx_http_start(http, &err)) goto fail;
@@ -234,6 +243,7 @@ int main(int argc, char **argv) {
     }
     obx_info("role %s started", role->name);
   }
+  atomic_store(&roles_started, true);
   obx_info("outboxd running");
   int sig = 0;
   sigwait(&sigs, &sig);
