@@ -44,6 +44,10 @@ typedef struct {
     "MongoDB connection string (replica set or sharded cluster; transactions and change streams are required)") \
   X(mongo_db, STR, "mongo.db", "MONGO_DB", "outboxd", 0, 0, NULL, 0,                              \
     "Database holding orders, outbox, inbox and the other collections")                          \
+  X(mongo_commit_timeout, DURATION, "mongo.commit_timeout", "MONGO_COMMIT_TIMEOUT", "10s", 100, 600000, NULL, 0, \
+    "maxCommitTimeMS of every transaction commit; a commit that cannot finish within it fails (POST /orders answers 503, nothing half-written)") \
+  X(mongo_wtimeout, DURATION, "mongo.wtimeout", "MONGO_WTIMEOUT", "10s", 100, 600000, NULL, 0,    \
+    "wtimeout of majority writes (transactions, the relay's lease and checkpoint): a replica set without a majority fails them instead of hanging") \
   X(kafka_brokers, STR, "kafka.brokers", "KAFKA_BROKERS", "127.0.0.1:9092", 0, 0, NULL, 0,        \
     "Kafka bootstrap servers (comma-separated host:port)")                                        \
   X(kafka_topic, STR, "kafka.topic", "KAFKA_TOPIC", "domain-events", 0, 0, NULL, 0,               \

@@ -72,10 +72,14 @@ const char *obx_mongo_doc_str(const bson_t *doc, const char *path);
  * between runs. */
 typedef bool (*obx_mongo_txn_fn_t)(mongoc_client_session_t *session, void *ctx, obx_err_t *err);
 
-/* Runs fn in a transaction on a client popped from the pool (majority write concern).
+/* Runs fn in a transaction on a client popped from the pool (majority write concern with
+ * wtimeout mongo.wtimeout, maxCommitTimeMS mongo.commit_timeout).
  * On failure err carries fn's own error when fn failed last (e.g. a duplicate key), otherwise
  * the driver's (commit failure, timeout, network), wrapped with obx_err_from_bson. */
 bool obx_mongo_transaction(obx_mongo_t *mongo, obx_mongo_txn_fn_t fn, void *ctx, obx_err_t *err);
+
+/* Appends writeConcern {w: "majority", wtimeout: mongo.wtimeout} to an operation's opts. */
+void obx_mongo_append_majority(const obx_mongo_t *mongo, bson_t *opts);
 
 /* Sends {ping: 1} to the deployment through a dedicated single-threaded client that tries
  * each server once (connectTimeoutMS 2000 unless the URI sets it), so it answers within

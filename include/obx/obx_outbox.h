@@ -20,10 +20,16 @@
 #include "obx_err.h"
 #include "obx_event.h"
 
+/* The per-key sequence field of an outbox document: 1, 2, 3... per partitionKey in commit
+ * order (int64), written by obx_outbox_append from the `outbox_keys` counter. */
+#define OBX_OUTBOX_KEY_SEQ "keySeq"
+
 /* Inserts event as a PENDING outbox document into `outbox` (the `outbox` collection of the
  * relay's database) within session's transaction. event must be finalized
  * (obx_event_finalize: id, occurredAt, partitionKey, version set) or finalizable: a copy is
- * finalized, event itself is not changed. session must be in a transaction (asserted): outside
+ * finalized, event itself is not changed. The document carries keySeq, the key's next
+ * sequence number (the `outbox_keys` counter, in the same transaction: appends to one key from
+ * concurrent transactions conflict and are retried). session must be in a transaction (asserted): outside
  * one the append would not be atomic with the business write. Errors: OBX_ERR_INPUT for an
  * incomplete event; MongoDB errors wrapped with obx_err_from_bson (retriable ones mean the
  * transaction should be retried; a duplicate id is obx_err_is_duplicate_key). */

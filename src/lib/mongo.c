@@ -36,6 +36,7 @@ struct obx_mongo {
   mongoc_client_t *probe;     /* single-threaded client for obx_mongo_ping, under probe_mu */
   pthread_mutex_t probe_mu;
   char *db;
+  int64_t commit_timeout_ms, wtimeout_ms; /* mongo.commit_timeout, mongo.wtimeout */
   obx_counter_t *txns, *txn_reruns; /* process-wide, registered in obx_mongo_new */
 };
 
@@ -75,6 +76,8 @@ obx_mongo_t *obx_mongo_new(const obx_conf_t *conf, obx_err_t *err) {
   mongoc_client_set_error_api(mongo->probe, MONGOC_ERROR_API_VERSION_2);
   pthread_mutex_init(&mongo->probe_mu, NULL);
   mongo->db = strdup(conf->mongo_db);
+  mongo->commit_timeout_ms = conf->mongo_commit_timeout;
+  mongo->wtimeout_ms = conf->mongo_wtimeout;
   mongo->txns = obx_metrics_counter("outboxd_mongo_transactions_total",
                                     "MongoDB transactions by outcome (committed; conflict: a duplicate key, the expected "
                                     "loss of a race on a unique index; failed: any other error)",
@@ -171,8 +174,10 @@ bool obx_mongo_transaction(obx_mongo_t *mongo, obx_mongo_txn_fn_t fn, void *ctx,
   mongoc_client_t *client = obx_mongo_pop(mongo);
   mongoc_write_concern_t *wc = mongoc_write_concern_new();
   mongoc_write_concern_set_w(wc, MONGOC_WRITE_CONCERN_W_MAJORITY);
+  mongoc_write_concern_set_wtimeout_int64(wc, mongo->wtimeout_ms);
   mongoc_transaction_opt_t *topts = mongoc_transaction_opts_new();
   mongoc_transaction_opts_set_write_concern(topts, wc);
+  mongoc_transaction_opts_set_max_commit_time_ms(topts, mongo->commit_timeout_ms);
   mongoc_client_session_t *session = mongoc_client_start_session(client, NULL, &berr);
   if (!session) {
     obx_err_from_bson(&failure, &berr, NULL);
@@ -198,6 +203,14 @@ done:
   mongoc_write_concern_destroy(wc);
   obx_mongo_push(mongo, client);
   return ok;
+}
+
+void obx_mongo_append_majority(const obx_mongo_t *mongo, bson_t *opts) {
+  bson_t wc;
+  BSON_APPEND_DOCUMENT_BEGIN(opts, "writeConcern", &wc);
+  BSON_APPEND_UTF8(&wc, "w", "majority");
+  BSON_APPEND_INT64(&wc, "wtimeout", mongo->wtimeout_ms);
+  bson_append_document_end(opts, &wc);
 }
 
 bool obx_mongo_ping(obx_mongo_t *mongo, obx_err_t *err) {

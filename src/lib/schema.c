@@ -67,6 +67,8 @@ static const obx_schema_collection_t collections[] = {
   {"orders", OBX_SCHEMA_API, orders_indexes, N(orders_indexes)},
   /* API and pipelines write events, the relay publishes them, operators reprocess them */
   {"outbox", ALL, outbox_indexes, N(outbox_indexes)},
+  /* the per-key counters behind keySeq, written by obx_outbox_append in the writer's transaction */
+  {"outbox_keys", OBX_SCHEMA_API | OBX_SCHEMA_WORKER, NULL, 0},
   {"relay_checkpoints", OBX_SCHEMA_RELAY, NULL, 0},
   {"leases", OBX_SCHEMA_RELAY, NULL, 0},
   {"inbox", OBX_SCHEMA_WORKER | OBX_SCHEMA_API | OBX_SCHEMA_CTL, inbox_indexes, N(inbox_indexes)},

@@ -4,7 +4,8 @@
  * then the guarantees DESIGN.md §4 requires (enable.idempotence=true, acks=all,
  * partitioner=murmur2_random: the same partition as Java clients and Knative), no local
  * message timeout (a record waits out a Kafka outage instead of failing), then the `kafka.*`
- * passthrough keys. The idempotent producer keeps order per partition with up to 5
+ * passthrough keys, then the guarantees again (enable.idempotence=true, acks=all), so no
+ * passthrough key can weaken them. The idempotent producer keeps order per partition with up to 5
  * requests in flight, so per-key order in Kafka is the order of obx_relay_producer_send calls.
  * Delivery reports are served on the thread that calls obx_relay_producer_poll (the relay
  * thread); `pending` is only touched there and in send, so it needs no lock. Each record gets a
@@ -79,15 +80,19 @@ static bool producer_conf_set(rd_kafka_conf_t *kconf, const char *name, const ch
 
 obx_relay_producer_t *obx_relay_producer_new(const obx_conf_t *conf, obx_relay_ack_fn ack, void *ctx,
                                              obx_err_t *err) {
-  static const char *const fixed[][2] = {
+  /* defaults a kafka.* key may change */
+  static const char *const defaults[][2] = {
     {"client.id", "outboxd-relay"},
-    {"enable.idempotence", "true"},
-    {"acks", "all"},
     {"partitioner", "murmur2_random"},
     /* retry until Kafka takes the record: an outage must not turn into a failed attempt
      * that the sweeper republishes after later events of the same key (kafka.message.timeout.ms
      * bounds it when wanted) */
     {"message.timeout.ms", "0"},
+  };
+  /* the guarantees: set after the passthrough, so no kafka.* key can undo them */
+  static const char *const forced[][2] = {
+    {"enable.idempotence", "true"},
+    {"acks", "all"},
   };
   obx_relay_producer_t *producer = calloc(1, sizeof *producer);
   rd_kafka_conf_t *kconf = rd_kafka_conf_new();
@@ -97,13 +102,19 @@ obx_relay_producer_t *obx_relay_producer_new(const obx_conf_t *conf, obx_relay_a
   producer->ctx = ctx;
 
   if (!producer_conf_set(kconf, "bootstrap.servers", conf->kafka_brokers, err)) goto fail;
-  for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
-    if (!producer_conf_set(kconf, fixed[i][0], fixed[i][1], err)) goto fail;
+  for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
+    if (!producer_conf_set(kconf, defaults[i][0], defaults[i][1], err)) goto fail;
   for (int i = 0; i < conf->npassthrough; i++) {
     const char *key = conf->passthrough[i].key;
     if (strncmp(key, "kafka.", 6) != 0) continue;
+    for (size_t f = 0; f < sizeof forced / sizeof forced[0]; f++)
+      if (strcmp(key + 6, forced[f][0]) == 0 && strcmp(conf->passthrough[i].value, forced[f][1]) != 0)
+        obx_warn("%s=%s ignored: the relay always produces with %s=%s", key, conf->passthrough[i].value, forced[f][0],
+                 forced[f][1]);
     if (!producer_conf_set(kconf, key + 6, conf->passthrough[i].value, err)) goto fail;
   }
+  for (size_t i = 0; i < sizeof forced / sizeof forced[0]; i++)
+    if (!producer_conf_set(kconf, forced[i][0], forced[i][1], err)) goto fail;
   rd_kafka_conf_set_opaque(kconf, producer);
   rd_kafka_conf_set_dr_msg_cb(kconf, producer_on_delivery);
   rd_kafka_conf_set_error_cb(kconf, producer_on_error);

@@ -185,9 +185,10 @@ static bool relay_write_reports(obx_relay_t *relay) {
 static void relay_lease_step_down(obx_relay_t *relay, const char *why);
 
 bool relay_find_and_modify(mongoc_collection_t *collection, const bson_t *query, const bson_t *sort,
-                           const bson_t *update, bool upsert, bson_t *value, obx_err_t *err) {
+                           const bson_t *update, bool upsert, const bson_t *extra, bson_t *value, obx_err_t *err) {
   mongoc_find_and_modify_opts_t *opts = mongoc_find_and_modify_opts_new();
   mongoc_find_and_modify_opts_set_update(opts, update);
+  if (extra) mongoc_find_and_modify_opts_append(opts, extra);
   if (sort) mongoc_find_and_modify_opts_set_sort(opts, sort);
   mongoc_find_and_modify_opts_set_flags(opts, MONGOC_FIND_AND_MODIFY_RETURN_NEW |
                                               (upsert ? MONGOC_FIND_AND_MODIFY_UPSERT : 0));
@@ -214,7 +215,11 @@ bool relay_find_and_modify(mongoc_collection_t *collection, const bson_t *query,
 static bool relay_lease_modify(obx_relay_t *relay, const bson_t *query, const bson_t *update, bool upsert,
                                bson_t *value) {
   obx_err_t err = OBX_ERR_INIT;
-  if (relay_find_and_modify(relay->leases, query, NULL, update, upsert, value, &err)) return true;
+  bson_t majority = BSON_INITIALIZER;
+  obx_mongo_append_majority(relay->mongo, &majority); /* a lease a rollback could undo elects two leaders */
+  bool ok = relay_find_and_modify(relay->leases, query, NULL, update, upsert, &majority, value, &err);
+  bson_destroy(&majority);
+  if (ok) return true;
   if (obx_err_is_duplicate_key(&err)) return true;
   obx_warn("lease: %s", err.msg);
   return false;
@@ -323,6 +328,7 @@ static void relay_checkpoint_write(obx_relay_t *relay) {
                             BCON_INT64(relay->ckpt_cluster_s), "epoch", BCON_INT64(relay->epoch), "owner",
                             BCON_UTF8(relay->owner), "updatedAt", BCON_DATE_TIME(obx_time_now_ms()), "}");
   bson_t *opts = BCON_NEW("upsert", BCON_BOOL(true));
+  obx_mongo_append_majority(relay->mongo, opts); /* a checkpoint a rollback could undo republishes, never loses */
   bson_t reply;
   bson_error_t berr;
   if (mongoc_collection_update_one(relay->checkpoints, selector, update, opts, &reply, &berr)) {

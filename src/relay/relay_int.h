@@ -117,11 +117,11 @@ typedef struct obx_relay {
 void relay_list_push(relay_list_t *list, obx_relay_msg_t *msg);
 void relay_list_remove(relay_list_t *list, obx_relay_msg_t *msg);
 bool relay_inflight_has(const obx_relay_t *relay, const char *id, bool stream_too);
-/* findAndModify returning the new document (sort may be NULL): *value (caller-initialised)
- * receives a copy of it, or stays empty when nothing matched. False with err set on a MongoDB
- * error. */
+/* findAndModify returning the new document (sort and extra options, e.g. a write concern, may
+ * be NULL): *value (caller-initialised) receives a copy of it, or stays empty when nothing
+ * matched. False with err set on a MongoDB error. */
 bool relay_find_and_modify(mongoc_collection_t *collection, const bson_t *query, const bson_t *sort,
-                           const bson_t *update, bool upsert, bson_t *value, obx_err_t *err);
+                           const bson_t *update, bool upsert, const bson_t *extra, bson_t *value, obx_err_t *err);
 /* Produces the outbox document `doc` (status PENDING); takes msg. It is in flight until its
  * delivery report; a record that cannot even be sent (malformed event: terminal; full local
  * queue) goes straight to the reported list as a failed attempt. */

@@ -32,7 +32,7 @@ static bool relay_claim(obx_relay_t *relay, int64_t grace_ms, bson_t *doc) {
                             BCON_DATE_TIME(now + claim_ms), "}");
   bson_t *sort = BCON_NEW("availableAt", BCON_INT32(1), "_id", BCON_INT32(1));
   obx_err_t err = OBX_ERR_INIT;
-  bool ok = relay_find_and_modify(relay->outbox, query, sort, update, false, doc, &err);
+  bool ok = relay_find_and_modify(relay->outbox, query, sort, update, false, NULL, doc, &err);
   if (!ok) obx_warn("sweeper claim: %s", err.msg);
   bson_destroy(sort);
   bson_destroy(update);

@@ -63,6 +63,7 @@ static void test_reference_murmur2_matches_kafka(void **state) {
 
 typedef struct {
   int32_t partition[64];
+  int64_t offset[64];
   bool ok[64];
   obx_err_t err[64];
   int acked;
@@ -72,6 +73,7 @@ static void on_ack(const obx_relay_ack_t *ack, void *ctx) {
   acks_t *acks = ctx;
   intptr_t i = (intptr_t)ack->opaque;
   acks->partition[i] = ack->partition;
+  acks->offset[i] = ack->offset;
   acks->ok[i] = ack->ok;
   acks->err[i] = ack->err;
   acks->acked++;
@@ -159,6 +161,51 @@ static void test_bad_passthrough_key_is_named(void **state) {
   }
 }
 
+/* kafka.acks=0 and kafka.enable.idempotence=false cannot weaken the producer: the guarantees
+ * are set after the passthrough. acks=0 would report no offset; with idempotence still on,
+ * librdkafka refuses more than 5 requests in flight. */
+static void test_passthrough_cannot_override_guarantees(void **state) {
+  char why[256];
+  rd_kafka_conf_t *host_conf = rd_kafka_conf_new();
+  rd_kafka_conf_set(host_conf, "log_level", "2", why, sizeof why);
+  rd_kafka_t *host = rd_kafka_new(RD_KAFKA_PRODUCER, host_conf, why, sizeof why);
+  rd_kafka_mock_cluster_t *mc = rd_kafka_mock_cluster_new(host, 1);
+  assert_int_equal(rd_kafka_mock_topic_create(mc, "forced", 1, 1), RD_KAFKA_RESP_ERR_NO_ERROR);
+  obx_conf_t conf;
+  memset(&conf, 0, sizeof conf);
+  conf.kafka_brokers = (char *)rd_kafka_mock_cluster_bootstraps(mc);
+  obx_conf_pair_t acks0[] = {{"kafka.acks", "0"}, {"kafka.enable.idempotence", "false"}};
+  conf.passthrough = acks0;
+  conf.npassthrough = 2;
+  acks_t acks;
+  memset(&acks, 0, sizeof acks);
+  obx_err_t err = OBX_ERR_INIT;
+  obx_relay_producer_t *producer = obx_relay_producer_new(&conf, on_ack, &acks, &err);
+  if (!producer) fail_msg("producer_new: %s", err.msg);
+  obx_kafka_record_t rec;
+  memset(&rec, 0, sizeof rec);
+  rec.key = "k";
+  rec.key_len = 1;
+  rec.value = "{}";
+  rec.value_len = 2;
+  for (intptr_t i = 0; i < 2; i++) assert_true(obx_relay_producer_send(producer, "forced", &rec, (void *)i, &err));
+  assert_true(obx_relay_producer_flush(producer, 20000));
+  assert_int_equal(acks.acked, 2);
+  for (int i = 0; i < 2; i++) {
+    assert_true(acks.ok[i]);
+    if (acks.offset[i] != i) fail_msg("record %d: got offset %lld want %d (acknowledged by the broker)", i,
+                                      (long long)acks.offset[i], i);
+  }
+  obx_relay_producer_destroy(producer);
+
+  obx_conf_pair_t inflight[] = {{"kafka.enable.idempotence", "false"}, {"kafka.max.in.flight", "10"}};
+  conf.passthrough = inflight;
+  producer = obx_relay_producer_new(&conf, on_ack, &acks, &err);
+  if (producer) fail_msg("enable.idempotence=false with 10 in flight: got a producer, want idempotence kept on");
+  rd_kafka_mock_cluster_destroy(mc);
+  rd_kafka_destroy(host);
+}
+
 static void test_undeliverable_record_reports_failure(void **state) {
   /* A broker that never answers: the record times out and comes back as a failed report. */
   obx_conf_t conf;
@@ -229,6 +276,7 @@ int main(void) {
     cmocka_unit_test(test_reference_murmur2_matches_kafka),
     cmocka_unit_test(test_partition_matches_java),
     cmocka_unit_test(test_bad_passthrough_key_is_named),
+    cmocka_unit_test(test_passthrough_cannot_override_guarantees),
     cmocka_unit_test(test_undeliverable_record_reports_failure),
     cmocka_unit_test(test_record_waits_out_an_outage),
   };
