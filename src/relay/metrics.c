@@ -13,8 +13,8 @@
 static const double latency_buckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
 
 static struct {
-  obx_counter_t *published, *publish_errors, *failed, *history_lost;
-  obx_gauge_t *inflight, *lag, *leader;
+  obx_counter_t *published, *publish_errors, *failed, *stream_restarts;
+  obx_gauge_t *inflight, *lag, *leader, *stream_up;
   obx_histogram_t *latency;
 } m;
 
@@ -23,8 +23,11 @@ void relay_metrics_register(void) {
   m.publish_errors = obx_metrics_counter("outboxd_relay_publish_errors_total",
                                          "Publish attempts that failed (Kafka error, timeout, malformed event)", "topic");
   m.failed = obx_metrics_counter("outboxd_relay_failed_total", "Events that became FAILED (attempts exhausted or malformed)", NULL);
-  m.history_lost = obx_metrics_counter("outboxd_relay_history_lost_total",
-                                       "Change stream resumes that failed with ChangeStreamHistoryLost (recovered by a full scan)", NULL);
+  m.stream_restarts = obx_metrics_counter("outboxd_relay_stream_restarts_total",
+                                          "Change stream errors it could not resume from, by cause (history_lost 286, fatal_error 280, "
+                                          "invalid_resume_token 260, invalidate, reopen_failed): each reopened the stream from now "
+                                          "and published every PENDING event", "cause");
+  m.stream_up = obx_metrics_gauge("outboxd_relay_stream_up", "1 while the leader's change stream is open (0 on a standby and in poll mode)", NULL);
   m.inflight = obx_metrics_gauge("outboxd_relay_inflight", "Events produced and not yet recorded after their delivery report", NULL);
   m.lag = obx_metrics_gauge("outboxd_relay_lag_seconds",
                             "Now minus the cluster time (1 s resolution) of the checkpoint position, the newest change up to "
@@ -51,11 +54,12 @@ void relay_metrics_count(obx_relay_t *relay, relay_count_t which) {
     relay->counters.failed++;
     obx_counter_inc(m.failed);
     break;
-  case RELAY_COUNT_HISTORY_LOST:
-    relay->counters.history_lost++;
-    obx_counter_inc(m.history_lost);
-    break;
   }
+}
+
+void relay_metrics_stream_restart(obx_relay_t *relay, relay_stream_cause_t cause) {
+  relay->counters.recoveries[cause]++;
+  obx_counter_inc(m.stream_restarts, relay_stream_cause_names[cause]);
 }
 
 void relay_metrics_observe_ack(obx_relay_t *relay, int64_t ms) {
@@ -66,6 +70,8 @@ void relay_metrics_gauges(obx_relay_t *relay) {
   relay->counters.leader = relay->leader;
   if (!relay->leader) relay->counters.lag_ms = 0; /* a standby's lag is the leader's to report */
   relay->counters.inflight = relay_pending(relay);
+  relay->counters.stream_up = relay->stream != NULL;
+  obx_gauge_set(m.stream_up, relay->counters.stream_up);
   obx_gauge_set(m.leader, relay->leader ? 1 : 0);
   obx_gauge_set(m.inflight, relay->counters.inflight);
   obx_gauge_set(m.lag, (double)relay->counters.lag_ms / 1000.0);

@@ -402,7 +402,7 @@ void relay_serve(obx_relay_t *relay, int timeout_ms, bool force) {
 /* ---- set-up and the loop ------------------------------------------------------------------ */
 
 /* The relay's collections and indexes (obx_schema.h); the reason is kept for /readyz. */
-static bool relay_ensure_schema(obx_relay_t *relay) {
+bool relay_ensure_schema(obx_relay_t *relay) {
   obx_err_t err = OBX_ERR_INIT;
   bool ok = obx_mongo_ping(relay->mongo, &err) && obx_schema_ensure(relay->mongo, relay->conf, OBX_SCHEMA_RELAY, &err);
   pthread_mutex_lock(&relay->ready_mu);
@@ -429,6 +429,8 @@ static bool relay_lead_begin(obx_relay_t *relay) {
   if (!relay_checkpoint_load(relay)) return false;
   bson_destroy(relay->read_token);
   relay->read_token = relay->ckpt_token ? bson_copy(relay->ckpt_token) : NULL;
+  bson_destroy(relay->start_after); /* from a stream of an earlier leadership */
+  relay->start_after = NULL;
   relay->ckpt_dirty = false;
   relay_stream_open(relay);
   if (!relay->ckpt_token) {
@@ -527,6 +529,7 @@ static void relay_destroy(obx_relay_t *relay) {
   pthread_mutex_destroy(&relay->ready_mu);
   bson_destroy(relay->read_token);
   bson_destroy(relay->ckpt_token);
+  bson_destroy(relay->start_after);
   free(relay);
 }
 

@@ -46,6 +46,18 @@ typedef struct {
 
 typedef enum { SLOT_INFLIGHT, SLOT_DONE } relay_slot_state_t;
 
+/* Why the change stream was restarted from the current time with a full sweep (stream.c). */
+typedef enum {
+  RELAY_STREAM_HISTORY_LOST,   /* 286 ChangeStreamHistoryLost: the resume point left the oplog */
+  RELAY_STREAM_FATAL,          /* 280 ChangeStreamFatalError: the stream cannot go on from there */
+  RELAY_STREAM_INVALID_TOKEN,  /* 260 InvalidResumeToken: the checkpoint's token is refused */
+  RELAY_STREAM_INVALIDATED,    /* an invalidate event: the outbox was dropped or renamed */
+  RELAY_STREAM_REOPEN_FAILED,  /* RELAY_STREAM_REOPEN_LIMIT opens in a row failed from one token */
+  RELAY_STREAM_NCAUSES
+} relay_stream_cause_t;
+
+extern const char *const relay_stream_cause_names[RELAY_STREAM_NCAUSES];
+
 typedef struct {
   bson_t *token;
   int64_t cluster_s;    /* cluster time (seconds) of the change, or of the batch end */
@@ -60,7 +72,9 @@ typedef struct {
 
 /* The relay's own copy of its metrics (tests read them; metrics.c writes them). */
 typedef struct {
-  atomic_uint_fast64_t published, publish_errors, history_lost, failed;
+  atomic_uint_fast64_t published, publish_errors, failed;
+  atomic_uint_fast64_t recoveries[RELAY_STREAM_NCAUSES]; /* change stream restarts by cause */
+  atomic_int stream_up;
   atomic_int inflight;
   atomic_int leader;
   atomic_int_fast64_t lag_ms;
@@ -92,6 +106,9 @@ typedef struct obx_relay {
   bool caught_up;           /* the last read returned an empty batch */
   int64_t caught_up_ms;     /* when it did */
   int64_t next_stream_open_ms;
+  int open_failures;        /* consecutive failed opens or reads since the last good read */
+  bson_t *start_after;      /* after an invalidate: open with startAfter this token (owned) */
+  bool sweep_due;           /* a restart from now: publish every PENDING event once it is open */
   relay_window_t window;
 
   /* checkpoint */
@@ -114,6 +131,8 @@ typedef struct obx_relay {
 } obx_relay_t;
 
 /* relay.c */
+/* Ensures the relay's collections and indexes (obx_schema.h); keeps the reason for /readyz. */
+bool relay_ensure_schema(obx_relay_t *relay);
 void relay_list_push(relay_list_t *list, obx_relay_msg_t *msg);
 void relay_list_remove(relay_list_t *list, obx_relay_msg_t *msg);
 bool relay_inflight_has(const obx_relay_t *relay, const char *id, bool stream_too);
@@ -143,6 +162,9 @@ bool relay_window_full(const relay_window_t *window);
 void relay_window_done(obx_relay_t *relay, uint64_t seq);
 /* Forgets every slot (stepping down, lost history); later reports of them are ignored. */
 void relay_window_reset(obx_relay_t *relay);
+/* Restarts the stream from the current time (startAfter `start_after` when not NULL; taken)
+ * and schedules a full sweep: the rule for every error the stream cannot resume from. */
+void relay_stream_restart(obx_relay_t *relay, relay_stream_cause_t cause, bson_t *start_after, const char *detail);
 /* Opens the stream after relay->read_token (or from now); false when it failed. */
 bool relay_stream_open(obx_relay_t *relay);
 void relay_stream_close(obx_relay_t *relay);
@@ -155,12 +177,13 @@ typedef enum {
   RELAY_COUNT_PUBLISHED,
   RELAY_COUNT_PUBLISH_ERROR,
   RELAY_COUNT_FAILED,
-  RELAY_COUNT_HISTORY_LOST,
 } relay_count_t;
 
 /* Registers the relay's metrics in the process registry (idempotent). */
 void relay_metrics_register(void);
 void relay_metrics_count(obx_relay_t *relay, relay_count_t which);
+/* One change stream restart (the alarm outboxd_relay_stream_restarts_total{cause}). */
+void relay_metrics_stream_restart(obx_relay_t *relay, relay_stream_cause_t cause);
 /* One commit-to-ack latency, in ms. */
 void relay_metrics_observe_ack(obx_relay_t *relay, int64_t ms);
 /* Sets the leader, in-flight and lag gauges from the relay's state. */

@@ -13,9 +13,24 @@
  * done slots collapse into the newest one.
  *
  * Errors: the driver resumes once by itself on resumable errors; anything else closes the
- * stream and it reopens (from the newest token read) a second later. ChangeStreamHistoryLost
- * (286: the resume point left the oplog) opens a fresh stream from now, publishes every PENDING
- * event, and goes on: nothing is lost. */
+ * stream. Errors it cannot resume from restart it (relay_stream_restart): the cause is counted
+ * (outboxd_relay_stream_restarts_total{cause}) and logged by name, the stream reopens from the
+ * current time and every PENDING event is published by a full sweep, so nothing is lost:
+ *
+ *   error                                 cause                  reopens
+ *   286 ChangeStreamHistoryLost           history_lost           from now
+ *   280 ChangeStreamFatalError            fatal_error            from now
+ *   260 InvalidResumeToken                invalid_resume_token   from now
+ *   an invalidate event (drop, rename)    invalidate             startAfter its token (the rule
+ *                                                                for a stream after invalidate),
+ *                                                                the schema ensured again
+ *   other errors                          -                      from the newest token read, a
+ *                                                                second later; after
+ *                                                                RELAY_STREAM_REOPEN_LIMIT in a
+ *                                                                row: reopen_failed, from now
+ *
+ * The open and the sweep happen in relay_stream_step (never inside the error path), so an
+ * error repeated on every open backs off instead of recursing. */
 #include "relay/relay_int.h"
 
 #include <stdlib.h>
@@ -25,10 +40,18 @@
 
 #define RELAY_STREAM_READS_PER_STEP 256
 #define RELAY_HISTORY_LOST 286
+#define RELAY_FATAL_ERROR 280
+#define RELAY_INVALID_RESUME_TOKEN 260
+#define RELAY_STREAM_REOPEN_LIMIT 10
+#define RELAY_STREAM_RETRY_MS 1000
 /* An idle getMore blocks the relay thread this long; delivery reports that arrive meanwhile wait
  * for it, so it bounds the ack latency added at low load (at the cost of idle getMores). */
 #define RELAY_STREAM_AWAIT_MS 20
 #define RELAY_STREAM_HOLD_MS 50
+
+const char *const relay_stream_cause_names[RELAY_STREAM_NCAUSES] = {
+  "history_lost", "fatal_error", "invalid_resume_token", "invalidate", "reopen_failed",
+};
 
 void relay_window_init(relay_window_t *window, size_t cap) {
   window->slots = calloc(cap, sizeof *window->slots);
@@ -125,7 +148,8 @@ bool relay_stream_open(obx_relay_t *relay) {
   int32_t batch = relay->conf->relay_max_inflight < 1000 ? (int32_t)relay->conf->relay_max_inflight : 1000;
   bson_t *opts = BCON_NEW("fullDocument", "updateLookup", "maxAwaitTimeMS", BCON_INT64(RELAY_STREAM_AWAIT_MS),
                           "batchSize", BCON_INT32(batch));
-  if (relay->read_token) BSON_APPEND_DOCUMENT(opts, "resumeAfter", relay->read_token);
+  if (relay->start_after) BSON_APPEND_DOCUMENT(opts, "startAfter", relay->start_after);
+  else if (relay->read_token) BSON_APPEND_DOCUMENT(opts, "resumeAfter", relay->read_token);
   relay_stream_close(relay);
   relay->stream = mongoc_collection_watch(relay->outbox, pipeline, opts);
   bson_destroy(opts);
@@ -135,33 +159,54 @@ bool relay_stream_open(obx_relay_t *relay) {
   const bson_t *reply = NULL;
   if (mongoc_change_stream_error_document(relay->stream, &berr, &reply)) {
     relay_stream_failed(relay, &berr, reply);
-    return relay->stream != NULL;
+    return false;
   }
-  obx_info("change stream on outbox opened (%s)", relay->read_token ? "resuming" : "from now");
+  obx_info("change stream on outbox opened (%s)",
+           relay->start_after ? "after an invalidate" : relay->read_token ? "resuming" : "from now");
+  bson_destroy(relay->start_after);
+  relay->start_after = NULL;
+  relay_metrics_gauges(relay);
   return true;
 }
 
-static void relay_stream_history_lost(obx_relay_t *relay) {
-  relay_metrics_count(relay, RELAY_COUNT_HISTORY_LOST);
-  obx_error("change stream history lost (the checkpoint is older than the oplog): publishing every "
-            "PENDING event and following the stream from now");
+void relay_stream_restart(obx_relay_t *relay, relay_stream_cause_t cause, bson_t *start_after, const char *detail) {
+  relay_metrics_stream_restart(relay, cause);
+  obx_error("change stream restarted (%s: %s): reopening %s and publishing every PENDING event",
+            relay_stream_cause_names[cause], detail, start_after ? "after the invalidate" : "from now");
   relay_stream_close(relay);
   relay_window_reset(relay);
   bson_destroy(relay->read_token);
   relay->read_token = NULL;
-  if (relay_stream_open(relay)) relay_sweep_all(relay);
+  bson_destroy(relay->start_after);
+  relay->start_after = start_after;
+  relay->open_failures = 0;
+  relay->sweep_due = true;
+  relay->next_stream_open_ms = obx_time_now_ms();
+  /* the outbox was dropped: create it (and its indexes) again before writers need it */
+  if (cause == RELAY_STREAM_INVALIDATED) relay_ensure_schema(relay);
+  relay_metrics_gauges(relay);
 }
 
 static void relay_stream_failed(obx_relay_t *relay, const bson_error_t *berr, const bson_t *reply) {
   obx_err_t err = OBX_ERR_INIT;
   obx_err_from_bson(&err, berr, reply);
   relay_stream_close(relay);
-  if (berr->code == RELAY_HISTORY_LOST) {
-    if (relay->read_token) relay_stream_history_lost(relay);
+  switch (berr->code) {
+  case RELAY_HISTORY_LOST: relay_stream_restart(relay, RELAY_STREAM_HISTORY_LOST, NULL, err.msg); return;
+  case RELAY_FATAL_ERROR: relay_stream_restart(relay, RELAY_STREAM_FATAL, NULL, err.msg); return;
+  case RELAY_INVALID_RESUME_TOKEN: relay_stream_restart(relay, RELAY_STREAM_INVALID_TOKEN, NULL, err.msg); return;
+  default: break;
+  }
+  if (++relay->open_failures >= RELAY_STREAM_REOPEN_LIMIT && (relay->read_token || relay->start_after)) {
+    char detail[400];
+    snprintf(detail, sizeof detail, "%d failures in a row, the last: %s", relay->open_failures, err.msg);
+    relay_stream_restart(relay, RELAY_STREAM_REOPEN_FAILED, NULL, detail);
+    relay->next_stream_open_ms = obx_time_now_ms() + RELAY_STREAM_RETRY_MS;
     return;
   }
   obx_warn("change stream: %s (reopening)", err.msg);
-  relay->next_stream_open_ms = obx_time_now_ms() + 1000;
+  relay->next_stream_open_ms = obx_time_now_ms() + RELAY_STREAM_RETRY_MS;
+  relay_metrics_gauges(relay);
 }
 
 static void relay_stream_handle(obx_relay_t *relay, const bson_t *change) {
@@ -176,6 +221,11 @@ static void relay_stream_handle(obx_relay_t *relay, const bson_t *change) {
     token = bson_new_from_data(data, len);
   }
   if (!token) return; /* the server always sends one; without it the change cannot be resumed from */
+  if (bson_iter_init_find(&it, change, "operationType") && BSON_ITER_HOLDS_UTF8(&it) &&
+      strcmp(bson_iter_utf8(&it, NULL), "invalidate") == 0) {
+    relay_stream_restart(relay, RELAY_STREAM_INVALIDATED, token, "the outbox collection was dropped or renamed");
+    return;
+  }
   bson_destroy(relay->read_token);
   relay->read_token = bson_copy(token);
   if (bson_iter_init_find(&it, change, "clusterTime") && BSON_ITER_HOLDS_TIMESTAMP(&it)) {
@@ -209,6 +259,12 @@ bool relay_stream_step(obx_relay_t *relay) {
     if (obx_time_now_ms() < relay->next_stream_open_ms) return false;
     if (!relay_stream_open(relay)) return false;
   }
+  if (relay->sweep_due) {
+    /* after a restart from now: the stream is open, so what is committed from here on is its */
+    relay->sweep_due = false;
+    if (!relay_sweep_all(relay) && relay->leader && !relay->stopping) relay->sweep_due = true;
+    return false;
+  }
   /* Caught up with events in flight: wait for their reports instead of blocking in an idle
    * getMore (which would hold them up to RELAY_STREAM_AWAIT_MS), but not for long. */
   if (relay->caught_up && relay_pending(relay) > 0 && obx_time_now_ms() - relay->caught_up_ms < RELAY_STREAM_HOLD_MS)
@@ -219,6 +275,7 @@ bool relay_stream_step(obx_relay_t *relay) {
     const bson_t *change;
     if (mongoc_change_stream_next(relay->stream, &change)) {
       relay->caught_up = false;
+      relay->open_failures = 0;
       relay_stream_handle(relay, change);
       read++;
       relay_serve(relay, 0, false);
@@ -238,6 +295,7 @@ bool relay_stream_step(obx_relay_t *relay) {
     }
     relay->caught_up = true;
     relay->caught_up_ms = obx_time_now_ms();
+    relay->open_failures = 0;
     break;
   }
   return read > 0;

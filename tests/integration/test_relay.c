@@ -290,7 +290,7 @@ static void test_stream_publishes_in_order_and_checkpoints(void **state) {
   snprintf(want, sizeof want, "outboxd_relay_published_total{topic=\"%s\"} 350", ctx.topic);
   if (!strstr(text, want)) fail_msg("/metrics lacks \"%s\"", want);
   static const char *const names[] = {"outboxd_relay_commit_to_ack_seconds_bucket", "outboxd_relay_lag_seconds",
-                                      "outboxd_relay_inflight", "outboxd_relay_leader 1", "outboxd_relay_history_lost_total",
+                                      "outboxd_relay_inflight", "outboxd_relay_leader 1", "outboxd_relay_stream_restarts_total", "outboxd_relay_stream_up 1",
                                       "outboxd_relay_publish_errors_total"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (!strstr(text, names[i])) fail_msg("/metrics lacks %s", names[i]);
@@ -594,13 +594,96 @@ static void test_history_lost_recovers_everything(void **state) {
   insert_events(&ctx, 300, 5); /* the checkpoint falls out of the 64-entry oplog */
   relay = relay_start(&ctx);
   wait_published(&ctx, 310, 60000);
-  if (relay->counters.history_lost < 1) fail_msg("history lost: got %d want >= 1", (int)relay->counters.history_lost);
+  if (relay->counters.recoveries[RELAY_STREAM_HISTORY_LOST] < 1)
+    fail_msg("history lost: got %d want >= 1", (int)relay->counters.recoveries[RELAY_STREAM_HISTORY_LOST]);
   insert_events(&ctx, 20, 5); /* the fresh stream follows new events */
   wait_published(&ctx, 330, 30000);
   obx_relay_stop(relay);
   kafka_check(&ctx, 60000, false);
   ctx_cleanup(&ctx);
   obx_test_mongo_stop(&small);
+}
+
+typedef struct {
+  obx_relay_t *relay;
+  relay_stream_cause_t cause;
+  uint64_t before;
+} restart_wait_t;
+
+static bool restarted_and_up(void *arg) {
+  restart_wait_t *w = arg;
+  return w->relay->counters.recoveries[w->cause] > w->before && w->relay->counters.stream_up == 1;
+}
+
+/* Every change stream error the relay cannot resume from is named, counted, and recovered by a
+ * restart from now plus a full sweep: 280 and 286 raised on the getMore, 260 from a checkpoint
+ * whose token the server refuses, and an invalidate from dropping the outbox. The events
+ * written around each fault all reach Kafka in per-key order. */
+static void test_stream_errors_restart_from_now(void **state) {
+  ctx_t ctx;
+  ctx_init(&ctx, "restart", &g_mongo, NULL);
+  obx_relay_t *relay = relay_start(&ctx);
+  leader_wait_t lw = {relay};
+  assert_true(obx_test_wait_for(is_leader, &lw, 20000, 50));
+  static const struct {
+    int code;
+    relay_stream_cause_t cause;
+  } getmore[] = {{280, RELAY_STREAM_FATAL}, {286, RELAY_STREAM_HISTORY_LOST}};
+  int total = 0;
+  for (size_t f = 0; f < sizeof getmore / sizeof getmore[0]; f++) {
+    insert_events(&ctx, 20, 4);
+    total += 20;
+    wait_published(&ctx, total, 30000);
+    restart_wait_t rw = {relay, getmore[f].cause, relay->counters.recoveries[getmore[f].cause]};
+    char fp[300];
+    snprintf(fp, sizeof fp, "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1},"
+             " \"data\": {\"appName\": \"outboxd\", \"failCommands\": [\"getMore\"], \"errorCode\": %d}}", getmore[f].code);
+    fail_point(fp);
+    insert_events(&ctx, 100, 4);
+    total += 100;
+    if (!obx_test_wait_for(restarted_and_up, &rw, 30000, 20))
+      fail_msg("error %d: restarts %s got %llu want > %llu, stream_up %d", getmore[f].code,
+               relay_stream_cause_names[getmore[f].cause], (unsigned long long)relay->counters.recoveries[getmore[f].cause],
+               (unsigned long long)rw.before, (int)relay->counters.stream_up);
+    wait_published(&ctx, total, 30000);
+    fail_point("{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}");
+  }
+  char *text = obx_metrics_render(NULL);
+  if (!strstr(text, "outboxd_relay_stream_restarts_total{cause=\"fatal_error\"}") ||
+      !strstr(text, "outboxd_relay_stream_restarts_total{cause=\"history_lost\"}"))
+    fail_msg("/metrics lacks the restarts by cause");
+  free(text);
+
+  /* 260: the checkpoint's token is refused at the next start */
+  obx_relay_stop(relay);
+  mongoc_collection_t *ckpts = mongoc_client_get_collection(ctx.client, ctx.db, "relay_checkpoints");
+  bson_t *sel = BCON_NEW("_id", "outbox");
+  bson_t *bogus = BCON_NEW("$set", "{", "resumeToken", "{", "_data", "not-a-token", "}", "}");
+  bson_error_t berr;
+  if (!mongoc_collection_update_one(ckpts, sel, bogus, NULL, NULL, &berr)) fail_msg("checkpoint: %s", berr.message);
+  bson_destroy(bogus);
+  bson_destroy(sel);
+  mongoc_collection_destroy(ckpts);
+  insert_events(&ctx, 50, 4);
+  total += 50;
+  relay = relay_start(&ctx);
+  restart_wait_t rw = {relay, RELAY_STREAM_INVALID_TOKEN, 0};
+  if (!obx_test_wait_for(restarted_and_up, &rw, 30000, 20)) fail_msg("260: no invalid_resume_token restart");
+  wait_published(&ctx, total, 30000);
+  insert_events(&ctx, 30, 4); /* the fresh stream follows new events */
+  total += 30;
+  wait_published(&ctx, total, 30000);
+  kafka_check(&ctx, 60000, false);
+
+  /* invalidate: the outbox is dropped; the relay creates it again and follows it */
+  rw = (restart_wait_t){relay, RELAY_STREAM_INVALIDATED, relay->counters.recoveries[RELAY_STREAM_INVALIDATED]};
+  if (!mongoc_collection_drop(ctx.outbox, &berr)) fail_msg("drop: %s", berr.message);
+  if (!obx_test_wait_for(restarted_and_up, &rw, 30000, 20)) fail_msg("invalidate: no restart");
+  insert_events(&ctx, 40, 4); /* the outbox holds only these now; Kafka has them all */
+  wait_published(&ctx, 40, 30000);
+  obx_relay_stop(relay);
+  kafka_check(&ctx, 60000, false);
+  ctx_cleanup(&ctx);
 }
 
 static bool has_leader(void *arg) {
@@ -972,6 +1055,7 @@ int main(void) {
     cmocka_unit_test(test_deposed_leader_is_fenced),
     cmocka_unit_test(test_getmore_faults),
     cmocka_unit_test(test_history_lost_recovers_everything),
+    cmocka_unit_test(test_stream_errors_restart_from_now),
     cmocka_unit_test(test_kafka_down_20s_backpressure),
     cmocka_unit_test(test_kill_9_mid_run_loses_nothing),
     cmocka_unit_test(test_checkpoint_fenced_while_lease_held),
