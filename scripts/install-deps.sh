@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # install-deps.sh - install the Debian packages outboxd needs to build, test and run locally.
+# (Java and Maven run the test bed's Apache Kafka broker and Java witness: scripts/kafka.sh.)
 #
 # Idempotent: installs only what is missing and runs `apt-get update` only when a package
 # cannot be found in the current lists. Needs root (or sudo) when something is missing.
@@ -10,6 +11,7 @@ PACKAGES=(
   libmongoc-dev libbson-dev librdkafka-dev librabbitmq-dev libcurl4-openssl-dev
   libmicrohttpd-dev libcmocka-dev libssl-dev
   rabbitmq-server kcat wrk curl openssl jq python3
+  openjdk-17-jdk-headless maven
 )
 
 missing=()

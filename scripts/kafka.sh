@@ -26,7 +26,8 @@
 # dir> on its command line is ever signalled.
 #
 # Knobs: OBX_KAFKA_DIR, OBX_KAFKA_PORT, OBX_KAFKA_HEAP (default 512m),
-#        OBX_KAFKA_START_TIMEOUT (seconds, default 120).
+#        OBX_KAFKA_START_TIMEOUT (seconds, default 120), OBX_KAFKA_EXIT_WITH (a pid: the broker
+#        is stopped once that process is gone; tests set it for their private brokers).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -252,6 +253,13 @@ start() {
      -cp "$CP" kafka.Kafka "$DIR/server.properties" >>"$DIR/broker.log" 2>&1 </dev/null) &
   local launcher=$! deadline=$((SECONDS + START_TIMEOUT))
   echo "$launcher" >"$DIR/broker.pid"
+  # A broker started for a test process ends with it (OBX_KAFKA_EXIT_WITH: that process's
+  # pid), so a crashed test leaves no broker behind.
+  if [ -n "${OBX_KAFKA_EXIT_WITH:-}" ]; then
+    (while kill -0 "$OBX_KAFKA_EXIT_WITH" 2>/dev/null && kill -0 "$launcher" 2>/dev/null; do sleep 1; done
+     if kill -0 "$launcher" 2>/dev/null; then OBX_KAFKA_DIR=$DIR "$ROOT/scripts/kafka.sh" stop; fi
+    ) </dev/null >/dev/null 2>&1 &
+  fi
   until port_open "$PORT" && answers; do
     if ! kill -0 "$launcher" 2>/dev/null; then
       log "the broker exited during start-up; last lines of $DIR/broker.log:"

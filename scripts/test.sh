@@ -24,27 +24,39 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS_RELWITH
   -DOBX_WERROR=ON >/dev/null
 cmake --build "$BUILD" -j "$JOBS"
 
-# RabbitMQ: a private node for this run (own name, ports, data directory). A node started
-# here is stopped on every exit path (one already running in a given $OBX_RMQ_DIR is used and
-# left running); a directory made here is removed after a green run (kept for its logs
-# otherwise).
+# RabbitMQ and Apache Kafka: a private node and a private broker for this run (own names,
+# ports, data directories). A service started here is stopped on every exit path (one already
+# running in a given $OBX_RMQ_DIR / $OBX_KAFKA_DIR is used and left running); a directory made
+# here is removed after a green run (kept for its logs otherwise). The Kafka broker is fetched
+# by Maven on the first run on a machine (cached in ~/.m2). Tests read its directory from
+# OBX_TEST_KAFKA_DIR (tests/support/obx_test_kafka.h); tests that inject protocol faults start
+# their own kafka-mockd.
 RMQ_TMP=""
 if [ -z "${OBX_RMQ_DIR:-}" ]; then
   RMQ_TMP=$(mktemp -d /tmp/obx-rmq.XXXXXX)
   export OBX_RMQ_DIR=$RMQ_TMP
 fi
+KAFKA_TMP=""
+if [ -z "${OBX_KAFKA_DIR:-}" ]; then
+  KAFKA_TMP=$(mktemp -d /tmp/obx-kafka.XXXXXX)
+  export OBX_KAFKA_DIR=$KAFKA_TMP
+fi
 RMQ_OWN=0
 scripts/rabbitmq.sh status >/dev/null || RMQ_OWN=1
+KAFKA_OWN=0
+scripts/kafka.sh status >/dev/null || KAFKA_OWN=1
 rmq_stop() { if [ "$RMQ_OWN" = 1 ]; then scripts/rabbitmq.sh stop; fi; }
+kafka_stop() { if [ "$KAFKA_OWN" = 1 ]; then scripts/kafka.sh stop; fi; }
 cleanup() {
   local rc=$?
+  kafka_stop || true
   rmq_stop || true
-  if [ -n "$RMQ_TMP" ]; then
-    if [ "$rc" = 0 ]; then
-      rm -rf "$RMQ_TMP"
-    else
-      echo "test.sh: RabbitMQ logs kept in $RMQ_TMP/log"
-    fi
+  if [ "$rc" = 0 ]; then
+    [ -z "$RMQ_TMP" ] || rm -rf "$RMQ_TMP"
+    [ -z "$KAFKA_TMP" ] || rm -rf "$KAFKA_TMP"
+  else
+    [ -z "$RMQ_TMP" ] || echo "test.sh: RabbitMQ logs kept in $RMQ_TMP/log"
+    [ -z "$KAFKA_TMP" ] || echo "test.sh: Kafka broker log kept in $KAFKA_TMP/broker.log"
   fi
 }
 trap cleanup EXIT
@@ -70,11 +82,14 @@ run_group() {
 scripts/rabbitmq.sh start
 # shellcheck disable=SC1091
 source "$OBX_RMQ_DIR/env"   # exports AMQP_URL for the tests
+scripts/kafka.sh start
+export OBX_TEST_KAFKA_DIR=$OBX_KAFKA_DIR
 
 status=0
 run_group ctest --test-dir "$BUILD" -L unit --output-on-failure -j "$JOBS" || status=1
 run_group ctest --test-dir "$BUILD" -L integration --output-on-failure || status=1
 rmq_stop   # the sanitizer pass runs unit tests only
+kafka_stop
 
 if [ "$QUICK" = 0 ]; then
   ASAN_BUILD=${BUILD}-asan
@@ -84,5 +99,5 @@ if [ "$QUICK" = 0 ]; then
     run_group ctest --test-dir "$ASAN_BUILD" -L unit --output-on-failure -j "$JOBS" || status=1
 fi
 
-if [ "$status" = 0 ]; then echo "test.sh: all tests passed"; else echo "test.sh: FAILED"; fi
+if [ "$status" = 0 ]; then echo "test.sh: all tests passed in ${SECONDS} s"; else echo "test.sh: FAILED after ${SECONDS} s"; fi
 exit "$status"

@@ -1,8 +1,16 @@
-/* obx_test_kafka.h - kafka-mockd for tests, and a consumer that reads a topic back
+/* obx_test_kafka.h - how tests get a Kafka cluster: kafka-mockd or a real Apache Kafka broker,
+ * and a consumer that reads a topic back
  *
- * DESIGN: a test that needs Kafka starts its own kafka-mockd (tests/fixtures/kafka-mock) with
- * obx_test_kafka_start, drives faults through its control socket with obx_test_kafka_cmd
- * (commands as documented at the top of kafka_mockd.c) and stops it with obx_test_kafka_stop.
+ * DESIGN: a test that injects protocol faults starts its own kafka-mockd
+ * (tests/fixtures/kafka-mock) with obx_test_kafka_start, drives faults through its control
+ * socket with obx_test_kafka_cmd (commands as documented at the top of kafka_mockd.c) and stops
+ * it with obx_test_kafka_stop. A test that needs real Kafka behaviour (log, group coordinator,
+ * rebalances, idempotent producer state) uses a real broker run by scripts/kafka.sh
+ * (obx_test_broker_*): the run's shared broker (scripts/test.sh starts it and exports its
+ * directory as OBX_TEST_KAFKA_DIR), on which every test creates topics of its own
+ * (obx_test_broker_topic: unique names) and uses groups of its own, or a private broker for a
+ * test that stops, freezes or kills it (obx_test_broker_start). Kafka's own Java tools and the
+ * Java witness (tests/kafka/KafkaWitness.java) run with obx_test_broker_java.
  * obx_test_kafka_consume_all reads records back through a real consumer group, headers
  * included, so tests check what a downstream consumer would see. */
 #ifndef OBX_TEST_KAFKA_H
@@ -58,5 +66,54 @@ int obx_test_kafka_consume_all(const char *bootstrap, const char *topic, const c
  * fit); false if there is none. */
 bool obx_test_kafka_header(const rd_kafka_message_t *rkm, const char *name, char *out,
                            size_t outlen);
+
+/* ---- a real Apache Kafka broker (scripts/kafka.sh) -------------------------------------- */
+
+typedef struct {
+  char dir[256];          /* its OBX_KAFKA_DIR */
+  char bootstrap[128];    /* "127.0.0.1:port" */
+  char classpath[16384];  /* broker, tools and Java client jars (OBX_KAFKA_CLASSPATH) */
+  bool own;               /* started by this test: obx_test_broker_stop stops it */
+} obx_test_broker_t;
+
+/* The broker of this test run: the one in $OBX_TEST_KAFKA_DIR (its env file). False (with a
+ * reason printed) when the variable is unset or the broker does not run; use with
+ * obx_test_require. */
+bool obx_test_broker_shared(obx_test_broker_t *b);
+
+/* A private broker (a fresh directory under obx_test_tmpdir, a smaller heap) for a test that
+ * signals or restarts it; up to 120 s. Needs Java and Maven (scripts/kafka.sh). */
+bool obx_test_broker_start(obx_test_broker_t *b);
+
+/* Starts the broker of b->dir again (after obx_test_broker_signal(b, SIGKILL) or a stop): the
+ * same ports and data; waits until it answers. */
+bool obx_test_broker_restart(obx_test_broker_t *b);
+
+/* Sends sig (SIGSTOP, SIGCONT, SIGKILL) to the broker's JVM; false when it does not run.
+ * After SIGKILL it returns once the process is gone. */
+bool obx_test_broker_signal(obx_test_broker_t *b, int sig);
+
+/* Stops a broker started by obx_test_broker_start (scripts/kafka.sh stop); the shared one is
+ * left alone. Safe on a zeroed b. */
+void obx_test_broker_stop(obx_test_broker_t *b);
+
+/* Creates a topic named "<base>-<pid>-<n>" (unique in the test run) with `partitions`
+ * partitions and topic configs (NULL or NULL-terminated "key", "value" pairs), waits until
+ * every partition has a leader and copies the name to name. False with a reason printed. */
+bool obx_test_broker_topic(const obx_test_broker_t *b, const char *base, int partitions,
+                           const char *const *configs, char *name, size_t namelen);
+
+/* A group id "<base>-<pid>-<n>", unique in the test run. */
+void obx_test_broker_group(const char *base, char *out, size_t outlen);
+
+/* Runs `java` on the broker's class path with args (NULL-terminated: a main class such as
+ * org.apache.kafka.tools.TopicCommand, or a source file such as the witness's, then its
+ * arguments); stdout goes to out (NUL-terminated, truncated to fit), stderr to the test's
+ * output. Returns the exit status, -1 when it did not run. */
+int obx_test_broker_java(const obx_test_broker_t *b, char *out, size_t outlen,
+                         const char *const *args);
+
+/* The path of the Java witness source (tests/kafka/KafkaWitness.java). */
+const char *obx_test_kafka_witness(void);
 
 #endif
