@@ -5,7 +5,9 @@
 #
 # Installs the Debian packages that are missing (scripts/install-deps.sh), builds, then starts
 #   devmongod     in-memory MongoDB replica set        unless MONGO_URI is set
-#   kafka-mockd   one broker, topic domain-events (4)  unless KAFKA_BROKERS is set
+#   Kafka         topic domain-events (4 partitions)   unless KAFKA_BROKERS is set: an Apache
+#                 Kafka broker (scripts/kafka.sh) when Java and Maven are installed, else
+#                 kafka-mockd (librdkafka's mock cluster); OBX_RUN_KAFKA=mock forces kafka-mockd
 #   RabbitMQ      a private node (scripts/rabbitmq.sh) unless AMQP_URL is set
 #   outboxd       every role (api, relay, worker) on HTTP_PORT (default 8080; 0 picks one)
 # creates an API key for org "demo" with every permission (the key in STATE/api-key, its hash
@@ -20,7 +22,8 @@
 #
 # STATE (--state-dir, default a fresh /tmp/outboxd-run.XXXXXX) holds the logs of every process
 # and, once everything is ready, `ready`: shell assignments (API_URL, API_KEY_FILE, MONGO_URI,
-# KAFKA_BROKERS, AMQP_URL and the PIDs of what was started) for scripts and tests.
+# KAFKA_BROKERS, KAFKA_KIND (broker, kafka-mockd or external), AMQP_URL and the PIDs of what was
+# started) for scripts and tests.
 #   --demo       once ready, drive a short scenario and print each stage: an order integrated by
 #                an order.post pipeline calling a local stub ERP (scripts/demo-stub.py), one whose
 #                ERP call fails twice and recovers through the retry ladder, one that fails
@@ -67,6 +70,7 @@ rm -f "$STATE/ready"
 # ---- stopping ------------------------------------------------------------------------------
 PIDS=()          # started here, stopped in reverse order
 RMQ_DIR=""       # set when the private RabbitMQ node was started here
+KAFKA_DIR=""     # set when the Apache Kafka broker was started here
 stopping=0
 stop_all() {
   [ "$stopping" = 1 ] && return
@@ -84,6 +88,10 @@ stop_all() {
   if [ -n "$RMQ_DIR" ]; then
     if OBX_RMQ_DIR=$RMQ_DIR scripts/rabbitmq.sh stop >/dev/null 2>&1; then rm -rf "$RMQ_DIR"
     else log "RabbitMQ stop failed (its logs: $RMQ_DIR/log)"; fi
+  fi
+  if [ -n "$KAFKA_DIR" ]; then
+    if OBX_KAFKA_DIR=$KAFKA_DIR scripts/kafka.sh stop >/dev/null 2>&1; then rm -rf "$KAFKA_DIR"
+    else log "Kafka broker stop failed (its log: $KAFKA_DIR/broker.log)"; fi
   fi
   log "stopped (logs in $STATE)"
 }
@@ -110,14 +118,34 @@ if [ -z "${MONGO_URI:-}" ]; then
   MONGO_URI="mongodb://127.0.0.1:$(cat "$STATE/devmongod.port")/?replicaSet=rs0"
   log "devmongod on $MONGO_URI"
 fi
+KAFKA_KIND=external
+KAFKA_PID=""
 if [ -z "${KAFKA_BROKERS:-}" ]; then
-  setsid "$BUILD/tests/fixtures/kafka-mock/kafka-mockd" --brokers 1 --topic domain-events:4 \
-    --bootstrap-file "$STATE/kafka.bootstrap" --control "$STATE/kafka.control" \
-    </dev/null >"$STATE/kafka-mockd.log" 2>&1 &
-  PIDS+=($!); KAFKA_MOCKD_PID=$!
-  wait_file "$STATE/kafka.bootstrap" kafka-mockd "$KAFKA_MOCKD_PID"
-  KAFKA_BROKERS=$(head -n1 "$STATE/kafka.bootstrap")
-  log "kafka-mockd on $KAFKA_BROKERS (topic domain-events, 4 partitions)"
+  if [ "${OBX_RUN_KAFKA:-auto}" != mock ] && command -v java >/dev/null && command -v mvn >/dev/null; then
+    KAFKA_KIND=broker
+    KAFKA_DIR=$(mktemp -d /tmp/obx-kafka-run.XXXXXX)
+    log "Java found: starting an Apache Kafka broker (scripts/kafka.sh; the first start on a" \
+      "machine fetches it with Maven, about 70 MB, some 15 s on a fast link; then cached in ~/.m2)"
+    t0=$SECONDS
+    OBX_KAFKA_DIR=$KAFKA_DIR setsid scripts/kafka.sh start domain-events:4 >"$STATE/kafka.log" 2>&1 ||
+      die "the Kafka broker did not start; log: $STATE/kafka.log and $KAFKA_DIR/broker.log"
+    KAFKA_BROKERS=$(. "$KAFKA_DIR/env" && echo "$KAFKA_BROKERS")
+    KAFKA_PID=$(cat "$KAFKA_DIR/broker.pid")
+    log "Apache Kafka broker on $KAFKA_BROKERS (topic domain-events, 4 partitions), up in $((SECONDS - t0)) s"
+  else
+    KAFKA_KIND=kafka-mockd
+    if [ "${OBX_RUN_KAFKA:-auto}" != mock ]; then
+      log "no Java/Maven: using kafka-mockd, librdkafka's mock cluster (install Java 17 and Maven" \
+        "for a real broker)"
+    fi
+    setsid "$BUILD/tests/fixtures/kafka-mock/kafka-mockd" --brokers 1 --topic domain-events:4 \
+      --bootstrap-file "$STATE/kafka.bootstrap" --control "$STATE/kafka.control" \
+      </dev/null >"$STATE/kafka-mockd.log" 2>&1 &
+    PIDS+=($!); KAFKA_PID=$!
+    wait_file "$STATE/kafka.bootstrap" kafka-mockd "$KAFKA_PID"
+    KAFKA_BROKERS=$(head -n1 "$STATE/kafka.bootstrap")
+    log "kafka-mockd on $KAFKA_BROKERS (topic domain-events, 4 partitions)"
+  fi
 fi
 if [ -z "${AMQP_URL:-}" ]; then
   RMQ_DIR=$(mktemp -d /tmp/obx-rmq-run.XXXXXX)
@@ -179,7 +207,9 @@ sed 's/^/run.sh: pipelines: /' "$STATE/pipelines.log" >&2
   echo "AMQP_URL='$AMQP_URL'"
   echo "OUTBOXD_PID=$OUTBOXD_PID"
   echo "DEVMONGOD_PID=${DEVMONGOD_PID:-}"
-  echo "KAFKA_MOCKD_PID=${KAFKA_MOCKD_PID:-}"
+  echo "KAFKA_KIND=$KAFKA_KIND"
+  echo "KAFKA_PID=$KAFKA_PID"
+  echo "KAFKA_DIR=$KAFKA_DIR"
   echo "RMQ_DIR=$RMQ_DIR"
 } >"$STATE/ready.tmp"
 mv "$STATE/ready.tmp" "$STATE/ready"
@@ -189,7 +219,7 @@ cat <<EOF
 outboxd is running (all roles). Logs: $STATE
   API        $API_URL   (key for org "demo", every permission: $STATE/api-key)
   MongoDB    $MONGO_URI
-  Kafka      $KAFKA_BROKERS   (topic domain-events)
+  Kafka      $KAFKA_BROKERS   ($KAFKA_KIND, topic domain-events)
   RabbitMQ   ${AMQP_URL%%/%2F}
 
 Place an order:

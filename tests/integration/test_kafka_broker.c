@@ -382,7 +382,7 @@ static void test_relay_java_consumer(void **state) {
 }
 
 /* Parses ConsumerGroupCommand --describe rows of the topic: sums CURRENT-OFFSET and
- * LOG-END-OFFSET and counts rows with LAG 0. */
+ * LOG-END-OFFSET and counts rows with nothing left to read. */
 static void describe_group(fx_t *fx, int *rows, long long *current, long long *end, int *zero_lag) {
   char *out = malloc(OUT_LEN);
   const char *args[] = {"org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", "--bootstrap-server",
@@ -398,7 +398,8 @@ static void describe_group(fx_t *fx, int *rows, long long *current, long long *e
     (*rows)++;
     *current += atoll(cur);
     *end += atoll(e);
-    if (strcmp(lag, "0") == 0) (*zero_lag)++;
+    /* A partition no record went to has no committed offset: "-" for current and lag. */
+    if (strcmp(lag, "0") == 0 || (strcmp(cur, "-") == 0 && strcmp(e, "0") == 0)) (*zero_lag)++;
   }
   free(out);
 }
@@ -478,6 +479,17 @@ static void test_commit_after_inbox(void **state) {
   assert_int_equal(obx_test_outboxd_stop(worker), 0);
 }
 
+/* DONE inbox entries of the fixture's group among <prefix>-0 .. <prefix>-(n-1). */
+static int done_of(fx_t *fx, const char *prefix, int n) {
+  int done = 0;
+  char id[160], status[16];
+  for (int i = 0; i < n; i++) {
+    snprintf(id, sizeof id, "%s-%d", prefix, i);
+    if (strcmp(inbox_status(fx, id, status, sizeof status), "DONE") == 0) done++;
+  }
+  return done;
+}
+
 static void test_group_rebalance(void **state) {
   (void)state;
   fx_t *fx = &g_fx;
@@ -488,16 +500,21 @@ static void test_group_rebalance(void **state) {
     snprintf(prefix[b], sizeof prefix[b], "RB%d_%d", (int)getpid(), b);
     for (int i = 0; i < 16; i++) {
       snprintf(num, sizeof num, "%s-%d", prefix[b], i);
-      route_erp(fx, num, 100); /* events still run while the group changes */
+      route_erp(fx, num, b < 2 ? 800 : 0); /* batches 0 and 1 still run while the group changes */
     }
   }
   obx_test_outboxd_t *a = &fx->d[0], *b = &fx->d[1];
   start_worker(fx, a);
   java_produce(fx, prefix[0], 16, 8);
   start_worker(fx, b); /* joins: the partitions are shared out again while batch 0 runs */
+  int done = done_of(fx, prefix[0], 16);
+  if (done == 16) fail_msg("batch 0 finished before the second worker joined: no rebalance under load");
   java_produce(fx, prefix[1], 16, 8);
-  wait_done(fx, 32);
-  assert_int_equal(obx_test_outboxd_stop(a), 0); /* leaves: b takes every partition */
+  int64_t deadline = obx_test_now_ms() + WAIT_MS;
+  while (done_of(fx, prefix[1], 16) == 0 && obx_test_now_ms() < deadline) usleep(50 * 1000);
+  done = done_of(fx, prefix[1], 16);
+  if (done == 0 || done == 16) fail_msg("batch 1: %d of 16 DONE when the first worker leaves, want some but not all", done);
+  assert_int_equal(obx_test_outboxd_stop(a), 0); /* leaves while batch 1 runs: b takes every partition */
   java_produce(fx, prefix[2], 16, 8);
   wait_done(fx, 48);
   for (int bt = 0; bt < 3; bt++)

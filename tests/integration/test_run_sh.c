@@ -3,11 +3,13 @@
  * Starts `scripts/run.sh --no-build` (the binaries of this build; HTTP_PORT=0; AMQP_URL is used
  * when set, else run.sh starts its own RabbitMQ) with a state directory of its own, waits for
  * its `ready` file, places an order with the printed key, reads the event back from Kafka
- * (the kafka-mockd run.sh started) and sees the outbox say PUBLISHED. Then it sends SIGINT to
- * run.sh, as Ctrl-C would, and checks that run.sh and every process it started are gone.
+ * (the Apache Kafka broker run.sh started, Java being installed) and sees the outbox say
+ * PUBLISHED. Then it sends SIGINT to run.sh, as Ctrl-C would, and checks that run.sh and every
+ * process it started (the broker's JVM included) are gone, with the broker's directory.
  * test_run_sh_own_rabbitmq does the same with AMQP_URL removed from run.sh's environment, so
  * run.sh starts a private RabbitMQ node: the order still goes through, and after SIGINT the
- * node's processes and port are gone with its directory.
+ * node's processes and port are gone with its directory. It also sets OBX_RUN_KAFKA=mock, so
+ * that run goes through kafka-mockd, the choice run.sh makes without Java.
  * test_run_sh_demo does the same with --demo and checks the stages it printed: integrated at
  * once, recovered through the ladder after two 503s, DEAD then redriven to DONE. */
 #include "obx_test.h"
@@ -36,7 +38,8 @@
 typedef struct {
   char api_url[128], key_file[256], kafka[256];
   int port;
-  pid_t pids[3]; /* outboxd, devmongod, kafka-mockd */
+  char kafka_kind[32], kafka_dir[256]; /* broker or kafka-mockd; the broker's directory */
+  pid_t pids[3]; /* outboxd, devmongod, the broker's JVM or kafka-mockd */
 } ready_t;
 
 /* Copies the value of `NAME=value` (quotes removed) from the ready file. */
@@ -62,11 +65,13 @@ static bool ready_value(const char *path, const char *name, char *out, size_t ou
 
 static void read_ready(const char *path, ready_t *r) {
   char v[64];
-  static const char *const pid_names[] = {"OUTBOXD_PID", "DEVMONGOD_PID", "KAFKA_MOCKD_PID"};
+  static const char *const pid_names[] = {"OUTBOXD_PID", "DEVMONGOD_PID", "KAFKA_PID"};
   if (!ready_value(path, "API_URL", r->api_url, sizeof r->api_url) ||
       !ready_value(path, "API_KEY_FILE", r->key_file, sizeof r->key_file) ||
-      !ready_value(path, "KAFKA_BROKERS", r->kafka, sizeof r->kafka))
-    fail_msg("%s lacks API_URL, API_KEY_FILE or KAFKA_BROKERS", path);
+      !ready_value(path, "KAFKA_BROKERS", r->kafka, sizeof r->kafka) ||
+      !ready_value(path, "KAFKA_KIND", r->kafka_kind, sizeof r->kafka_kind) ||
+      !ready_value(path, "KAFKA_DIR", r->kafka_dir, sizeof r->kafka_dir))
+    fail_msg("%s lacks API_URL, API_KEY_FILE, KAFKA_BROKERS, KAFKA_KIND or KAFKA_DIR", path);
   const char *colon = strrchr(r->api_url, ':');
   r->port = colon ? atoi(colon + 1) : 0;
   assert_true(r->port > 0);
@@ -118,10 +123,12 @@ static void delete_queues(const int64_t *tiers, int ntiers) {
   obx_ladder_destroy(ladder);
 }
 
-/* Starts run.sh with `mode` ("" or "--demo") and a state dir named `name`; waits for ready. */
-static void run_start(obx_test_proc_t *run, const char *name, const char *mode, ready_t *r, char *ready_path,
-                      size_t rplen) {
-  char dir[300], script[512], build_env[512], prefix_env[100];
+/* Starts run.sh with `mode` ("" or "--demo") and a state dir named `name`; waits for ready.
+ * kafka: "auto" (a broker, Java being installed) or "mock" (OBX_RUN_KAFKA=mock: kafka-mockd);
+ * checks that run.sh said which one it started. */
+static void run_start(obx_test_proc_t *run, const char *name, const char *mode, const char *kafka, ready_t *r,
+                      char *ready_path, size_t rplen) {
+  char dir[300], script[512], build_env[512], prefix_env[100], kafka_env[64];
   snprintf(dir, sizeof dir, "%s/%s", obx_test_tmpdir(), name);
   snprintf(ready_path, rplen, "%s/ready", dir);
   snprintf(script, sizeof script, "%s/scripts/run.sh", OBX_SOURCE_DIR);
@@ -129,7 +136,8 @@ static void run_start(obx_test_proc_t *run, const char *name, const char *mode, 
   char *argv[] = {"/bin/bash", script, "--no-build", "--state-dir", dir, *mode ? (char *)mode : NULL, NULL};
   snprintf(queue_prefix, sizeof queue_prefix, "runsh.%d.%s", (int)getpid(), name);
   snprintf(prefix_env, sizeof prefix_env, "WORKER_QUEUE_PREFIX=%s", queue_prefix);
-  char *env[] = {build_env, "HTTP_PORT=0", prefix_env, NULL};
+  snprintf(kafka_env, sizeof kafka_env, "OBX_RUN_KAFKA=%s", kafka);
+  char *env[] = {build_env, "HTTP_PORT=0", prefix_env, kafka_env, NULL};
   /* run.sh must see SIGINT as a terminal's Ctrl-C delivers it, even when this test was started
    * in the background (where SIGINT is ignored and a shell could not trap it) */
   signal(SIGINT, SIG_DFL);
@@ -139,6 +147,13 @@ static void run_start(obx_test_proc_t *run, const char *name, const char *mode, 
     fail_msg("run.sh not ready in %d s; its output: %s", READY_MS / 1000, run->log_path);
   }
   read_ready(ready_path, r);
+  bool mock = strcmp(kafka, "mock") == 0;
+  const char *said = mock ? "run.sh: kafka-mockd on " : "run.sh: Apache Kafka broker on ";
+  if (strcmp(r->kafka_kind, mock ? "kafka-mockd" : "broker") != 0 || !obx_test_file_contains(run->log_path, said, 0))
+    fail_msg("run.sh (OBX_RUN_KAFKA=%s) started Kafka kind '%s' or did not say \"%s\": %s", kafka, r->kafka_kind, said,
+             run->log_path);
+  if (!mock && !obx_test_file_contains(run->log_path, "the first start on a", 0))
+    fail_msg("run.sh did not say that the first start fetches the broker: %s", run->log_path);
 }
 
 /* Ctrl-C: run.sh exits 130 after stopping everything it started. */
@@ -150,6 +165,8 @@ static void run_interrupt(obx_test_proc_t *run, const ready_t *r, const char *re
   for (int i = 0; i < 3; i++)
     if (kill(r->pids[i], 0) == 0 || errno != ESRCH) fail_msg("pid %d started by run.sh still runs", (int)r->pids[i]);
   assert_false(obx_test_file_contains(ready_path, "API_URL", 0)); /* removed on stop */
+  struct stat st;
+  if (r->kafka_dir[0] && stat(r->kafka_dir, &st) == 0) fail_msg("run.sh's Kafka directory %s is left behind", r->kafka_dir);
 }
 
 /* An order placed with run.sh's key reaches Kafka and its outbox event becomes PUBLISHED. */
@@ -183,7 +200,7 @@ static void test_run_sh(void **state) {
   char ready_path[400];
   obx_test_proc_t run;
   ready_t r;
-  run_start(&run, "run-sh", "", &r, ready_path, sizeof ready_path);
+  run_start(&run, "run-sh", "", "auto", &r, ready_path, sizeof ready_path);
   order_flows(&run, &r);
   run_interrupt(&run, &r, ready_path);
   static const int64_t tiers[] = {5000, 30000, 120000, 600000}; /* RETRY_LADDER's default */
@@ -195,7 +212,7 @@ static void test_run_sh_demo(void **state) {
   char ready_path[400];
   obx_test_proc_t run;
   ready_t r;
-  run_start(&run, "run-sh-demo", "--demo", &r, ready_path, sizeof ready_path);
+  run_start(&run, "run-sh-demo", "--demo", "auto", &r, ready_path, sizeof ready_path);
   if (!obx_test_file_contains(run.log_path, "demo: done", DEMO_MS)) {
     obx_test_proc_stop(&run, SIGTERM, 60000);
     fail_msg("demo did not finish in %d s; its output: %s", DEMO_MS / 1000, run.log_path);
@@ -279,7 +296,7 @@ static void test_run_sh_own_rabbitmq(void **state) {
   ready_t r;
   rmq_node_t node;
   unsetenv("AMQP_URL"); /* run.sh inherits this environment */
-  run_start(&run, "run-sh-rmq", "", &r, ready_path, sizeof ready_path);
+  run_start(&run, "run-sh-rmq", "", "mock", &r, ready_path, sizeof ready_path);
   if (shared) setenv("AMQP_URL", shared, 1);
   free(shared);
   read_rmq_node(ready_path, &node);

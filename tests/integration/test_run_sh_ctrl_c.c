@@ -5,7 +5,8 @@
  * with job control starts a foreground job), waits for its `ready` file, then sends SIGINT to
  * the whole group. Wanted: run.sh and every process it started are gone within 5 s; outboxd
  * stopped cleanly ("outboxd stopped", not cut by its grace: its services still answered while it
- * stopped); run.sh never had to SIGKILL anything. */
+ * stopped); run.sh never had to SIGKILL anything. Kafka is whichever run.sh picks (KAFKA_PID: the
+ * Apache Kafka broker where Java is installed, else kafka-mockd). */
 #include "obx_test.h"
 
 #include <errno.h>
@@ -83,7 +84,7 @@ static void test_ctrl_c_stops_outboxd_first_and_everything_fast(void **state) {
   }
   pids_t ps = {.n = 0};
   ps.pids[ps.n++] = run;
-  static const char *const names[] = {"OUTBOXD_PID", "DEVMONGOD_PID", "KAFKA_MOCKD_PID"};
+  static const char *const names[] = {"OUTBOXD_PID", "DEVMONGOD_PID", "KAFKA_PID"};
   for (int i = 0; i < 3; i++)
     if (!ready_pid(ready, names[i], &ps.pids[ps.n++])) fail_msg("%s: no %s", ready, names[i]);
 
