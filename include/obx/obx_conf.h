@@ -132,6 +132,8 @@ typedef struct {
     "Kafka consumer group of the worker; also the inbox consumer name")                           \
   X(worker_queue_prefix, STR, "worker.queue_prefix", "WORKER_QUEUE_PREFIX", "outboxd", 0, 0, NULL, 0, \
     "Prefix of the RabbitMQ names: <prefix>.retry exchange, <prefix>.retry.<delay> tiers, <prefix>.work, <prefix>.dlq") \
+  X(worker_dlq_drain, BOOL, "worker.dlq_drain", "WORKER_DLQ_DRAIN", "true", 0, 0, NULL, 0,         \
+    "Move the parking-lot queue's messages into the dead_letters collection, where operators read and redrive them") \
   X(egress_allowlist, STR, "egress.allowlist", "EGRESS_ALLOWLIST", "", 0, 0, NULL, 0,             \
     "Hosts http-request nodes may call (comma-separated; empty allows any public host)")         \
   X(egress_allow_networks, STR, "egress.allow_networks", "EGRESS_ALLOW_NETWORKS", "", 0, 0, NULL, 0, \

@@ -8,8 +8,9 @@
  * --help and rejects unknown subcommands. Commands that reach the services load the
  * configuration exactly as outboxd does, through the -c/-X helpers below.
  *
- * Exit codes, for every command: 0 success, 1 the operation failed, 2 bad usage or bad
- * configuration. Output for people goes to stdout, diagnostics to stderr. */
+ * Exit codes, for every command: 0 success, 1 the operation failed (an unknown id included),
+ * 2 bad usage, bad input or bad configuration, 3 `status` found something degraded. Output for
+ * people goes to stdout, diagnostics to stderr; nothing else is logged below warnings. */
 #ifndef OBX_CTL_H
 #define OBX_CTL_H
 
@@ -22,17 +23,19 @@
 #define OBX_CTL_OK 0
 #define OBX_CTL_FAILED 1
 #define OBX_CTL_USAGE 2
+#define OBX_CTL_DEGRADED 3
 
 /* X(name, summary) - one line per command, in the order shown by `outboxctl --help`. */
 #define OBX_CTL_COMMANDS(X)                                                          \
   X(conf, "List the configuration keys; check a configuration as outboxd would load it")      \
   X(apikey, "Create API keys for the HTTP API (printed once, stored hashed)")                  \
   X(pipelines, "Apply pipeline definitions (validated; create/update by name) and list them")   \
-  X(dlq, "The parking-lot DLQ: list, peek, redrive (one, filtered, all; dry run), purge")      \
-  X(inbox, "The worker's inbox: list, show an entry, replay one event or a type since a time") \
+  X(dlq, "Dead letters: list/filter, peek, redrive (once each), delete, purge, export")         \
+  X(inbox, "The worker's inbox: list, show an entry with its executions, replay (filtered)")   \
   X(keys, "Business keys parked behind a failing event: list, release")                         \
   X(outbox, "The relay's outbox: list by status, counts, reprocess a FAILED event")             \
-  X(status, "Relay leader and lag, checkpoint age, outbox/inbox counts, DLQ depth, parked keys")
+  X(status, "Relay leader and lag, counts, dead letters, DLQ depth, parked keys; --watch")        \
+  X(audit, "The audit log of operator actions")
 
 #define OBX_CTL_DECLARE_(name, summary) int obx_ctl_##name(int argc, char **argv);
 OBX_CTL_COMMANDS(OBX_CTL_DECLARE_)

@@ -156,6 +156,8 @@ bool obx_ladder_dlq_purge(obx_ladder_t *ladder, uint32_t *purged, obx_err_t *err
 typedef struct obx_ladder_consumer obx_ladder_consumer_t;
 
 obx_ladder_consumer_t *obx_ladder_consumer_new(const obx_ladder_opts_t *opts, int prefetch, obx_err_t *err);
+/* The same on the parking-lot queue P.dlq (the dead-letter store's drain, src/ops/ops_drain.c). */
+obx_ladder_consumer_t *obx_ladder_dlq_consumer_new(const obx_ladder_opts_t *opts, int prefetch, obx_err_t *err);
 void obx_ladder_consumer_destroy(obx_ladder_consumer_t *consumer);
 /* Waits up to timeout_ms for the next message. Returns true with *got false on timeout; false
  * on a broker problem (the next call reconnects, after the backoff). msg must be initialised;

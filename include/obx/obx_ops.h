@@ -1,21 +1,32 @@
-/* obx_ops.h - operator operations shared by the HTTP API (src/api/ops_routes.c) and outboxctl
+/* obx_ops.h - the operators' operations: one module (src/ops/) that outboxctl and the HTTP API
+ * both call
  *
- * DESIGN: one implementation per operation, so `outboxctl outbox reprocess` and
- * POST /api/outbox/:id/reprocess do the same thing and leave the same audit_log entry. The
- * context is the worker's operations context (obx_worker_ops_t: MongoDB pool, RabbitMQ ladder,
- * inbox consumer, operator name), so the worker's own operations (DLQ redrive, inbox replay,
- * key release, src/worker/ops.c) are reached through the same value; the functions here add
- * the org scoping the API needs on top of them.
+ * DESIGN: one implementation per operation, so `outboxctl dlq redrive` and POST /api/dlq/redrive
+ * do the same thing and leave the same audit_log entry. src/ops/ has one file per
+ * responsibility: ops_outbox.c (outbox listing, counts, reprocess), ops_inbox.c (one entry with
+ * its executions, replays), ops_keys.c (parked keys), ops_dead_letters.c (the dead_letters store:
+ * list, get, redrive, delete, export), ops_drain.c (the worker's drain of the parking-lot queue
+ * into that store, and the operators' gauges), ops_audit.c (audit_log write and query),
+ * ops_status.c (the system at a glance). src/api/ops_routes.c and src/ctl/ are thin shells
+ * over these functions. Nothing here runs a pipeline: replays, releases and redrives publish the
+ * stored event to the work queue (confirmed) and the running worker runs it on its key's lane.
  *
  * Org scoping: every function takes `org`; NULL means every org (outboxctl run by an operator),
- * otherwise documents and messages of other orgs are invisible: listing skips them and an id of
- * another org answers OBX_ERR_NOT_FOUND, exactly as an id that does not exist.
+ * otherwise documents of other orgs are invisible: listing skips them and an id of another org
+ * answers OBX_ERR_NOT_FOUND, exactly as an id that does not exist.
  *
- * Writes made here go to `audit_log` in the same transaction as the change they record:
- *   {_id, who, when, action, target, orgId, details}
- * (action "outbox.reprocess"). obx_ops_audit writes that entry for every operator action, the
- * worker's included. Mongo errors are wrapped with obx_err_from_bson (retriable when
- * transient). Thread-safe as long as the pool and the ladder are (they are). */
+ * Dry runs: every mutating operation takes dry_run; a dry run changes nothing (no document, no
+ * message, no audit_log entry) and answers what the real run would touch.
+ *
+ * audit_log: {_id, who, when, action, target, orgId, details}; every real mutation and every
+ * export writes one entry (in the transaction of the change when the change is one).
+ *
+ * Lists answer {items: [...], count: <items in this page>, next: <cursor> | null}: pass `next`
+ * back as `after` for the following page. Times in answers are BSON dates, which the JSON
+ * renderers of the CLI and the API print as RFC 3339.
+ *
+ * Mongo errors are wrapped with obx_err_from_bson (retriable when transient). Thread-safe as
+ * long as the pool and the ladder are (they are). */
 #ifndef OBX_OPS_H
 #define OBX_OPS_H
 
@@ -26,95 +37,171 @@
 #include "obx_conf.h"
 #include "obx_err.h"
 #include "obx_http.h"
-#include "obx_worker.h"
+#include "obx_ladder.h"
+#include "obx_mongo.h"
 
-typedef obx_worker_ops_t obx_ops_t;
+/* The context of an operation. Pointers borrowed for the call. */
+typedef struct {
+  obx_mongo_t *mongo;
+  obx_ladder_t *ladder; /* RabbitMQ publisher; NULL when RabbitMQ is not configured */
+  const char *consumer; /* inbox consumer (WORKER_GROUP) */
+  const char *who;      /* operator recorded in audit_log */
+} obx_ops_t;
 
 #define OBX_OPS_DEFAULT_LIMIT 50
 #define OBX_OPS_MAX_LIMIT 1000
 
-/* The two event stores an operator lists and counts. */
-typedef enum { OBX_OPS_OUTBOX, OBX_OPS_INBOX } obx_ops_store_t;
+/* One page of a list: at most limit items (0: OBX_OPS_DEFAULT_LIMIT; 1..OBX_OPS_MAX_LIMIT)
+ * after the cursor `after` (NULL: from the start). */
+typedef struct {
+  int limit;
+  const char *after;
+} obx_ops_page_t;
 
-/* Appends {_id, who: ops->who ("unknown" when empty), when: now, action, target, orgId: org
- * (null when NULL), details (omitted when NULL)} to audit_log. With session the entry is part
- * of that transaction (written on the session's client); without, on a client of ops->mongo. */
+/* ---- audit_log (ops_audit.c) ------------------------------------------------------------------ */
+
+/* Appends {_id, who: ops->who, when: now, action, target, orgId: org (null when NULL), details
+ * (omitted when NULL)} to audit_log. With session the entry is part of that transaction. */
 bool obx_ops_audit(const obx_ops_t *ops, mongoc_client_session_t *session, const char *action, const char *target,
                    const char *org, const bson_t *details, obx_err_t *err);
 
-/* The collection name of a store ("outbox", "inbox"). */
+typedef struct {
+  const char *org, *action, *target, *who;
+  int64_t since_ms, until_ms; /* 0: no bound */
+} obx_ops_audit_filter_t;
+/* audit_log entries, newest first, of org (NULL: all). */
+bool obx_ops_audit_list(const obx_ops_t *ops, const obx_ops_audit_filter_t *filter, const obx_ops_page_t *page,
+                        bson_t *out, obx_err_t *err);
+
+/* ---- outbox and inbox listings (ops_outbox.c) -------------------------------------------------- */
+
+typedef enum { OBX_OPS_OUTBOX, OBX_OPS_INBOX } obx_ops_store_t;
+
 const char *obx_ops_store_name(obx_ops_store_t store);
-/* Checks a status name of a store: PENDING|PUBLISHED|FAILED for the outbox, the inbox statuses
- * of obx_inbox.h for the inbox. OBX_ERR_INPUT naming the accepted values otherwise. */
+/* OBX_ERR_INPUT naming the accepted values when status is not one of the store's. */
 bool obx_ops_status_check(obx_ops_store_t store, const char *status, obx_err_t *err);
-
-/* Lists documents of a store, newest first (outbox: occurredAt, inbox: receivedAt), at most
- * `limit` (1..OBX_OPS_MAX_LIMIT; 0: OBX_OPS_DEFAULT_LIMIT), filtered by status (NULL: any) and
- * org. The inbox lists the entries of ops->consumer. out (initialised by the caller) receives
- *   {"items": [<document>...], "count": n, "limit": limit}
- * Inbox payloads and headers are left out of listings (`outboxctl inbox show` has them). */
-bool obx_ops_list(const obx_ops_t *ops, obx_ops_store_t store, const char *org, const char *status, int limit,
-                  bson_t *out, obx_err_t *err);
-
-/* Counts documents of a store by status: out receives {"<STATUS>": n, ...} with every status
- * of the store present (0 when none). */
+/* The newest documents of a store (outbox: occurredAt, inbox: receivedAt), filtered by status
+ * (NULL: any) and org. Inbox payloads and headers are left out (obx_ops_inbox_get has them). */
+bool obx_ops_list(const obx_ops_t *ops, obx_ops_store_t store, const char *org, const char *status,
+                  const obx_ops_page_t *page, bson_t *out, obx_err_t *err);
+/* {"<STATUS>": n, ...} with every status of the store. */
 bool obx_ops_counts(const obx_ops_t *ops, obx_ops_store_t store, const char *org, bson_t *out, obx_err_t *err);
+/* FAILED -> PENDING (attempts 0, available now, history appended), with its audit entry in one
+ * transaction. NOT_FOUND, CONFLICT when not FAILED. out (may be NULL) receives the document as it
+ * is (dry run) or as the reprocess left it. */
+bool obx_ops_outbox_reprocess(const obx_ops_t *ops, const char *org, const char *id, bool dry_run, bson_t *out,
+                              obx_err_t *err);
 
-/* Sends a FAILED outbox event back to the relay: status PENDING, attempts 0, availableAt now,
- * lastError null; the previous attempts and lastError are appended to the event's `history`
- * array ({at, action: "reprocess", attempts, lastError, by}). The relay's change stream sees the
- * update and publishes the event again. One transaction with the audit_log entry.
- * OBX_ERR_NOT_FOUND when the id does not exist (in org), OBX_ERR_CONFLICT when the event is not
- * FAILED. out (may be NULL; initialised by the caller) receives the updated document. */
-bool obx_ops_outbox_reprocess(const obx_ops_t *ops, const char *org, const char *id, bson_t *out, obx_err_t *err);
+/* ---- inbox and replays (ops_inbox.c) ------------------------------------------------------------ */
 
-/* Replays one stored inbox event (obx_worker_replay_event) after checking that it belongs to
- * org. OBX_ERR_NOT_FOUND when the inbox has no such entry (in org). */
-bool obx_ops_inbox_replay(const obx_ops_t *ops, const char *org, const char *event_id, obx_err_t *err);
+/* One inbox entry with its executions: out receives {entry: {...}, executions: [{_id, status,
+ * steps: [...], ...}]}. NOT_FOUND when absent (in org). */
+bool obx_ops_inbox_get(const obx_ops_t *ops, const char *org, const char *event_id, bson_t *out, obx_err_t *err);
 
-/* The DLQ message as a document: {id, type, key, orgId, attempts, failureClass, reason,
- * lastError, firstFailureAt, source, headers, history, body}. out initialised by the caller. */
-void obx_ops_dlq_msg_to_bson(const obx_ladder_msg_t *msg, bson_t *out);
-/* The org of a DLQ message (its ce_orgid header), or NULL. */
-const char *obx_ops_dlq_msg_org(const obx_ladder_msg_t *msg);
+typedef struct {
+  const char *org, *status, *type, *key, *event_id;
+  int64_t since_ms, until_ms;  /* receivedAt bounds; 0: none */
+  bool include_finished;       /* DONE and SKIPPED entries are selected only with this */
+} obx_ops_replay_filter_t;
+typedef void (*obx_ops_progress_fn)(void *ctx, int64_t done, int64_t total);
+/* Publishes every selected inbox entry (oldest first) to the work queue as a replay. out
+ * receives {replayId, dryRun, count, events: [<first `preview` event ids>]}; the real run writes
+ * one audit_log entry "inbox.replay" (target: the replay id) listing the ids. A filter with
+ * event_id selects that entry whatever its status and fails NOT_FOUND when it is absent; a
+ * filter with a DONE/SKIPPED status and no include_finished is OBX_ERR_INPUT. */
+bool obx_ops_inbox_replay(const obx_ops_t *ops, const obx_ops_replay_filter_t *filter, bool dry_run, int preview,
+                          obx_ops_progress_fn progress, void *ctx, bson_t *out, obx_err_t *err);
 
-/* Browses up to `limit` DLQ messages of org (0: OBX_OPS_DEFAULT_LIMIT) without removing them;
- * out (initialised) receives {"items": [...], "count": n}. Needs ops->ladder. */
-bool obx_ops_dlq_list(const obx_ops_t *ops, const char *org, int limit, bson_t *out, obx_err_t *err);
+/* ---- parked keys (ops_keys.c) -------------------------------------------------------------------- */
 
-/* Redrives DLQ messages of org: the ids given (nids > 0), or all of them (all true). Each id
- * must be a message of org in the DLQ (OBX_ERR_NOT_FOUND otherwise, nothing moved): ids are
- * checked with one browse pass. The move is one obx_worker_dlq_redrive pass with the org (and
- * ids) in its filter, recorded as one audit_log entry. out (initialised) receives
- * {"dryRun": b, "moved": n, "ids": [<ids moved, or that would be>]}. */
-bool obx_ops_dlq_redrive(const obx_ops_t *ops, const char *org, const char *const *ids, int nids, bool all,
-                         bool dry_run, bson_t *out, obx_err_t *err);
+/* {items: [{key, headEventId, since, reason, blocked, orgId}], count, next: null}: the parked keys
+ * whose head event belongs to org (NULL: all). */
+bool obx_ops_keys_list(const obx_ops_t *ops, const char *org, bson_t *out, obx_err_t *err);
+/* Releases a parked key (its oldest BLOCKED event becomes the head and is sent to the work
+ * queue; nothing blocked: unparked). out receives {key, dryRun, nextEvent: id | null}.
+ * NOT_FOUND when the key is not parked (for org). */
+bool obx_ops_key_release(const obx_ops_t *ops, const char *org, const char *key, bool dry_run, bson_t *out,
+                         obx_err_t *err);
 
-/* The whole system at a glance, for `outboxctl status`:
- *   {relay: {leader, epoch, leaseExpiresAt, leaseValid, checkpointAt, checkpointAgeMs,
- *            pending, oldestPendingAt, lagMs},
- *    outbox: {<STATUS>: n}, inbox: {<STATUS>: n}, dlq: {depth} | {depth: null, error},
- *    parkedKeys: n}
- * lagMs is the age of the oldest PENDING event that is due (0 when none). DLQ depth needs
- * ops->ladder; without it, or when RabbitMQ does not answer, depth is null with the reason.
- * Fails only when MongoDB fails. */
+/* ---- dead letters (ops_dead_letters.c) --------------------------------------------------------- */
+
+/* Collection dead_letters, one document per message the parking-lot queue held:
+ *   {_id: "<UUIDv7>", dedupKey: "<messageId>/<redriveCount>/<attempt>/<firstFailureMs>",
+ *    eventId, type, orgId, key, failureClass, reason, lastError, attempts, history: [...],
+ *    headers: {...}, body: "<payload>", source, firstFailureAt, lastFailureAt, storedAt,
+ *    redriveCount, state: "dead" | "redriving" | "redriven", redriveId, redrivenAt}
+ * dedupKey is unique: storing the same message twice (a redelivery after a lost ack) is one
+ * document. state moves dead -> redriving -> redriven, or back to dead when the publish fails;
+ * a redriving document older than OBX_OPS_REDRIVE_STALE_MS (its run died) is dead again for
+ * the next redrive. A redriven message that fails again arrives as a new document with
+ * redriveCount + 1 (the header OBX_OPS_REDRIVE_COUNT_HEADER travels with it). */
+#define OBX_OPS_REDRIVE_COUNT_HEADER "outboxd-redrive-count"
+#define OBX_OPS_REDRIVE_ID_HEADER "outboxd-redrive-id"
+#define OBX_OPS_REDRIVE_STALE_MS (10 * 60 * 1000)
+
+bool obx_ops_dl_ensure_indexes(obx_mongo_t *mongo, obx_err_t *err);
+/* The document of a parking-lot message (without _id and storedAt). out initialised. */
+void obx_ops_dl_from_msg(const obx_ladder_msg_t *msg, bson_t *out);
+/* Stores a parking-lot message; *stored false when it was already there (same dedupKey). */
+bool obx_ops_dl_store(obx_mongo_t *mongo, const obx_ladder_msg_t *msg, bool *stored, obx_err_t *err);
+
+typedef struct {
+  const char *org, *type, *key, *failure_class, *reason, *event_id, *state;
+  int64_t since_ms, until_ms;  /* lastFailureAt bounds; 0: none */
+  const char *const *ids;      /* dead-letter ids; every one must exist (in org) */
+  int nids;
+  bool all;                    /* the filter alone, no ids: required to act on everything */
+} obx_ops_dl_filter_t;
+/* OBX_ERR_INPUT naming the value when failure_class or state is not one of the known ones. */
+bool obx_ops_dl_filter_check(const obx_ops_dl_filter_t *filter, obx_err_t *err);
+/* Newest failure first. */
+bool obx_ops_dl_list(const obx_ops_t *ops, const obx_ops_dl_filter_t *filter, const obx_ops_page_t *page, bson_t *out,
+                     obx_err_t *err);
+bool obx_ops_dl_get(const obx_ops_t *ops, const char *org, const char *id, bson_t *out, obx_err_t *err);
+/* Redrives the selected dead letters that are dead: the ids are read first (the snapshot), then
+ * each is marked redriving, published to the work queue (confirmed, attempts 0, history kept,
+ * redrive count + 1) and marked redriven with the redrive id. out receives {redriveId, dryRun,
+ * count, ids: [...], skipped: n} (skipped: selected but already redriven or being redriven by
+ * another run). One audit_log entry "dlq.redrive" (target: the redrive id) lists the ids. */
+bool obx_ops_dl_redrive(const obx_ops_t *ops, const obx_ops_dl_filter_t *filter, bool dry_run, bson_t *out,
+                        obx_err_t *err);
+/* Deletes the selected dead letters: out receives {dryRun, count, ids}; one audit entry
+ * "dlq.delete" lists the ids. */
+bool obx_ops_dl_delete(const obx_ops_t *ops, const obx_ops_dl_filter_t *filter, bool dry_run, bson_t *out,
+                       obx_err_t *err);
+/* Hands every selected dead letter (whole document) to emit, oldest first, then records one
+ * audit entry "dlq.export" listing the ids. *count receives how many. */
+typedef bool (*obx_ops_emit_fn)(void *ctx, const bson_t *doc);
+bool obx_ops_dl_export(const obx_ops_t *ops, const obx_ops_dl_filter_t *filter, obx_ops_emit_fn emit, void *ctx,
+                       int64_t *count, obx_err_t *err);
+/* The dead letters in state dead of org (NULL: all) and the first failure time of the oldest
+ * (0 when none). */
+bool obx_ops_dl_stats(obx_mongo_t *mongo, mongoc_client_t *client, const char *org, int64_t *count, int64_t *oldest_ms,
+                      obx_err_t *err);
+
+/* ---- the drain (ops_drain.c), started by the worker role ----------------------------------------- */
+
+typedef struct obx_ops_drain obx_ops_drain_t;
+/* Starts the thread that consumes the parking-lot queue into dead_letters (acking each message
+ * only once its document is written) and refreshes the operators' gauges every 5 s. NULL (not
+ * an error) when WORKER_DLQ_DRAIN is off. Starts with RabbitMQ or MongoDB down. */
+obx_ops_drain_t *obx_ops_drain_start(const obx_conf_t *conf, obx_err_t *err);
+void obx_ops_drain_stop(obx_ops_drain_t *drain);
+
+/* ---- status (ops_status.c) ------------------------------------------------------------------------ */
+
+/* {relay: {...}, outbox: {...}, inbox: {...}, deadLetters: {count, oldestAt},
+ *  dlq: {depth} | {depth: null, error}, parkedKeys: n, degraded: [<reasons>]}
+ * degraded lists what an operator must look at (no relay leader, lag over a minute, dead
+ * letters, RabbitMQ unreachable). Fails only when MongoDB fails. */
 bool obx_ops_status(const obx_ops_t *ops, bson_t *out, obx_err_t *err);
 
-/* ---- HTTP (src/api/ops_routes.c) -------------------------------------------------------------
- * Registers the operators' routes of DESIGN.md §7 on http, scoped to the API key's org:
- *   GET  /api/outbox?status=&limit=      outbox:read       obx_ops_list
- *   POST /api/outbox/:id/reprocess       outbox:reprocess  obx_ops_outbox_reprocess
- *   GET  /api/inbox?status=&limit=       inbox:read        obx_ops_list
- *   POST /api/inbox/:id/replay           inbox:replay      obx_ops_inbox_replay (202)
- *   GET  /api/dlq?limit=                 dlq:read          obx_ops_dlq_list
- *   POST /api/dlq/redrive                dlq:redrive       obx_ops_dlq_redrive; body
- *        {"ids": [...]} or {"all": true}, optional "dryRun": true
- * The operator recorded in audit_log is "apikey:<first 16 hex digits of the key's sha256>" (the
- * start of its line in API_KEYS_FILE). Owns a MongoDB pool and a RabbitMQ ladder publisher
- * (connected on first use, so it starts with RabbitMQ down). Returns owned state, NULL with
- * err on a bad configuration; conf and http are borrowed until obx_ops_api_stop. */
+/* ---- HTTP (src/api/ops_routes.c) ----------------------------------------------------------------
+ * Registers the operators' routes (README "Operators' API"), scoped to the API key's org. The
+ * operator recorded in audit_log is "apikey:<first 16 hex digits of the key's sha256>". Owns a
+ * MongoDB pool and a ladder publisher (connected on first use, kept alive by heartbeats).
+ * Returns owned state; conf and http are borrowed until obx_ops_api_stop. */
 void *obx_ops_api_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err);
-/* Frees; the HTTP server must be stopped first. NULL is a no-op. */
 void obx_ops_api_stop(void *ops_api);
 
 #endif

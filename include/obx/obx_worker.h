@@ -62,54 +62,7 @@ void obx_worker_stats(obx_worker_t *worker, obx_worker_stats_t *stats);
 void *obx_worker_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err);
 void obx_worker_stop(void *worker);
 
-/* ---- operations (outboxctl, the API) ------------------------------------------------------
- * Every mutating operation, dry runs included, appends one document to `audit_log` through
- * obx_ops_audit (obx_ops.h, the one writer of that shape):
- *   {_id, who, when, action, target, orgId, details}
- * action: "dlq.redrive", "dlq.purge", "inbox.replay", "inbox.replay_type", "keys.release".
- * orgId is the org the action concerned (null: every org). keys.release changes MongoDB state
- * and writes its entry in the same transaction; the others change RabbitMQ state only (their
- * entry follows the confirmed change).
- * Replays and releases go through the worker: the stored event is published to the work queue
- * (x-replay for replays) and the running worker handles it on its key's lane, so a replay makes
- * a new pipeline_executions record and per-key order is kept. */
-typedef struct {
-  obx_mongo_t *mongo;
-  obx_ladder_t *ladder;
-  const char *consumer; /* inbox consumer (WORKER_GROUP) */
-  const char *who;      /* operator ($USER) or API key id */
-} obx_worker_ops_t;
-
-/* DLQ messages selected by every field set (NULL / 0: no condition): one id, any of a list of
- * ids, a CloudEvent type, an org (the ce_orgid header). One browse or redrive pass applies it,
- * so an org-scoped redrive is a single pass over the DLQ. Pointers borrowed. */
-typedef struct {
-  const char *id;
-  const char *type;
-  const char *org;
-  const char *const *ids;
-  int nids;
-} obx_worker_dlq_filter_t;
-bool obx_worker_dlq_match(void *filter, const obx_ladder_msg_t *msg);
-/* Redrives the selected DLQ messages to the work queue (see obx_ladder_dlq_redrive); visit may
- * be NULL. One audit_log entry (orgId = filter->org) whose details list the ids moved. */
-bool obx_worker_dlq_redrive(const obx_worker_ops_t *ops, const obx_worker_dlq_filter_t *filter, bool dry_run,
-                            obx_ladder_visit_fn visit, void *ctx, int *moved, obx_err_t *err);
-bool obx_worker_dlq_purge(const obx_worker_ops_t *ops, uint32_t *purged, obx_err_t *err);
-
-/* Re-runs one stored event (any status). OBX_ERR_NOT_FOUND when the inbox has no such event. */
-bool obx_worker_replay_event(const obx_worker_ops_t *ops, const char *event_id, obx_err_t *err);
-/* Re-runs the stored events of a type received since since_ms, oldest first. progress (may
- * be NULL) is called after each event with (done, total). *count: events replayed (or that
- * would be, with dry_run). */
-typedef void (*obx_worker_progress_fn)(void *ctx, int64_t done, int64_t total);
-bool obx_worker_replay_type(const obx_worker_ops_t *ops, const char *event_type, int64_t since_ms, bool dry_run,
-                            obx_worker_progress_fn progress, void *ctx, int64_t *count, obx_err_t *err);
-
-/* Releases a parked key: its oldest BLOCKED event becomes the head and is sent to the work
- * queue; the worker then runs the rest in order. With nothing blocked the key is simply
- * unparked. *next receives the id sent ("" when none). OBX_ERR_NOT_FOUND when not parked. */
-bool obx_worker_key_release(const obx_worker_ops_t *ops, const char *key, char next[OBX_UUID_LEN + 1],
-                            obx_err_t *err);
+/* Operator operations on the worker's state (replays, key release, dead letters) live in the
+ * ops module (obx_ops.h); the worker starts its drain of the parking-lot queue (obx_ops_drain_start). */
 
 #endif

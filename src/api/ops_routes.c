@@ -1,21 +1,40 @@
-/* ops_routes.c - the operators' HTTP API: outbox, inbox, DLQ
+/* ops_routes.c - the operators' HTTP API over the ops module
  *
- * DESIGN: thin handlers over obx_ops_* (src/lib/ops_outbox.c), which outboxctl calls too:
- * parse the query or body, call the operation with the API key's org, map its error
- * (obx_http_reply_err: NOT_FOUND 404, INPUT 400, CONFLICT 409, retriable 503). The HTTP server
- * has already checked the key, its permission and its rate limit. Runs with the api role; owns
- * its MongoDB pool and a ladder publisher (RabbitMQ is reached on the first DLQ request). */
+ * DESIGN: thin handlers over obx_ops_* (src/ops/), which outboxctl calls too: parse the query
+ * or body, call the operation with the API key's org, map its error (obx_http_reply_err:
+ * NOT_FOUND 404, INPUT 400, CONFLICT 409, retriable 503). The HTTP server has already checked
+ * the key, its permission and its rate limit. Every mutating route takes "dryRun" in its JSON
+ * body. Runs with the api role; owns its MongoDB pool and a ladder publisher (RabbitMQ is
+ * reached on the first request that needs it; an obx_amqp keeper services the idle connection's
+ * heartbeats, so it survives idle periods). The routes (README "Operators' API"):
+ *   GET  /api/status                     status:read       obx_ops_status
+ *   GET  /api/outbox?status=&limit=&after=  outbox:read    obx_ops_list
+ *   POST /api/outbox/:id/reprocess       outbox:reprocess  obx_ops_outbox_reprocess
+ *   GET  /api/inbox?status=&limit=&after=   inbox:read     obx_ops_list
+ *   GET  /api/inbox/:id                  inbox:read        obx_ops_inbox_get
+ *   POST /api/inbox/:id/replay           inbox:replay      obx_ops_inbox_replay (202)
+ *   POST /api/inbox/replay               inbox:replay      obx_ops_inbox_replay, filtered (202)
+ *   GET  /api/dlq?<filters>&limit=&after=   dlq:read       obx_ops_dl_list
+ *   GET  /api/dlq/export?<filters>       dlq:export        obx_ops_dl_export (application/x-ndjson)
+ *   GET  /api/dlq/:id                    dlq:read          obx_ops_dl_get
+ *   POST /api/dlq/redrive                dlq:redrive       obx_ops_dl_redrive
+ *   POST /api/dlq/delete                 dlq:delete        obx_ops_dl_delete
+ *   GET  /api/keys                       keys:read         obx_ops_keys_list
+ *   POST /api/keys/:key/release          keys:release      obx_ops_key_release
+ *   GET  /api/audit?action=&target=&since=&until=&limit=&after=  audit:read  obx_ops_audit_list */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "obx/obx_amqp.h"
 #include "obx/obx_auth.h"
 #include "obx/obx_ladder.h"
 #include "obx/obx_mongo.h"
 #include "obx/obx_ops.h"
 
 #define OPS_WHO_HASH_DIGITS 16
-#define OPS_MAX_REDRIVE_IDS 1000
+#define OPS_MAX_IDS 1000
+#define OPS_REPLAY_PREVIEW 20
 
 typedef struct {
   obx_mongo_t *mongo;
@@ -33,128 +52,286 @@ static obx_ops_t request_ops(const ops_api_t *api, const obx_http_req_t *req, ch
   return (obx_ops_t){api->mongo, api->ladder, api->consumer, who_buf};
 }
 
-/* ?limit=N: 0 when absent; false (400 answered) when not an integer in range. */
-static bool query_limit(obx_http_req_t *req, obx_http_resp_t *resp, int *limit) {
+static bool bad_request(obx_http_resp_t *resp, const char *fmt, const char *arg) {
+  char detail[256];
+  snprintf(detail, sizeof detail, fmt, arg);
+  obx_http_reply_problem(resp, 400, "Bad request", detail, NULL);
+  return false;
+}
+
+/* ?limit=N&after=C: false (400 answered) when limit is not an integer in range. */
+static bool query_page(obx_http_req_t *req, obx_http_resp_t *resp, obx_ops_page_t *page) {
   const char *s = obx_http_req_query(req, "limit");
-  *limit = 0;
+  page->limit = 0;
+  page->after = obx_http_req_query(req, "after");
   if (!s) return true;
   char *end;
   long v = strtol(s, &end, 10);
   if (!*s || *end || v < 1 || v > OBX_OPS_MAX_LIMIT) {
-    char detail[64];
-    snprintf(detail, sizeof detail, "limit must be an integer from 1 to %d", OBX_OPS_MAX_LIMIT);
-    obx_http_reply_problem(resp, 400, "Bad request", detail, NULL);
-    return false;
+    char max[16];
+    snprintf(max, sizeof max, "%d", OBX_OPS_MAX_LIMIT);
+    return bad_request(resp, "limit must be an integer from 1 to %s", max);
   }
-  *limit = (int)v;
+  page->limit = (int)v;
   return true;
 }
 
+/* An RFC 3339 time from the query (name) or the body; 0 when absent. */
+static bool time_value(obx_http_resp_t *resp, const char *name, const char *s, int64_t *ms) {
+  *ms = 0;
+  if (!s) return true;
+  if (!obx_time_parse_rfc3339(s, ms)) return bad_request(resp, "%s must be an RFC 3339 time", name);
+  return true;
+}
+
+static void reply(obx_http_resp_t *resp, bool ok, int status, bson_t *out, const obx_err_t *err) {
+  obx_http_reply_result(resp, ok, status, out, err);
+  bson_destroy(out);
+}
+
+/* The JSON body as a document (an empty body is {}); NULL after answering 400. */
+static bson_t *json_body(obx_http_req_t *req, obx_http_resp_t *resp) {
+  size_t len;
+  const char *text = obx_http_req_body(req, &len);
+  bson_t *body = len ? bson_new_from_json((const uint8_t *)text, (ssize_t)len, NULL) : bson_new();
+  if (!body) obx_http_reply_problem(resp, 400, "Bad request", "the body must be a JSON object", NULL);
+  return body;
+}
+
+static bool body_bool(const bson_t *body, obx_http_resp_t *resp, const char *name, bool *v) {
+  bson_iter_t it;
+  *v = false;
+  if (!bson_iter_init_find(&it, body, name)) return true;
+  if (!BSON_ITER_HOLDS_BOOL(&it)) return bad_request(resp, "%s must be a boolean", name);
+  *v = bson_iter_bool(&it);
+  return true;
+}
+
+static bool body_str(const bson_t *body, obx_http_resp_t *resp, const char *name, const char **v) {
+  bson_iter_t it;
+  *v = NULL;
+  if (!bson_iter_init_find(&it, body, name)) return true;
+  if (!BSON_ITER_HOLDS_UTF8(&it)) return bad_request(resp, "%s must be a string", name);
+  *v = bson_iter_utf8(&it, NULL);
+  return true;
+}
+
+/* ---- outbox and inbox ------------------------------------------------------------------------ */
+
 static void list_store(obx_http_req_t *req, obx_http_resp_t *resp, const ops_api_t *api, obx_ops_store_t store) {
-  int limit;
-  if (!query_limit(req, resp, &limit)) return;
+  obx_ops_page_t page;
+  if (!query_page(req, resp, &page)) return;
   char who[32];
   obx_ops_t ops = request_ops(api, req, who, sizeof who);
   obx_err_t err = OBX_ERR_INIT;
   bson_t out = BSON_INITIALIZER;
-  bool ok = obx_ops_list(&ops, store, obx_http_req_org(req), obx_http_req_query(req, "status"), limit, &out, &err);
-  obx_http_reply_result(resp, ok, 200, &out, &err);
-  bson_destroy(&out);
+  bool ok = obx_ops_list(&ops, store, obx_http_req_org(req), obx_http_req_query(req, "status"), &page, &out, &err);
+  reply(resp, ok, 200, &out, &err);
 }
 
-static void outbox_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
-  list_store(req, resp, ctx, OBX_OPS_OUTBOX);
-}
-
-static void inbox_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
-  list_store(req, resp, ctx, OBX_OPS_INBOX);
-}
+static void outbox_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) { list_store(req, resp, ctx, OBX_OPS_OUTBOX); }
+static void inbox_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) { list_store(req, resp, ctx, OBX_OPS_INBOX); }
 
 static void outbox_reprocess(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
-  char who[32];
-  obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
-  obx_err_t err = OBX_ERR_INIT;
-  bson_t out = BSON_INITIALIZER;
-  bool ok = obx_ops_outbox_reprocess(&ops, obx_http_req_org(req), obx_http_req_param(req, "id"), &out, &err);
-  obx_http_reply_result(resp, ok, 200, &out, &err);
-  bson_destroy(&out);
-}
-
-static void inbox_replay(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
-  char who[32];
-  obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
-  obx_err_t err = OBX_ERR_INIT;
-  const char *id = obx_http_req_param(req, "id");
-  bson_t out = BSON_INITIALIZER;
-  bool ok = obx_ops_inbox_replay(&ops, obx_http_req_org(req), id, &err);
-  BSON_APPEND_UTF8(&out, "eventId", id);
-  BSON_APPEND_UTF8(&out, "replay", "queued");
-  obx_http_reply_result(resp, ok, 202, &out, &err);
-  bson_destroy(&out);
-}
-
-static void dlq_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
-  int limit;
-  if (!query_limit(req, resp, &limit)) return;
-  char who[32];
-  obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
-  obx_err_t err = OBX_ERR_INIT;
-  bson_t out = BSON_INITIALIZER;
-  bool ok = obx_ops_dlq_list(&ops, obx_http_req_org(req), limit, &out, &err);
-  obx_http_reply_result(resp, ok, 200, &out, &err);
-  bson_destroy(&out);
-}
-
-/* Body {"ids": [...]} | {"all": true}, "dryRun": bool. ids are borrowed from body. */
-static bool redrive_parse(const bson_t *body, const char **ids, int *nids, bool *all, bool *dry_run, char *why,
-                          size_t whylen) {
-  bson_iter_t it, arr;
-  *nids = 0;
-  *all = *dry_run = false;
-  if (bson_iter_init_find(&it, body, "all")) {
-    if (!BSON_ITER_HOLDS_BOOL(&it)) return snprintf(why, whylen, "all must be a boolean"), false;
-    *all = bson_iter_bool(&it);
-  }
-  if (bson_iter_init_find(&it, body, "dryRun")) {
-    if (!BSON_ITER_HOLDS_BOOL(&it)) return snprintf(why, whylen, "dryRun must be a boolean"), false;
-    *dry_run = bson_iter_bool(&it);
-  }
-  if (bson_iter_init_find(&it, body, "ids")) {
-    if (!BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &arr))
-      return snprintf(why, whylen, "ids must be an array of message ids"), false;
-    while (bson_iter_next(&arr)) {
-      if (!BSON_ITER_HOLDS_UTF8(&arr) || !*bson_iter_utf8(&arr, NULL))
-        return snprintf(why, whylen, "ids must be an array of message ids"), false;
-      if (*nids == OPS_MAX_REDRIVE_IDS)
-        return snprintf(why, whylen, "at most %d ids per request", OPS_MAX_REDRIVE_IDS), false;
-      ids[(*nids)++] = bson_iter_utf8(&arr, NULL);
-    }
-  }
-  if (*all == (*nids > 0)) return snprintf(why, whylen, "give either a non-empty \"ids\" array or \"all\": true"), false;
-  return true;
-}
-
-static void dlq_redrive(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
-  size_t len;
-  const char *text = obx_http_req_body(req, &len);
-  bson_t *body = len ? bson_new_from_json((const uint8_t *)text, (ssize_t)len, NULL) : NULL;
-  const char **ids = calloc(OPS_MAX_REDRIVE_IDS, sizeof *ids);
-  int nids = 0;
-  bool all = false, dry_run = false;
-  char why[96] = "the body must be a JSON object";
-  if (!body || !redrive_parse(body, ids, &nids, &all, &dry_run, why, sizeof why)) {
-    obx_http_reply_problem(resp, 400, "Bad request", why, NULL);
-  } else {
+  bson_t *body = json_body(req, resp);
+  bool dry_run;
+  if (body && body_bool(body, resp, "dryRun", &dry_run)) {
     char who[32];
     obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
     obx_err_t err = OBX_ERR_INIT;
     bson_t out = BSON_INITIALIZER;
-    bool ok = obx_ops_dlq_redrive(&ops, obx_http_req_org(req), ids, nids, all, dry_run, &out, &err);
-    obx_http_reply_result(resp, ok, 200, &out, &err);
-    bson_destroy(&out);
+    bool ok = obx_ops_outbox_reprocess(&ops, obx_http_req_org(req), obx_http_req_param(req, "id"), dry_run, &out, &err);
+    reply(resp, ok, 200, &out, &err);
+  }
+  bson_destroy(body);
+}
+
+static void inbox_get(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
+  char who[32];
+  obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
+  obx_err_t err = OBX_ERR_INIT;
+  bson_t out = BSON_INITIALIZER;
+  bool ok = obx_ops_inbox_get(&ops, obx_http_req_org(req), obx_http_req_param(req, "id"), &out, &err);
+  reply(resp, ok, 200, &out, &err);
+}
+
+/* POST /api/inbox/:id/replay (id) and POST /api/inbox/replay (filters in the body). */
+static void inbox_replay(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
+  bson_t *body = json_body(req, resp);
+  obx_ops_replay_filter_t f = {.org = obx_http_req_org(req), .event_id = obx_http_req_param(req, "id")};
+  const char *since = NULL, *until = NULL;
+  bool dry_run;
+  if (body && body_bool(body, resp, "dryRun", &dry_run) && body_bool(body, resp, "includeFinished", &f.include_finished) &&
+      body_str(body, resp, "status", &f.status) && body_str(body, resp, "type", &f.type) &&
+      body_str(body, resp, "key", &f.key) && body_str(body, resp, "since", &since) &&
+      body_str(body, resp, "until", &until) && time_value(resp, "since", since, &f.since_ms) &&
+      time_value(resp, "until", until, &f.until_ms)) {
+    if (!f.event_id && !f.type && !f.key && !f.status && !f.since_ms) {
+      obx_http_reply_problem(resp, 400, "Bad request", "a filtered replay needs one of type, key, status, since", NULL);
+    } else {
+      char who[32];
+      obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
+      obx_err_t err = OBX_ERR_INIT;
+      bson_t out = BSON_INITIALIZER;
+      bool ok = obx_ops_inbox_replay(&ops, &f, dry_run, OPS_REPLAY_PREVIEW, NULL, NULL, &out, &err);
+      reply(resp, ok, dry_run ? 200 : 202, &out, &err);
+    }
+  }
+  bson_destroy(body);
+}
+
+/* ---- dead letters ---------------------------------------------------------------------------- */
+
+/* Filters from the query string (GET). */
+static bool dl_query_filter(obx_http_req_t *req, obx_http_resp_t *resp, obx_ops_dl_filter_t *f) {
+  *f = (obx_ops_dl_filter_t){.org = obx_http_req_org(req), .type = obx_http_req_query(req, "type"),
+                             .key = obx_http_req_query(req, "key"), .failure_class = obx_http_req_query(req, "class"),
+                             .reason = obx_http_req_query(req, "reason"), .state = obx_http_req_query(req, "state"),
+                             .event_id = obx_http_req_query(req, "eventId")};
+  return time_value(resp, "since", obx_http_req_query(req, "since"), &f->since_ms) &&
+         time_value(resp, "until", obx_http_req_query(req, "until"), &f->until_ms);
+}
+
+static void dl_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
+  obx_ops_page_t page;
+  obx_ops_dl_filter_t f;
+  if (!query_page(req, resp, &page) || !dl_query_filter(req, resp, &f)) return;
+  char who[32];
+  obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
+  obx_err_t err = OBX_ERR_INIT;
+  bson_t out = BSON_INITIALIZER;
+  bool ok = obx_ops_dl_list(&ops, &f, &page, &out, &err);
+  reply(resp, ok, 200, &out, &err);
+}
+
+static void dl_get(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
+  char who[32];
+  obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
+  obx_err_t err = OBX_ERR_INIT;
+  bson_t out = BSON_INITIALIZER;
+  bool ok = obx_ops_dl_get(&ops, obx_http_req_org(req), obx_http_req_param(req, "id"), &out, &err);
+  reply(resp, ok, 200, &out, &err);
+}
+
+static bool emit_ndjson(void *ctx, const bson_t *doc) {
+  char *json = bson_as_relaxed_extended_json(doc, NULL);
+  if (!json) return false;
+  bson_string_append((bson_string_t *)ctx, json);
+  bson_string_append_c((bson_string_t *)ctx, '\n');
+  bson_free(json);
+  return true;
+}
+
+static void dl_export(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
+  obx_ops_dl_filter_t f;
+  if (!dl_query_filter(req, resp, &f)) return;
+  char who[32];
+  obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
+  obx_err_t err = OBX_ERR_INIT;
+  bson_string_t *text = bson_string_new(NULL);
+  int64_t n = 0;
+  if (obx_ops_dl_export(&ops, &f, emit_ndjson, text, &n, &err)) obx_http_reply(resp, 200, "application/x-ndjson", text->str, text->len);
+  else obx_http_reply_err(resp, &err);
+  bson_string_free(text, true);
+}
+
+/* Body {"ids": [...]} | {"all": true, <filters>}, "dryRun": bool. ids are borrowed from body. */
+static bool dl_body_filter(obx_http_req_t *req, obx_http_resp_t *resp, const bson_t *body, const char **ids,
+                           obx_ops_dl_filter_t *f, bool *dry_run) {
+  *f = (obx_ops_dl_filter_t){.org = obx_http_req_org(req), .ids = ids};
+  const char *since = NULL, *until = NULL;
+  if (!body_bool(body, resp, "all", &f->all) || !body_bool(body, resp, "dryRun", dry_run) ||
+      !body_str(body, resp, "type", &f->type) || !body_str(body, resp, "key", &f->key) ||
+      !body_str(body, resp, "class", &f->failure_class) || !body_str(body, resp, "reason", &f->reason) ||
+      !body_str(body, resp, "state", &f->state) || !body_str(body, resp, "since", &since) ||
+      !body_str(body, resp, "until", &until) || !time_value(resp, "since", since, &f->since_ms) ||
+      !time_value(resp, "until", until, &f->until_ms))
+    return false;
+  bson_iter_t it, arr;
+  if (bson_iter_init_find(&it, body, "ids")) {
+    if (!BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &arr))
+      return bad_request(resp, "%s must be an array of dead-letter ids", "ids");
+    while (bson_iter_next(&arr)) {
+      if (!BSON_ITER_HOLDS_UTF8(&arr) || !*bson_iter_utf8(&arr, NULL))
+        return bad_request(resp, "%s must be an array of dead-letter ids", "ids");
+      if (f->nids == OPS_MAX_IDS) return bad_request(resp, "at most %s ids per request", "1000");
+      ids[f->nids++] = bson_iter_utf8(&arr, NULL);
+    }
+  }
+  if (f->all == (f->nids > 0)) return bad_request(resp, "give either a non-empty \"ids\" array or \"all\": true%s", "");
+  return true;
+}
+
+typedef bool (*dl_action_fn)(const obx_ops_t *, const obx_ops_dl_filter_t *, bool, bson_t *, obx_err_t *);
+
+static void dl_action(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx, dl_action_fn fn) {
+  bson_t *body = json_body(req, resp);
+  const char **ids = calloc(OPS_MAX_IDS, sizeof *ids);
+  obx_ops_dl_filter_t f;
+  bool dry_run = false;
+  if (body && dl_body_filter(req, resp, body, ids, &f, &dry_run)) {
+    char who[32];
+    obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
+    obx_err_t err = OBX_ERR_INIT;
+    bson_t out = BSON_INITIALIZER;
+    bool ok = fn(&ops, &f, dry_run, &out, &err);
+    reply(resp, ok, 200, &out, &err);
   }
   free(ids);
   bson_destroy(body);
+}
+
+static void dl_redrive(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) { dl_action(req, resp, ctx, obx_ops_dl_redrive); }
+static void dl_delete(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) { dl_action(req, resp, ctx, obx_ops_dl_delete); }
+
+/* ---- keys, status, audit --------------------------------------------------------------------- */
+
+static void keys_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
+  char who[32];
+  obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
+  obx_err_t err = OBX_ERR_INIT;
+  bson_t out = BSON_INITIALIZER;
+  bool ok = obx_ops_keys_list(&ops, obx_http_req_org(req), &out, &err);
+  reply(resp, ok, 200, &out, &err);
+}
+
+static void key_release(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
+  bson_t *body = json_body(req, resp);
+  bool dry_run;
+  if (body && body_bool(body, resp, "dryRun", &dry_run)) {
+    char who[32];
+    obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
+    obx_err_t err = OBX_ERR_INIT;
+    bson_t out = BSON_INITIALIZER;
+    bool ok = obx_ops_key_release(&ops, obx_http_req_org(req), obx_http_req_param(req, "key"), dry_run, &out, &err);
+    reply(resp, ok, 200, &out, &err);
+  }
+  bson_destroy(body);
+}
+
+/* The status of every org is the operators'; a key of one org sees the same system view. */
+static void status_get(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
+  char who[32];
+  obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
+  obx_err_t err = OBX_ERR_INIT;
+  bson_t out = BSON_INITIALIZER;
+  bool ok = obx_ops_status(&ops, &out, &err);
+  reply(resp, ok, 200, &out, &err);
+}
+
+static void audit_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
+  obx_ops_page_t page;
+  obx_ops_audit_filter_t f = {.org = obx_http_req_org(req), .action = obx_http_req_query(req, "action"),
+                              .target = obx_http_req_query(req, "target")};
+  if (!query_page(req, resp, &page) || !time_value(resp, "since", obx_http_req_query(req, "since"), &f.since_ms) ||
+      !time_value(resp, "until", obx_http_req_query(req, "until"), &f.until_ms))
+    return;
+  char who[32];
+  obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
+  obx_err_t err = OBX_ERR_INIT;
+  bson_t out = BSON_INITIALIZER;
+  bool ok = obx_ops_audit_list(&ops, &f, &page, &out, &err);
+  reply(resp, ok, 200, &out, &err);
 }
 
 static void ladder_keep(void *ladder) { obx_ladder_tick(ladder); }
@@ -171,12 +348,21 @@ void *obx_ops_api_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err
   int keep_ms = obx_amqp_keeper_interval_ms(&lo.amqp);
   if (keep_ms) api->keeper = obx_amqp_keeper_start(ladder_keep, api->ladder, keep_ms);
   api->consumer = strdup(conf->worker_group);
+  obx_http_route(http, "GET", "/api/status", "status:read", status_get, api);
   obx_http_route(http, "GET", "/api/outbox", "outbox:read", outbox_list, api);
   obx_http_route(http, "POST", "/api/outbox/:id/reprocess", "outbox:reprocess", outbox_reprocess, api);
   obx_http_route(http, "GET", "/api/inbox", "inbox:read", inbox_list, api);
+  obx_http_route(http, "POST", "/api/inbox/replay", "inbox:replay", inbox_replay, api);
+  obx_http_route(http, "GET", "/api/inbox/:id", "inbox:read", inbox_get, api);
   obx_http_route(http, "POST", "/api/inbox/:id/replay", "inbox:replay", inbox_replay, api);
-  obx_http_route(http, "GET", "/api/dlq", "dlq:read", dlq_list, api);
-  obx_http_route(http, "POST", "/api/dlq/redrive", "dlq:redrive", dlq_redrive, api);
+  obx_http_route(http, "GET", "/api/dlq", "dlq:read", dl_list, api);
+  obx_http_route(http, "GET", "/api/dlq/export", "dlq:export", dl_export, api);
+  obx_http_route(http, "GET", "/api/dlq/:id", "dlq:read", dl_get, api);
+  obx_http_route(http, "POST", "/api/dlq/redrive", "dlq:redrive", dl_redrive, api);
+  obx_http_route(http, "POST", "/api/dlq/delete", "dlq:delete", dl_delete, api);
+  obx_http_route(http, "GET", "/api/keys", "keys:read", keys_list, api);
+  obx_http_route(http, "POST", "/api/keys/:key/release", "keys:release", key_release, api);
+  obx_http_route(http, "GET", "/api/audit", "audit:read", audit_list, api);
   return api;
 }
 

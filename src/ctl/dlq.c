@@ -1,192 +1,216 @@
-/* dlq.c - `outboxctl dlq`: the parking-lot DLQ on RabbitMQ
+/* dlq.c - `outboxctl dlq`: the dead letters (the dead_letters store the worker drains the
+ * parking-lot queue into)
  *
- *   outboxctl dlq list [--type T] [--org ORG] [--limit N] [--json]
- *       One line per parked message: id, type, attempts, failure class, reason, first failure.
+ *   outboxctl dlq list [FILTERS] [--limit N] [--after CURSOR] [--json]
  *   outboxctl dlq peek ID
- *       Everything a message carries: CloudEvent headers, payload, attempt history.
- *   outboxctl dlq redrive (--id ID | --type T | --org ORG | --all) [--dry-run] [--who NAME]
- *       Moves the selected messages (every condition given applies; --org: the ce_orgid
- *       header) back to the work queue with their attempts reset, in one pass over the DLQ;
- *       the worker runs them again. --dry-run lists what would move.
- *   outboxctl dlq purge --yes [--who NAME]
- *       Deletes every DLQ message.
+ *   outboxctl dlq redrive (--id ID... | --all [FILTERS]) [--dry-run] [--json]
+ *   outboxctl dlq delete (--id ID... | --all [FILTERS]) [--dry-run] [--json]
+ *   outboxctl dlq purge --yes [FILTERS] [--dry-run] [--json]
+ *   outboxctl dlq export [--id ID... | FILTERS]
+ * FILTERS: --org ORG --type T --key K --class transient|terminal|malformed --reason TEXT
+ *          --state dead|redriving|redriven --since TIME --until TIME
  *
- * DESIGN: list and peek browse without removing anything (basic.get without ack, the channel
- * closed at the end). redrive and purge are recorded in audit_log (obx_worker_dlq_*). */
+ * DESIGN: thin shell over obx_ops_dl_* (src/ops/ops_dead_letters.c), shared with the HTTP API.
+ * Nothing here reads the RabbitMQ queue. redrive, delete, purge and export are recorded in
+ * audit_log with the ids they touched; their --dry-run changes nothing and lists the ids. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctl/worker_ctl.h"
+#include "ctl/ops_ctl.h"
 
-static void print_msg_line(const obx_ladder_msg_t *msg) {
-  char first[32] = "-";
-  if (msg->first_failure_ms) obx_time_format_rfc3339(msg->first_failure_ms, first);
-  const char *type = obx_ladder_msg_header(msg, "ce_type");
-  printf("%-36s  %-20s  %7d  %-9s  %-24s  %s\n", msg->message_id ? msg->message_id : "-", type ? type : "-",
-         msg->attempt, msg->failure_class ? msg->failure_class : "-", first, msg->reason ? msg->reason : "-");
+#define DLQ_FILTERS                                                                                     \
+  "FILTERS: --org ORG --type T --key K --class transient|terminal|malformed --reason TEXT\n"           \
+  "         --state dead|redriving|redriven --since TIME --until TIME (RFC 3339 or 2h, 7d back)\n"
+
+static obx_ops_dl_filter_t filter_of(const ops_ctl_args_t *a) {
+  return (obx_ops_dl_filter_t){.org = a->org, .type = a->type, .key = a->key, .failure_class = a->failure_class,
+                               .reason = a->reason, .state = a->state, .since_ms = a->since_ms,
+                               .until_ms = a->until_ms, .ids = a->ids, .nids = a->nids, .all = a->all};
 }
 
-/* The message as a JSON object on one line. */
-static void print_msg_json(const obx_ladder_msg_t *msg) {
-  bson_t doc = BSON_INITIALIZER, headers;
-  BSON_APPEND_UTF8(&doc, "id", msg->message_id ? msg->message_id : "");
-  const char *type = obx_ladder_msg_header(msg, "ce_type");
-  if (type) BSON_APPEND_UTF8(&doc, "type", type);
-  if (msg->key) bson_append_utf8(&doc, "key", -1, msg->key, (int)msg->key_len);
-  BSON_APPEND_INT32(&doc, "attempts", msg->attempt);
-  if (msg->failure_class) BSON_APPEND_UTF8(&doc, "failureClass", msg->failure_class);
-  if (msg->reason) BSON_APPEND_UTF8(&doc, "reason", msg->reason);
-  if (msg->last_error) BSON_APPEND_UTF8(&doc, "lastError", msg->last_error);
-  if (msg->first_failure_ms) BSON_APPEND_DATE_TIME(&doc, "firstFailureAt", msg->first_failure_ms);
-  if (msg->source) BSON_APPEND_UTF8(&doc, "source", msg->source);
-  BSON_APPEND_DOCUMENT_BEGIN(&doc, "headers", &headers);
-  for (int i = 0; i < msg->nheaders; i++) BSON_APPEND_UTF8(&headers, msg->headers[i].name, msg->headers[i].value);
-  bson_append_document_end(&doc, &headers);
-  bson_error_t berr;
-  char *wrapped = NULL;
-  if (msg->history && asprintf(&wrapped, "{\"h\": %s}", msg->history) > 0) {
-    bson_t *parsed = bson_new_from_json((const uint8_t *)wrapped, -1, &berr);
-    bson_iter_t it;
-    if (parsed && bson_iter_init_find(&it, parsed, "h")) bson_append_iter(&doc, "history", -1, &it);
-    bson_destroy(parsed);
-    free(wrapped);
-  }
-  /* The payload as a document when it is JSON (it is, unless the record was malformed). */
-  bson_t *payload = bson_new_from_json((const uint8_t *)msg->body, (ssize_t)msg->body_len, &berr);
-  if (payload) BSON_APPEND_DOCUMENT(&doc, "payload", payload);
-  else bson_append_utf8(&doc, "body", -1, msg->body, (int)msg->body_len);
-  bson_destroy(payload);
-  obx_ctl_print_json(&doc);
-  bson_destroy(&doc);
+static void print_header(void) {
+  printf("%-36s  %-36s  %-20s  %-10s  %-9s  %-9s  %7s  %-20s  %s\n", "ID", "EVENT", "TYPE", "ORG", "CLASS", "STATE",
+         "REDRIVE", "LAST FAILURE", "REASON");
 }
 
-typedef struct {
-  bool json;
-  int n;
-} list_ctx_t;
-
-static bool list_visit(void *p, const obx_ladder_msg_t *msg) {
-  list_ctx_t *l = p;
-  if (l->json) {
-    if (l->n) printf(",");
-    print_msg_json(msg);
-  } else {
-    print_msg_line(msg);
-  }
-  l->n++;
-  return true;
+static void print_item(const bson_t *dl) {
+  char last[32];
+  bson_iter_t it;
+  long long redrives = bson_iter_init_find(&it, dl, "redriveCount") ? (long long)bson_iter_as_int64(&it) : 0;
+  printf("%-36s  %-36s  %-20s  %-10s  %-9s  %-9s  %7lld  %-20s  %s\n", ops_ctl_str(dl, "_id", "-"),
+         ops_ctl_str(dl, "eventId", "-"), ops_ctl_str(dl, "type", "-"), ops_ctl_str(dl, "orgId", "-"),
+         ops_ctl_str(dl, "failureClass", "-"), ops_ctl_str(dl, "state", "-"), redrives,
+         ops_ctl_date(dl, "lastFailureAt", last), ops_ctl_str(dl, "reason", "-"));
 }
 
-typedef struct {
-  obx_worker_dlq_filter_t filter;
-  list_ctx_t list;
-} browse_ctx_t;
-
-static bool browse_match(void *p, const obx_ladder_msg_t *msg) { return obx_worker_dlq_match(&((browse_ctx_t *)p)->filter, msg); }
-static bool browse_visit(void *p, const obx_ladder_msg_t *msg) { return list_visit(&((browse_ctx_t *)p)->list, msg); }
-
-static int dlq_browse(int argc, char **argv, bool peek) {
-  worker_ctl_args_t args;
-  const char *usage = peek ? "usage: outboxctl dlq peek ID\n\nShows one DLQ message as JSON without removing it.\n"
-                           : "usage: outboxctl dlq list [--type T] [--org ORG] [--limit N] [--json]\n\n"
-                             "Lists the DLQ without removing anything.\n";
-  int rc = worker_ctl_parse(&args, argc, argv, usage);
+static int dlq_list(int argc, char **argv) {
+  ops_ctl_args_t args;
+  int rc = ops_ctl_parse(&args, argc, argv,
+                         "usage: outboxctl dlq list [FILTERS] [--limit N] [--after CURSOR] [--json]\n\n"
+                         "Lists dead letters, newest failure first.\n" DLQ_FILTERS);
   if (rc >= 0) goto done_args;
   rc = OBX_CTL_USAGE;
-  if (peek != (args.npos == 1)) {
-    obx_ctl_errorf("dlq %s: %s", argv[0], peek ? "wants one message id" : "takes no arguments");
+  if (args.npos) {
+    obx_ctl_errorf("dlq list: takes no arguments (filters are options)");
     goto done_args;
   }
-  worker_ctl_t ctl;
-  if ((rc = worker_ctl_open(&ctl, &args, true)) == OBX_CTL_OK) {
-    /* peek shows the whole message, which only the JSON form holds. */
-    browse_ctx_t b = {.filter = {.id = peek ? args.pos[0] : NULL, .type = args.type, .org = args.org},
-                      .list = {.json = args.json || peek}};
-    if (!peek && !args.json)
-      printf("%-36s  %-20s  %7s  %-9s  %-24s  %s\n", "ID", "TYPE", "ATTEMPT", "CLASS", "FIRST FAILURE", "REASON");
-    if (args.json && !peek) printf("[");
+  ops_ctl_t ctl;
+  if ((rc = ops_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
+    bson_t out = BSON_INITIALIZER;
     obx_err_t err = OBX_ERR_INIT;
-    if (!obx_ladder_dlq_browse(ctl.ladder, peek ? 1 : args.limit, browse_match, browse_visit, &b, &err)) {
-      rc = worker_ctl_fail("dlq", &err);
-    } else if (peek && b.list.n == 0) {
-      obx_ctl_errorf("dlq peek: no message %s in %s", args.pos[0], obx_ladder_dlq_queue(ctl.ladder));
-      rc = OBX_CTL_FAILED;
-    }
-    if (args.json && !peek) printf("]\n");
+    obx_ops_dl_filter_t f = filter_of(&args);
+    obx_ops_page_t page = ops_ctl_page(&args);
+    if (!obx_ops_dl_list(&ctl.ops, &f, &page, &out, &err)) rc = ops_ctl_fail(&ctl, "dlq list", &err);
+    else ops_ctl_print_list(&args, &out, print_header, print_item);
+    bson_destroy(&out);
   }
-  worker_ctl_close(&ctl);
+  ops_ctl_close(&ctl);
 done_args:
-  worker_ctl_args_cleanup(&args);
+  ops_ctl_args_cleanup(&args);
   return rc;
 }
 
-static int dlq_list(int argc, char **argv) { return dlq_browse(argc, argv, false); }
-static int dlq_peek(int argc, char **argv) { return dlq_browse(argc, argv, true); }
+static int dlq_peek(int argc, char **argv) {
+  ops_ctl_args_t args;
+  int rc = ops_ctl_parse(&args, argc, argv,
+                         "usage: outboxctl dlq peek ID\n\nShows one dead letter as JSON: headers, payload, history.\n");
+  if (rc >= 0) goto done_args;
+  rc = OBX_CTL_USAGE;
+  if (args.npos != 1) {
+    obx_ctl_errorf("dlq peek: wants one dead-letter id");
+    goto done_args;
+  }
+  ops_ctl_t ctl;
+  if ((rc = ops_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
+    bson_t out = BSON_INITIALIZER;
+    obx_err_t err = OBX_ERR_INIT;
+    if (!obx_ops_dl_get(&ctl.ops, NULL, args.pos[0], &out, &err)) rc = ops_ctl_fail(&ctl, "dlq peek", &err);
+    else obx_ctl_print_json(&out);
+    bson_destroy(&out);
+  }
+  ops_ctl_close(&ctl);
+done_args:
+  ops_ctl_args_cleanup(&args);
+  return rc;
+}
 
-static bool redrive_visit(void *p, const obx_ladder_msg_t *msg) {
-  const bool *dry_run = p;
-  printf("%s %s\n", *dry_run ? "would redrive" : "redrive", msg->message_id ? msg->message_id : "-");
-  return true;
+/* The answer of redrive/delete/purge: --json as is, else the ids and a count line. */
+static void print_action(const ops_ctl_t *ctl, const ops_ctl_args_t *args, const bson_t *out, const char *verb) {
+  if (args->json) {
+    obx_ctl_print_json(out);
+    return;
+  }
+  bson_iter_t it, ids;
+  if (bson_iter_init_find(&it, out, "ids") && bson_iter_recurse(&it, &ids))
+    while (bson_iter_next(&ids)) printf("%s%s\n", args->dry_run ? "would: " : "", bson_iter_utf8(&ids, NULL));
+  long long n = bson_iter_init_find(&it, out, "count") ? (long long)bson_iter_as_int64(&it) : 0;
+  const char *id = obx_mongo_doc_str(out, "redriveId");
+  printf("%lld dead letter%s %s%s%s; %s\n", n, n == 1 ? "" : "s", args->dry_run ? "would be " : "", verb,
+         args->dry_run ? " (dry run)" : "", ctl->target);
+  if (id && !args->dry_run) printf("redrive id %s\n", id);
+}
+
+typedef bool (*dl_action_fn)(const obx_ops_t *, const obx_ops_dl_filter_t *, bool, bson_t *, obx_err_t *);
+
+static int dlq_act(int argc, char **argv, const char *usage, bool purge, bool need_amqp, dl_action_fn fn,
+                   const char *verb) {
+  ops_ctl_args_t args;
+  int rc = ops_ctl_parse(&args, argc, argv, usage);
+  if (rc >= 0) goto done_args;
+  rc = OBX_CTL_USAGE;
+  if (purge) {
+    if (args.npos || args.nids || args.all || (!args.yes && !args.dry_run)) {
+      obx_ctl_errorf("dlq purge: deletes every dead letter the filters select; confirm with --yes (or --dry-run)");
+      goto done_args;
+    }
+    args.all = true;
+  } else if (args.npos || (args.nids > 0) == args.all) {
+    obx_ctl_errorf("%s: choose --id ID (repeatable) or --all with filters", argv[0]);
+    goto done_args;
+  }
+  ops_ctl_t ctl;
+  if ((rc = ops_ctl_open(&ctl, &args, need_amqp)) == OBX_CTL_OK) {
+    bson_t out = BSON_INITIALIZER;
+    obx_err_t err = OBX_ERR_INIT;
+    obx_ops_dl_filter_t f = filter_of(&args);
+    char what[32];
+    snprintf(what, sizeof what, "dlq %s", argv[0]);
+    if (!fn(&ctl.ops, &f, args.dry_run, &out, &err)) rc = ops_ctl_fail(&ctl, what, &err);
+    else print_action(&ctl, &args, &out, verb);
+    bson_destroy(&out);
+  }
+  ops_ctl_close(&ctl);
+done_args:
+  ops_ctl_args_cleanup(&args);
+  return rc;
 }
 
 static int dlq_redrive(int argc, char **argv) {
-  worker_ctl_args_t args;
-  int rc = worker_ctl_parse(&args, argc, argv,
-                            "usage: outboxctl dlq redrive (--id ID | --type T | --org ORG | --all) [--dry-run] [--who NAME]\n\n"
-                            "Moves DLQ messages back to the work queue with their attempts reset.\n");
-  if (rc >= 0) goto done_args;
-  rc = OBX_CTL_USAGE;
-  bool some = args.id || args.type || args.org;
-  if (args.npos || some == args.all) {
-    obx_ctl_errorf("dlq redrive: choose --id ID, --type T and/or --org ORG, or --all");
-    goto done_args;
-  }
-  worker_ctl_t ctl;
-  if ((rc = worker_ctl_open(&ctl, &args, true)) == OBX_CTL_OK) {
-    obx_worker_dlq_filter_t filter = {.id = args.id, .type = args.type, .org = args.org};
-    int moved = 0;
-    obx_err_t err = OBX_ERR_INIT;
-    if (!obx_worker_dlq_redrive(&ctl.ops, &filter, args.dry_run, redrive_visit, &args.dry_run, &moved, &err))
-      rc = worker_ctl_fail("dlq redrive", &err);
-    else
-      printf("%d message%s %s\n", moved, moved == 1 ? "" : "s", args.dry_run ? "would be redriven (dry run)" : "redriven");
-  }
-  worker_ctl_close(&ctl);
-done_args:
-  worker_ctl_args_cleanup(&args);
-  return rc;
+  return dlq_act(argc, argv,
+                 "usage: outboxctl dlq redrive (--id ID... | --all [FILTERS]) [--dry-run] [--json]\n\n"
+                 "Sends dead letters back to the work queue (attempts reset), each exactly once.\n" DLQ_FILTERS,
+                 false, true, obx_ops_dl_redrive, "redriven");
+}
+
+static int dlq_delete(int argc, char **argv) {
+  return dlq_act(argc, argv,
+                 "usage: outboxctl dlq delete (--id ID... | --all [FILTERS]) [--dry-run] [--json]\n\n"
+                 "Deletes dead letters (recorded in audit_log with their ids).\n" DLQ_FILTERS,
+                 false, false, obx_ops_dl_delete, "deleted");
 }
 
 static int dlq_purge(int argc, char **argv) {
-  worker_ctl_args_t args;
-  int rc = worker_ctl_parse(&args, argc, argv,
-                            "usage: outboxctl dlq purge --yes [--who NAME]\n\nDeletes every DLQ message.\n");
+  return dlq_act(argc, argv,
+                 "usage: outboxctl dlq purge --yes [FILTERS] [--dry-run] [--json]\n\n"
+                 "Deletes every dead letter the filters select (all of them without filters).\n" DLQ_FILTERS,
+                 true, false, obx_ops_dl_delete, "deleted");
+}
+
+static bool emit_line(void *ctx, const bson_t *doc) {
+  (void)ctx;
+  char *json = bson_as_relaxed_extended_json(doc, NULL);
+  bool ok = json && printf("%s\n", json) > 0;
+  bson_free(json);
+  return ok;
+}
+
+static int dlq_export(int argc, char **argv) {
+  ops_ctl_args_t args;
+  int rc = ops_ctl_parse(&args, argc, argv,
+                         "usage: outboxctl dlq export [--id ID... | FILTERS]\n\n"
+                         "Writes the selected dead letters, whole, one JSON document per line (recorded in audit_log).\n"
+                         DLQ_FILTERS);
   if (rc >= 0) goto done_args;
   rc = OBX_CTL_USAGE;
-  if (args.npos || !args.yes) {
-    obx_ctl_errorf("dlq purge: deletes every DLQ message; confirm with --yes");
+  if (args.npos) {
+    obx_ctl_errorf("dlq export: takes no arguments (filters are options)");
     goto done_args;
   }
-  worker_ctl_t ctl;
-  if ((rc = worker_ctl_open(&ctl, &args, true)) == OBX_CTL_OK) {
-    uint32_t purged = 0;
+  ops_ctl_t ctl;
+  if ((rc = ops_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
     obx_err_t err = OBX_ERR_INIT;
-    if (!obx_worker_dlq_purge(&ctl.ops, &purged, &err)) rc = worker_ctl_fail("dlq purge", &err);
-    else printf("%u message%s purged\n", purged, purged == 1 ? "" : "s");
+    obx_ops_dl_filter_t f = filter_of(&args);
+    int64_t n = 0;
+    if (!obx_ops_dl_export(&ctl.ops, &f, emit_line, NULL, &n, &err)) rc = ops_ctl_fail(&ctl, "dlq export", &err);
+    else fprintf(stderr, "outboxctl: exported %lld dead letter%s from %s\n", (long long)n, n == 1 ? "" : "s", ctl.target);
   }
-  worker_ctl_close(&ctl);
+  ops_ctl_close(&ctl);
 done_args:
-  worker_ctl_args_cleanup(&args);
+  ops_ctl_args_cleanup(&args);
   return rc;
 }
 
 int obx_ctl_dlq(int argc, char **argv) {
   static const obx_ctl_sub_t subs[] = {
-    {"list", "[--type T] [--limit N] [--json]", "List the parked messages (nothing is removed)", dlq_list},
-    {"peek", "ID", "Show one message as JSON: headers, payload, attempt history", dlq_peek},
-    {"redrive", "(--id ID | --type T | --all) [--dry-run]", "Move messages back to the work queue", dlq_redrive},
-    {"purge", "--yes", "Delete every DLQ message", dlq_purge},
+    {"list", "[FILTERS] [--limit N] [--after CURSOR] [--json]", "List dead letters, newest failure first", dlq_list},
+    {"peek", "ID", "Show one dead letter as JSON: headers, payload, attempt history", dlq_peek},
+    {"redrive", "(--id ID... | --all [FILTERS]) [--dry-run]", "Send dead letters back to the work queue, once each",
+     dlq_redrive},
+    {"delete", "(--id ID... | --all [FILTERS]) [--dry-run]", "Delete dead letters", dlq_delete},
+    {"purge", "--yes [FILTERS] [--dry-run]", "Delete every dead letter the filters select", dlq_purge},
+    {"export", "[--id ID... | FILTERS]", "Write dead letters as JSON lines", dlq_export},
   };
-  return obx_ctl_dispatch("the parking-lot DLQ on RabbitMQ", subs, (int)(sizeof subs / sizeof subs[0]), argc, argv);
+  return obx_ctl_dispatch("dead letters (the dead_letters store)", subs, (int)(sizeof subs / sizeof subs[0]), argc,
+                          argv);
 }

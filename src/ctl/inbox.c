@@ -4,24 +4,20 @@
  *       The newest inbox entries of WORKER_GROUP, optionally of one status: obx_ops_list, as
  *       GET /api/inbox (--json prints its answer, every org).
  *   outboxctl inbox show EVENT_ID
- *       The inbox entry of an event (status, attempts, last error, executions, payload) as
- *       JSON.
- *   outboxctl inbox replay EVENT_ID [--who NAME]
- *       Runs a stored event through its pipeline again (a new pipeline_executions record),
- *       whatever its status.
- *   outboxctl inbox replay --type T --since TIME [--dry-run] [--who NAME]
- *       The same for every stored event of type T received since TIME (RFC 3339, or a
- *       duration back from now such as 2h), oldest first. A progress bar is drawn when stdout
- *       is a terminal.
+ *       The inbox entry of an event and its executions with their steps, as JSON.
+ *   outboxctl inbox replay EVENT_ID | [--org --status --type --key --since --until]
+ *                          [--include-finished] [--dry-run] [--json]
+ *       Runs stored events through their pipeline again (a new pipeline_executions record
+ *       each); DONE/SKIPPED only with --include-finished; every replay has an id.
  *
- * DESIGN: replays publish the stored CloudEvent to the work queue with x-replay and the
- * running worker executes it on its key's lane (obx_worker_replay_*); each is recorded in
- * audit_log. The consumer is WORKER_GROUP. */
+ * DESIGN: thin shell over obx_ops_inbox_* (src/ops/ops_inbox.c): replays publish the stored
+ * CloudEvent to the work queue with x-replay and the running worker executes it on its key's
+ * lane; each is recorded in audit_log. The consumer is WORKER_GROUP. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "ctl/worker_ctl.h"
+#include "ctl/ops_ctl.h"
 #include "obx/obx_inbox.h"
 #include "obx/obx_ops.h"
 
@@ -31,9 +27,9 @@ static void print_entry_line(const bson_t *entry) {
   if (bson_iter_init_find(&it, entry, "receivedAt") && BSON_ITER_HOLDS_DATE_TIME(&it))
     obx_time_format_rfc3339(bson_iter_date_time(&it), received);
   long long attempts = bson_iter_init_find(&it, entry, "attempts") && BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
-  printf("%-36s  %-20s  %-12s  %-10s  %8lld  %-24s  %s\n", worker_ctl_str(entry, "_id.eventId", "-"),
-         worker_ctl_str(entry, "eventType", "-"), worker_ctl_str(entry, "orgId", "-"),
-         worker_ctl_str(entry, "status", "-"), attempts, received, worker_ctl_str(entry, "lastError", ""));
+  printf("%-36s  %-20s  %-12s  %-10s  %8lld  %-24s  %s\n", ops_ctl_str(entry, "_id.eventId", "-"),
+         ops_ctl_str(entry, "eventType", "-"), ops_ctl_str(entry, "orgId", "-"),
+         ops_ctl_str(entry, "status", "-"), attempts, received, ops_ctl_str(entry, "lastError", ""));
 }
 
 static void print_entry_header(void) {
@@ -42,55 +38,38 @@ static void print_entry_header(void) {
 }
 
 static int inbox_list(int argc, char **argv) {
-  static const worker_ctl_list_t list = {
+  static const ops_ctl_list_t list = {
     "inbox list", OBX_OPS_INBOX,
     "usage: outboxctl inbox list [STATUS] [--limit N] [--json]\n\n"
     "Lists the newest inbox entries, optionally of one status (RECEIVED, PROCESSING, DONE,\n"
     "SKIPPED, RETRYING, DEAD, BLOCKED).\n",
     print_entry_header, print_entry_line};
-  return worker_ctl_list(&list, argc, argv);
+  return ops_ctl_list(&list, argc, argv);
 }
 
 static int inbox_show(int argc, char **argv) {
-  worker_ctl_args_t args;
-  int rc = worker_ctl_parse(&args, argc, argv, "usage: outboxctl inbox show EVENT_ID\n\nPrints the inbox entry as JSON.\n");
+  ops_ctl_args_t args;
+  int rc = ops_ctl_parse(&args, argc, argv,
+                         "usage: outboxctl inbox show EVENT_ID\n\n"
+                         "Prints the inbox entry and its executions (with their steps) as JSON.\n");
   if (rc >= 0) goto done_args;
   rc = OBX_CTL_USAGE;
   if (args.npos != 1) {
     obx_ctl_errorf("inbox show: wants one event id");
     goto done_args;
   }
-  worker_ctl_t ctl;
-  if ((rc = worker_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
-    bson_t doc = BSON_INITIALIZER;
-    bool found = false;
+  ops_ctl_t ctl;
+  if ((rc = ops_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
+    bson_t out = BSON_INITIALIZER;
     obx_err_t err = OBX_ERR_INIT;
-    mongoc_client_t *client = obx_mongo_pop(ctl.mongo);
-    bool ok = obx_inbox_get(client, obx_mongo_db_name(ctl.mongo), NULL, ctl.ops.consumer, args.pos[0], &doc, &found, &err);
-    obx_mongo_push(ctl.mongo, client);
-    if (!ok) {
-      rc = worker_ctl_fail("inbox show", &err);
-    } else if (!found) {
-      obx_ctl_errorf("inbox show: no entry for event %s of consumer %s", args.pos[0], ctl.ops.consumer);
-      rc = OBX_CTL_FAILED;
-    } else {
-      obx_ctl_print_json(&doc);
-    }
-    bson_destroy(&doc);
+    if (!obx_ops_inbox_get(&ctl.ops, NULL, args.pos[0], &out, &err)) rc = ops_ctl_fail(&ctl, "inbox show", &err);
+    else obx_ctl_print_json(&out);
+    bson_destroy(&out);
   }
-  worker_ctl_close(&ctl);
+  ops_ctl_close(&ctl);
 done_args:
-  worker_ctl_args_cleanup(&args);
+  ops_ctl_args_cleanup(&args);
   return rc;
-}
-
-/* TIME: RFC 3339, or a duration back from now ("2h", "30m", "7d"). */
-static bool parse_since(const char *s, int64_t *ms) {
-  if (obx_time_parse_rfc3339(s, ms)) return true;
-  int64_t back;
-  if (!obx_conf_parse_duration(s, &back)) return false;
-  *ms = obx_time_now_ms() - back;
-  return true;
 }
 
 static void progress_bar(void *ctx, int64_t done, int64_t total) {
@@ -101,52 +80,63 @@ static void progress_bar(void *ctx, int64_t done, int64_t total) {
   fflush(stdout);
 }
 
+#define REPLAY_PREVIEW 20
+
 static int inbox_replay(int argc, char **argv) {
-  worker_ctl_args_t args;
-  int rc = worker_ctl_parse(&args, argc, argv,
-                            "usage: outboxctl inbox replay EVENT_ID\n"
-                            "       outboxctl inbox replay --type T --since TIME [--dry-run]\n\n"
-                            "Runs stored events through their pipeline again (new execution records).\n"
-                            "TIME is RFC 3339 or a duration back from now (2h, 7d).\n");
+  ops_ctl_args_t args;
+  int rc = ops_ctl_parse(&args, argc, argv,
+                         "usage: outboxctl inbox replay EVENT_ID [--dry-run] [--json]\n"
+                         "       outboxctl inbox replay [--org ORG] [--status S] [--type T] [--key K] [--since TIME]\n"
+                         "                              [--until TIME] [--include-finished] [--dry-run] [--json]\n\n"
+                         "Runs stored events through their pipeline again (new execution records), oldest first.\n"
+                         "DONE and SKIPPED entries are replayed only with --include-finished. A filtered replay\n"
+                         "needs at least one of --type, --key, --since, --status. --dry-run lists the first\n"
+                         "events and the count. TIME is RFC 3339 or a duration back from now (2h, 7d).\n");
   if (rc >= 0) goto done_args;
   rc = OBX_CTL_USAGE;
-  bool by_type = args.type || args.since;
-  int64_t since = 0;
-  if (by_type ? (args.npos || !args.type || !args.since) : (args.npos != 1 || args.dry_run)) {
-    obx_ctl_errorf("inbox replay: give one EVENT_ID, or --type T --since TIME [--dry-run]");
+  bool filtered = args.type || args.key || args.since_ms || args.status;
+  if (args.npos > 1 || (args.npos == 1) == filtered) {
+    obx_ctl_errorf("inbox replay: give one EVENT_ID, or filters (--type, --key, --since, --status)");
     goto done_args;
   }
-  if (by_type && !parse_since(args.since, &since)) {
-    obx_ctl_errorf("inbox replay: --since '%s' is neither RFC 3339 nor a duration", args.since);
-    goto done_args;
-  }
-  worker_ctl_t ctl;
-  if ((rc = worker_ctl_open(&ctl, &args, true)) == OBX_CTL_OK) {
+  ops_ctl_t ctl;
+  if ((rc = ops_ctl_open(&ctl, &args, !args.dry_run)) == OBX_CTL_OK) {
+    obx_ops_replay_filter_t f = {.org = args.org, .status = args.status, .type = args.type, .key = args.key,
+                                 .event_id = args.npos ? args.pos[0] : NULL, .since_ms = args.since_ms,
+                                 .until_ms = args.until_ms, .include_finished = args.include_finished};
+    bool tty = !args.json && !args.dry_run && isatty(STDOUT_FILENO);
+    bson_t out = BSON_INITIALIZER;
     obx_err_t err = OBX_ERR_INIT;
-    if (!by_type) {
-      if (!obx_worker_replay_event(&ctl.ops, args.pos[0], &err)) rc = worker_ctl_fail("inbox replay", &err);
-      else printf("event %s sent for replay\n", args.pos[0]);
+    bool ok = obx_ops_inbox_replay(&ctl.ops, &f, args.dry_run, REPLAY_PREVIEW, tty ? progress_bar : NULL, NULL, &out, &err);
+    bson_iter_t it, ev;
+    long long n = bson_iter_init_find(&it, &out, "count") ? (long long)bson_iter_as_int64(&it) : 0;
+    if (tty && n) printf("\n");
+    if (!ok) {
+      rc = ops_ctl_fail(&ctl, "inbox replay", &err);
+    } else if (args.json) {
+      obx_ctl_print_json(&out);
     } else {
-      int64_t n = 0;
-      bool tty = isatty(STDOUT_FILENO);
-      bool ok = obx_worker_replay_type(&ctl.ops, args.type, since, args.dry_run, tty ? progress_bar : NULL, NULL, &n, &err);
-      if (tty && n) printf("\n");
-      if (!ok) rc = worker_ctl_fail("inbox replay", &err);
-      else printf("%lld event%s of type %s %s\n", (long long)n, n == 1 ? "" : "s", args.type,
-                  args.dry_run ? "would be replayed (dry run)" : "sent for replay");
+      if (args.dry_run && bson_iter_init_find(&it, &out, "events") && bson_iter_recurse(&it, &ev))
+        while (bson_iter_next(&ev)) printf("would replay %s\n", bson_iter_utf8(&ev, NULL));
+      if (args.dry_run && n > REPLAY_PREVIEW) printf("... and %lld more\n", n - REPLAY_PREVIEW);
+      printf("%lld event%s %s (replay %s); %s\n", n, n == 1 ? "" : "s",
+             args.dry_run ? "would be replayed (dry run)" : "sent for replay", ops_ctl_str(&out, "replayId", "-"),
+             ctl.target);
     }
+    bson_destroy(&out);
   }
-  worker_ctl_close(&ctl);
+  ops_ctl_close(&ctl);
 done_args:
-  worker_ctl_args_cleanup(&args);
+  ops_ctl_args_cleanup(&args);
   return rc;
 }
 
 int obx_ctl_inbox(int argc, char **argv) {
   static const obx_ctl_sub_t subs[] = {
-    {"list", "[STATUS] [--limit N] [--json]", "List the newest inbox entries, optionally of one status", inbox_list},
+    {"list", "[STATUS] [--org ORG] [--limit N] [--after CURSOR] [--json]", "List the newest inbox entries, optionally of one status", inbox_list},
     {"show", "EVENT_ID", "Show the inbox entry of an event as JSON", inbox_show},
-    {"replay", "EVENT_ID | --type T --since TIME [--dry-run]", "Run stored events through their pipeline again",
+    {"replay", "EVENT_ID | [--org --status --type --key --since --until] [--include-finished] [--dry-run]",
+     "Run stored events through their pipeline again",
      inbox_replay},
   };
   return obx_ctl_dispatch("the worker's inbox and replays", subs, (int)(sizeof subs / sizeof subs[0]), argc, argv);

@@ -5,16 +5,16 @@
  *       id, type, org, status, attempts, occurredAt, last error.
  *   outboxctl outbox counts [--json]
  *       Events by status.
- *   outboxctl outbox reprocess ID [--who NAME]
+ *   outboxctl outbox reprocess ID [--dry-run] [--who NAME]
  *       Sends a FAILED event back to PENDING (attempts reset, available now, the last error kept
  *       in the event's history); the relay publishes it again. Recorded in audit_log.
  *
- * DESIGN: the operations are obx_ops_* (src/lib/ops_outbox.c), the same ones the HTTP API runs;
- * options and service access are the worker commands' (worker_ctl.h). */
+ * DESIGN: the operations are obx_ops_* (src/ops/ops_outbox.c), the same ones the HTTP API runs;
+ * options and service access are ops_ctl.h's. */
 #include <stdio.h>
 #include <string.h>
 
-#include "ctl/worker_ctl.h"
+#include "ctl/ops_ctl.h"
 #include "obx/obx_ops.h"
 
 static void print_event_line(const bson_t *ev) {
@@ -23,9 +23,9 @@ static void print_event_line(const bson_t *ev) {
   if (bson_iter_init_find(&it, ev, "occurredAt") && BSON_ITER_HOLDS_DATE_TIME(&it))
     obx_time_format_rfc3339(bson_iter_date_time(&it), occurred);
   long long attempts = bson_iter_init_find(&it, ev, "attempts") && BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
-  printf("%-36s  %-20s  %-12s  %-9s  %8lld  %-24s  %s\n", worker_ctl_str(ev, "_id", "-"),
-         worker_ctl_str(ev, "eventType", "-"), worker_ctl_str(ev, "orgId", "-"), worker_ctl_str(ev, "status", "-"),
-         attempts, occurred, worker_ctl_str(ev, "lastError", ""));
+  printf("%-36s  %-20s  %-12s  %-9s  %8lld  %-24s  %s\n", ops_ctl_str(ev, "_id", "-"),
+         ops_ctl_str(ev, "eventType", "-"), ops_ctl_str(ev, "orgId", "-"), ops_ctl_str(ev, "status", "-"),
+         attempts, occurred, ops_ctl_str(ev, "lastError", ""));
 }
 
 static void print_event_header(void) {
@@ -34,29 +34,29 @@ static void print_event_header(void) {
 }
 
 static int outbox_list(int argc, char **argv) {
-  static const worker_ctl_list_t list = {
+  static const ops_ctl_list_t list = {
     "outbox list", OBX_OPS_OUTBOX,
     "usage: outboxctl outbox list [STATUS] [--limit N] [--json]\n\n"
     "Lists the newest outbox events, optionally of one status (PENDING, PUBLISHED, FAILED).\n",
     print_event_header, print_event_line};
-  return worker_ctl_list(&list, argc, argv);
+  return ops_ctl_list(&list, argc, argv);
 }
 
 static int outbox_counts(int argc, char **argv) {
-  worker_ctl_args_t args;
-  int rc = worker_ctl_parse(&args, argc, argv, "usage: outboxctl outbox counts [--json]\n\nCounts events by status.\n");
+  ops_ctl_args_t args;
+  int rc = ops_ctl_parse(&args, argc, argv, "usage: outboxctl outbox counts [--json]\n\nCounts events by status.\n");
   if (rc >= 0) goto done_args;
   rc = OBX_CTL_USAGE;
   if (args.npos) {
     obx_ctl_errorf("outbox counts: takes no arguments");
     goto done_args;
   }
-  worker_ctl_t ctl;
-  if ((rc = worker_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
+  ops_ctl_t ctl;
+  if ((rc = ops_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
     bson_t out = BSON_INITIALIZER;
     obx_err_t err = OBX_ERR_INIT;
-    if (!obx_ops_counts(&ctl.ops, OBX_OPS_OUTBOX, NULL, &out, &err)) {
-      rc = worker_ctl_fail("outbox counts", &err);
+    if (!obx_ops_counts(&ctl.ops, OBX_OPS_OUTBOX, args.org, &out, &err)) {
+      rc = ops_ctl_fail(&ctl, "outbox counts", &err);
     } else if (args.json) {
       obx_ctl_print_json(&out);
     } else {
@@ -66,16 +66,16 @@ static int outbox_counts(int argc, char **argv) {
     }
     bson_destroy(&out);
   }
-  worker_ctl_close(&ctl);
+  ops_ctl_close(&ctl);
 done_args:
-  worker_ctl_args_cleanup(&args);
+  ops_ctl_args_cleanup(&args);
   return rc;
 }
 
 static int outbox_reprocess(int argc, char **argv) {
-  worker_ctl_args_t args;
-  int rc = worker_ctl_parse(&args, argc, argv,
-                            "usage: outboxctl outbox reprocess ID [--who NAME] [--json]\n\n"
+  ops_ctl_args_t args;
+  int rc = ops_ctl_parse(&args, argc, argv,
+                            "usage: outboxctl outbox reprocess ID [--dry-run] [--who NAME] [--json]\n\n"
                             "Sends a FAILED event back to PENDING; the relay publishes it again.\n");
   if (rc >= 0) goto done_args;
   rc = OBX_CTL_USAGE;
@@ -83,18 +83,19 @@ static int outbox_reprocess(int argc, char **argv) {
     obx_ctl_errorf("outbox reprocess: wants one event id");
     goto done_args;
   }
-  worker_ctl_t ctl;
-  if ((rc = worker_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
+  ops_ctl_t ctl;
+  if ((rc = ops_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
     bson_t out = BSON_INITIALIZER;
     obx_err_t err = OBX_ERR_INIT;
-    if (!obx_ops_outbox_reprocess(&ctl.ops, NULL, args.pos[0], &out, &err)) rc = worker_ctl_fail("outbox reprocess", &err);
+    if (!obx_ops_outbox_reprocess(&ctl.ops, args.org, args.pos[0], args.dry_run, &out, &err))
+      rc = ops_ctl_fail(&ctl, "outbox reprocess", &err);
     else if (args.json) obx_ctl_print_json(&out);
-    else printf("%s: FAILED -> PENDING\n", args.pos[0]);
+    else printf("%s: FAILED -> PENDING%s; %s\n", args.pos[0], args.dry_run ? " (dry run: nothing changed)" : "", ctl.target);
     bson_destroy(&out);
   }
-  worker_ctl_close(&ctl);
+  ops_ctl_close(&ctl);
 done_args:
-  worker_ctl_args_cleanup(&args);
+  ops_ctl_args_cleanup(&args);
   return rc;
 }
 
@@ -102,7 +103,7 @@ int obx_ctl_outbox(int argc, char **argv) {
   static const obx_ctl_sub_t subs[] = {
     {"list", "[STATUS] [--limit N] [--json]", "List the newest events, optionally of one status", outbox_list},
     {"counts", "[--json]", "Count events by status", outbox_counts},
-    {"reprocess", "ID [--who NAME]", "Send a FAILED event back to PENDING (recorded in audit_log)", outbox_reprocess},
+    {"reprocess", "ID [--dry-run] [--who NAME]", "Send a FAILED event back to PENDING (recorded in audit_log)", outbox_reprocess},
   };
   return obx_ctl_dispatch("the relay's outbox", subs, (int)(sizeof subs / sizeof subs[0]), argc, argv);
 }

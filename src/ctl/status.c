@@ -1,16 +1,17 @@
 /* status.c - `outboxctl status`: the whole system at a glance
  *
- *   outboxctl status [--json]
- *       Relay leader and lease, checkpoint age, lag (age of the oldest due PENDING event),
- *       outbox and inbox counts by status, DLQ depth (unknown when RabbitMQ does not answer)
- *       and parked keys.
+ *   outboxctl status [--json] [--watch]
+ *       Which MongoDB database and RabbitMQ vhost, relay leader and lease, checkpoint age, lag
+ *       (age of the oldest due PENDING event), outbox and inbox counts by status, dead letters,
+ *       DLQ depth (unknown when RabbitMQ does not answer), parked keys, and what is degraded.
  *
- * DESIGN: one call to obx_ops_status (src/lib/ops_outbox.c); this file only prints. Exit 1
- * when MongoDB cannot be read; RabbitMQ being down is shown, not failed. */
+ * DESIGN: one call to obx_ops_status (src/ops/ops_status.c); this file only prints. Exit 0
+ * healthy, 3 (OBX_CTL_DEGRADED) when something is degraded, 1 when MongoDB cannot be read. */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
-#include "ctl/worker_ctl.h"
+#include "ctl/ops_ctl.h"
 #include "obx/obx_log.h"
 #include "obx/obx_ops.h"
 
@@ -74,34 +75,68 @@ static void print_text(const bson_t *status) {
   printf("%-12s %lld\n", "parked keys", int_field(status, "parkedKeys", 0));
 }
 
+static bool print_status(const ops_ctl_t *ctl, const ops_ctl_args_t *args, bool *degraded, obx_err_t *err) {
+  bson_t out = BSON_INITIALIZER;
+  bool ok = obx_ops_status(&ctl->ops, &out, err);
+  bson_iter_t it, reasons;
+  *degraded = ok && bson_iter_init_find(&it, &out, "degraded") && bson_iter_recurse(&it, &reasons) &&
+              bson_iter_next(&reasons);
+  if (ok && args->json) {
+    obx_ctl_print_json(&out);
+  } else if (ok) {
+    char now[32];
+    obx_time_format_rfc3339(obx_time_now_ms(), now);
+    printf("%-12s %s at %s\n", "target", ctl->target, now);
+    print_text(&out);
+    bson_t dead;
+    if (sub_doc(&out, "deadLetters", &dead)) {
+      char oldest[32];
+      printf("%-12s %lld waiting (oldest first failure %s)\n", "dead letters", int_field(&dead, "count", 0),
+             date_field(&dead, "oldestAt", oldest));
+    }
+    printf("%-12s", "degraded");
+    if (bson_iter_init_find(&it, &out, "degraded") && bson_iter_recurse(&it, &reasons)) {
+      int n = 0;
+      while (bson_iter_next(&reasons)) printf("%s %s", n++ ? "," : "", bson_iter_utf8(&reasons, NULL));
+      if (!n) printf(" no");
+    }
+    printf("\n");
+  }
+  fflush(stdout);
+  bson_destroy(&out);
+  return ok;
+}
+
+#define STATUS_WATCH_MS 2000
+
 int obx_ctl_status(int argc, char **argv) {
-  worker_ctl_args_t args;
-  int rc = worker_ctl_parse(&args, argc, argv,
-                            "usage: outboxctl status [--json]\n\n"
-                            "Relay leader, checkpoint age and lag; outbox and inbox counts; DLQ depth; parked keys.\n");
+  ops_ctl_args_t args;
+  int rc = ops_ctl_parse(&args, argc, argv,
+                         "usage: outboxctl status [--json] [--watch]\n\n"
+                         "Relay leader, checkpoint age and lag; outbox and inbox counts; dead letters; DLQ depth;\n"
+                         "parked keys; what is degraded. Exit 0 when nothing is degraded, 3 when something is,\n"
+                         "1 when MongoDB cannot be read. --watch prints it again every 2 s until interrupted.\n");
   if (rc >= 0) goto done_args;
   rc = OBX_CTL_USAGE;
   if (args.npos) {
     obx_ctl_errorf("status: takes no arguments");
     goto done_args;
   }
-  /* the RabbitMQ client's connection notices would land in the middle of the report */
-  obx_log_set_level(OBX_LOG_WARN);
-  worker_ctl_t ctl;
-  if ((rc = worker_ctl_open(&ctl, &args, true)) == OBX_CTL_OK) {
-    bson_t out = BSON_INITIALIZER;
-    obx_err_t err = OBX_ERR_INIT;
-    if (!obx_ops_status(&ctl.ops, &out, &err)) {
-      rc = worker_ctl_fail("status", &err);
-    } else if (args.json) {
-      obx_ctl_print_json(&out);
-    } else {
-      print_text(&out);
+  ops_ctl_t ctl;
+  if ((rc = ops_ctl_open(&ctl, &args, true)) == OBX_CTL_OK) {
+    for (;;) {
+      obx_err_t err = OBX_ERR_INIT;
+      bool degraded = false;
+      if (!print_status(&ctl, &args, &degraded, &err)) rc = ops_ctl_fail(&ctl, "status", &err);
+      else rc = degraded ? OBX_CTL_DEGRADED : OBX_CTL_OK;
+      if (!args.watch) break;
+      if (!args.json) printf("\n");
+      struct timespec ts = {STATUS_WATCH_MS / 1000, (STATUS_WATCH_MS % 1000) * 1000000L};
+      nanosleep(&ts, NULL); /* the refresh period of --watch, not a wait for a condition */
     }
-    bson_destroy(&out);
   }
-  worker_ctl_close(&ctl);
+  ops_ctl_close(&ctl);
 done_args:
-  worker_ctl_args_cleanup(&args);
+  ops_ctl_args_cleanup(&args);
   return rc;
 }

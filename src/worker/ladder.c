@@ -824,9 +824,10 @@ struct obx_ladder_consumer {
   names_t names;
   conn_t c;
   int prefetch;
+  bool dlq; /* consumes the parking-lot queue instead of the work queue */
 };
 
-obx_ladder_consumer_t *obx_ladder_consumer_new(const obx_ladder_opts_t *opts, int prefetch, obx_err_t *err) {
+static obx_ladder_consumer_t *consumer_new(const obx_ladder_opts_t *opts, int prefetch, bool dlq, obx_err_t *err) {
   obx_ladder_consumer_t *consumer = calloc(1, sizeof *consumer);
   assert(consumer);
   if (!names_init(&consumer->names, opts, err)) {
@@ -834,7 +835,16 @@ obx_ladder_consumer_t *obx_ladder_consumer_new(const obx_ladder_opts_t *opts, in
     return NULL;
   }
   consumer->prefetch = prefetch > 0 ? prefetch : 1;
+  consumer->dlq = dlq;
   return consumer;
+}
+
+obx_ladder_consumer_t *obx_ladder_consumer_new(const obx_ladder_opts_t *opts, int prefetch, obx_err_t *err) {
+  return consumer_new(opts, prefetch, false, err);
+}
+
+obx_ladder_consumer_t *obx_ladder_dlq_consumer_new(const obx_ladder_opts_t *opts, int prefetch, obx_err_t *err) {
+  return consumer_new(opts, prefetch, true, err);
 }
 
 void obx_ladder_consumer_destroy(obx_ladder_consumer_t *consumer) {
@@ -847,10 +857,11 @@ void obx_ladder_consumer_destroy(obx_ladder_consumer_t *consumer) {
 static bool consumer_open(obx_ladder_consumer_t *consumer, obx_err_t *err) {
   conn_t *c = &consumer->c;
   if (c->conn) return true;
-  if (!conn_open(c, &consumer->names, "outboxd work consumer", err)) return false;
+  if (!conn_open(c, &consumer->names, consumer->dlq ? "outboxd dlq drain" : "outboxd work consumer", err)) return false;
   amqp_basic_qos(c->conn, CH_PUBLISH, 0, (uint16_t)consumer->prefetch, 0);
   if (!rpc_ok(c->conn, "basic.qos", err)) goto fail;
-  amqp_basic_consume(c->conn, CH_PUBLISH, amqp_cstring_bytes(consumer->names.work), amqp_empty_bytes, 0, 0, 0,
+  amqp_basic_consume(c->conn, CH_PUBLISH, amqp_cstring_bytes(consumer->dlq ? consumer->names.dlq : consumer->names.work),
+                     amqp_empty_bytes, 0, 0, 0,
                      amqp_empty_table);
   if (!rpc_ok(c->conn, "basic.consume", err)) goto fail;
   return true;

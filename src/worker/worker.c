@@ -23,6 +23,7 @@
 #include "obx/obx_log.h"
 #include "obx/obx_metrics.h"
 #include "obx/obx_mongo.h"
+#include "obx/obx_ops.h"
 #include "obx/obx_pipeline.h"
 #include "obx/obx_schema.h"
 #include "obx/obx_trace.h"
@@ -89,6 +90,7 @@ struct obx_worker {
   job_t *kafka_done, *wq_done;
 
   worker_stats_t stats;
+  obx_ops_drain_t *drain; /* parking-lot queue -> dead_letters (src/ops/ops_drain.c) */
 };
 
 static uint32_t key_hash(const char *s, size_t len) {
@@ -1275,6 +1277,7 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   if (!obx_ladder_connect(w->ladder, &soft)) obx_warn("RabbitMQ not reachable yet (%s); will retry", soft.msg);
   w->schema = obx_schema_guard_start(w->mongo, conf, OBX_SCHEMA_WORKER, http, "worker-schema");
   if (!(w->wq = obx_ladder_consumer_new(&w->ladder_opts, 2 * w->nlanes, err))) goto fail;
+  if (conf->worker_dlq_drain && !(w->drain = obx_ops_drain_start(conf, err))) goto fail;
 
   w->lanes = calloc((size_t)w->nlanes, sizeof *w->lanes);
   assert(w->lanes);
@@ -1309,6 +1312,7 @@ fail:
 void obx_worker_destroy(obx_worker_t *w) {
   if (!w) return;
   atomic_store(&w->stop, true);
+  obx_ops_drain_stop(w->drain);
   for (int i = 0; i < w->nlanes; i++) {
     pthread_mutex_lock(&w->lanes[i].mu);
     pthread_cond_broadcast(&w->lanes[i].nonempty);

@@ -163,6 +163,8 @@ static inline wt_fx_t *wt_setup(int partitions, const char *mongo_args) {
   wt_conf_set(fx, "worker.queue_prefix", fx->prefix);
   wt_conf_set(fx, "worker.group", fx->group);
   wt_conf_set(fx, "worker.retry_ladder", "200ms,500ms");
+  /* the suites test the queues themselves; test_worker_ops turns the store's drain on */
+  wt_conf_set(fx, "worker.dlq_drain", "false");
   wt_conf_set(fx, "egress.allow_networks", "127.0.0.0/8");
   obx_err_t err = OBX_ERR_INIT;
   fx->mongo = obx_mongo_new(&fx->conf, &err);

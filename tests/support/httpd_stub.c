@@ -30,6 +30,7 @@ struct obx_test_httpd {
   int nroutes, routes_cap;
   obx_test_httpd_request_t requests[HTTPD_MAX_REQUESTS];
   int nrequests;
+  int total; /* every request answered, also those past HTTPD_MAX_REQUESTS */
 };
 
 /* Per-connection upload buffer. */
@@ -90,6 +91,7 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const 
 static void record(obx_test_httpd_t *httpd, struct MHD_Connection *connection, const char *method, const char *url,
                    upload_t *up) {
   pthread_mutex_lock(&httpd->mu);
+  httpd->total++;
   if (httpd->nrequests < HTTPD_MAX_REQUESTS) {
     obx_test_httpd_request_t *req = &httpd->requests[httpd->nrequests++];
     snprintf(req->method, sizeof req->method, "%s", method);
@@ -268,6 +270,13 @@ void obx_test_httpd_route(obx_test_httpd_t *httpd, const obx_test_httpd_route_t 
   slot->r.content_type = slot->content_type = dup_or_null(route->content_type);
   slot->r.location = slot->location = dup_or_null(route->location);
   pthread_mutex_unlock(&httpd->mu);
+}
+
+int obx_test_httpd_total(obx_test_httpd_t *httpd) {
+  pthread_mutex_lock(&httpd->mu);
+  int n = httpd->total;
+  pthread_mutex_unlock(&httpd->mu);
+  return n;
 }
 
 int obx_test_httpd_nrequests(obx_test_httpd_t *httpd) {

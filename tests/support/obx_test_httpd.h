@@ -48,6 +48,8 @@ const char *obx_test_httpd_url(const obx_test_httpd_t *httpd, const char *path);
 void obx_test_httpd_route(obx_test_httpd_t *httpd, const obx_test_httpd_route_t *route);
 /* Requests received so far (on every path). */
 int obx_test_httpd_nrequests(obx_test_httpd_t *httpd);
+/* Every request answered so far, also those past the recorded ones. */
+int obx_test_httpd_total(obx_test_httpd_t *httpd);
 /* Copy of request i (0-based); false when there is none. Free with ..._request_cleanup. */
 bool obx_test_httpd_request(obx_test_httpd_t *httpd, int i, obx_test_httpd_request_t *out);
 void obx_test_httpd_request_cleanup(obx_test_httpd_request_t *req);
