@@ -192,9 +192,10 @@ void obx_ops_drain_stop(obx_ops_drain_t *drain);
 
 /* {relay: {...}, outbox: {...}, inbox: {...}, deadLetters: {count, oldestAt},
  *  dlq: {depth} | {depth: null, error}, parkedKeys: n, degraded: [<reasons>]}
- * degraded lists what an operator must look at (no relay leader, lag over a minute, dead
- * letters, RabbitMQ unreachable). Fails only when MongoDB fails. */
-bool obx_ops_status(const obx_ops_t *ops, bson_t *out, obx_err_t *err);
+ * The counts are org's (NULL: every org); the relay and the queue are the system's. degraded
+ * lists what an operator must look at (no relay leader, lag over a minute, dead letters,
+ * parked keys, RabbitMQ unreachable). Fails only when MongoDB fails. */
+bool obx_ops_status(const obx_ops_t *ops, const char *org, bson_t *out, obx_err_t *err);
 
 /* ---- HTTP (src/api/ops_routes.c) ----------------------------------------------------------------
  * Registers the operators' routes (README "Operators' API"), scoped to the API key's org. The

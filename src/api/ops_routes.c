@@ -309,13 +309,12 @@ static void key_release(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
   bson_destroy(body);
 }
 
-/* The status of every org is the operators'; a key of one org sees the same system view. */
 static void status_get(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
   char who[32];
   obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
   obx_err_t err = OBX_ERR_INIT;
   bson_t out = BSON_INITIALIZER;
-  bool ok = obx_ops_status(&ops, &out, &err);
+  bool ok = obx_ops_status(&ops, obx_http_req_org(req), &out, &err);
   reply(resp, ok, 200, &out, &err);
 }
 

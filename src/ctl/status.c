@@ -77,7 +77,7 @@ static void print_text(const bson_t *status) {
 
 static bool print_status(const ops_ctl_t *ctl, const ops_ctl_args_t *args, bool *degraded, obx_err_t *err) {
   bson_t out = BSON_INITIALIZER;
-  bool ok = obx_ops_status(&ctl->ops, &out, err);
+  bool ok = obx_ops_status(&ctl->ops, args->org, &out, err);
   bson_iter_t it, reasons;
   *degraded = ok && bson_iter_init_find(&it, &out, "degraded") && bson_iter_recurse(&it, &reasons) &&
               bson_iter_next(&reasons);

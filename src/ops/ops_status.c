@@ -83,7 +83,7 @@ static bool status_relay(const obx_ops_t *ops, mongoc_client_t *client, bson_t *
 
 static void degraded_add(bson_t *arr, int *n, const char *reason) { ops_array_utf8(arr, (*n)++, reason); }
 
-bool obx_ops_status(const obx_ops_t *ops, bson_t *out, obx_err_t *err) {
+bool obx_ops_status(const obx_ops_t *ops, const char *org, bson_t *out, obx_err_t *err) {
   bson_t relay, outbox, inbox, dlq, dead, degraded;
   int64_t parked = 0, dead_count = 0, dead_oldest = 0;
   mongoc_client_t *client = obx_mongo_pop(ops->mongo);
@@ -91,14 +91,21 @@ bool obx_ops_status(const obx_ops_t *ops, bson_t *out, obx_err_t *err) {
   bool ok = status_relay(ops, client, &relay, err);
   bson_append_document_end(out, &relay);
   BSON_APPEND_DOCUMENT_BEGIN(out, "outbox", &outbox);
-  ok = ok && ops_counts_with(ops, client, OBX_OPS_OUTBOX, NULL, &outbox, err);
+  ok = ok && ops_counts_with(ops, client, OBX_OPS_OUTBOX, org, &outbox, err);
   bson_append_document_end(out, &outbox);
   BSON_APPEND_DOCUMENT_BEGIN(out, "inbox", &inbox);
-  ok = ok && ops_counts_with(ops, client, OBX_OPS_INBOX, NULL, &inbox, err);
+  ok = ok && ops_counts_with(ops, client, OBX_OPS_INBOX, org, &inbox, err);
   bson_append_document_end(out, &inbox);
-  ok = ok && obx_inbox_count_parked(client, obx_mongo_db_name(ops->mongo), ops->consumer, &parked, err) &&
-       obx_ops_dl_stats(ops->mongo, client, NULL, &dead_count, &dead_oldest, err);
+  ok = ok && (org || obx_inbox_count_parked(client, obx_mongo_db_name(ops->mongo), ops->consumer, &parked, err)) &&
+       obx_ops_dl_stats(ops->mongo, client, org, &dead_count, &dead_oldest, err);
   obx_mongo_push(ops->mongo, client);
+  if (ok && org) { /* parked keys belong to the org of their head event */
+    bson_t keys = BSON_INITIALIZER;
+    bson_iter_t it;
+    ok = obx_ops_keys_list(ops, org, &keys, err);
+    parked = ok && bson_iter_init_find(&it, &keys, "count") ? bson_iter_as_int64(&it) : 0;
+    bson_destroy(&keys);
+  }
   if (!ok) return false;
   BSON_APPEND_DOCUMENT_BEGIN(out, "deadLetters", &dead);
   BSON_APPEND_INT64(&dead, "count", dead_count);
