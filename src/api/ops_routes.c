@@ -243,7 +243,8 @@ static bool dl_body_filter(obx_http_req_t *req, obx_http_resp_t *resp, const bso
   if (!body_bool(body, resp, "all", &f->all) || !body_bool(body, resp, "dryRun", dry_run) ||
       !body_str(body, resp, "type", &f->type) || !body_str(body, resp, "key", &f->key) ||
       !body_str(body, resp, "class", &f->failure_class) || !body_str(body, resp, "reason", &f->reason) ||
-      !body_str(body, resp, "state", &f->state) || !body_str(body, resp, "since", &since) ||
+      !body_str(body, resp, "state", &f->state) || !body_str(body, resp, "eventId", &f->event_id) ||
+      !body_str(body, resp, "since", &since) ||
       !body_str(body, resp, "until", &until) || !time_value(resp, "since", since, &f->since_ms) ||
       !time_value(resp, "until", until, &f->until_ms))
     return false;

@@ -7,7 +7,7 @@
  *   outboxctl dlq delete (--id ID... | --all [FILTERS]) [--dry-run] [--json]
  *   outboxctl dlq purge --yes [FILTERS] [--dry-run] [--json]
  *   outboxctl dlq export [--id ID... | FILTERS]
- * FILTERS: --org ORG --type T --key K --class transient|terminal|malformed --reason TEXT
+ * FILTERS: --org ORG --type T --key K --event EVENT_ID --class CLASS --reason TEXT
  *          --state dead|redriving|redriven --since TIME --until TIME
  *
  * DESIGN: thin shell over obx_ops_dl_* (src/ops/ops_dead_letters.c), shared with the HTTP API.
@@ -20,12 +20,12 @@
 #include "ctl/ops_ctl.h"
 
 #define DLQ_FILTERS                                                                                     \
-  "FILTERS: --org ORG --type T --key K --class transient|terminal|malformed --reason TEXT\n"           \
-  "         --state dead|redriving|redriven --since TIME --until TIME (RFC 3339 or 2h, 7d back)\n"
+  "FILTERS: --org ORG --type T --key K --event EVENT_ID --class transient|terminal|malformed|exhausted|infra\n" \
+  "         --reason TEXT --state dead|redriving|redriven --since TIME --until TIME (RFC 3339 or 2h, 7d back)\n"
 
 static obx_ops_dl_filter_t filter_of(const ops_ctl_args_t *a) {
   return (obx_ops_dl_filter_t){.org = a->org, .type = a->type, .key = a->key, .failure_class = a->failure_class,
-                               .reason = a->reason, .state = a->state, .since_ms = a->since_ms,
+                               .reason = a->reason, .state = a->state, .event_id = a->event, .since_ms = a->since_ms,
                                .until_ms = a->until_ms, .ids = a->ids, .nids = a->nids, .all = a->all};
 }
 

@@ -14,7 +14,7 @@
 
 enum {
   OPT_CLASS = 256, OPT_REASON, OPT_STATUS, OPT_STATE, OPT_UNTIL, OPT_AFTER, OPT_INCLUDE_FINISHED, OPT_WATCH,
-  OPT_ACTION, OPT_KEY,
+  OPT_ACTION, OPT_KEY, OPT_EVENT,
 };
 
 /* TIME: RFC 3339, or a duration back from now ("2h", "30m", "7d"). */
@@ -38,6 +38,7 @@ int ops_ctl_parse(ops_ctl_args_t *a, int argc, char **argv, const char *usage) {
     {"state", required_argument, NULL, OPT_STATE},   {"until", required_argument, NULL, OPT_UNTIL},
     {"after", required_argument, NULL, OPT_AFTER},   {"include-finished", no_argument, NULL, OPT_INCLUDE_FINISHED},
     {"watch", no_argument, NULL, OPT_WATCH},         {"action", required_argument, NULL, OPT_ACTION},
+    {"event", required_argument, NULL, OPT_EVENT},
     {"help", no_argument, NULL, 'h'},          {0}};
   memset(a, 0, sizeof *a);
   int opt;
@@ -69,6 +70,7 @@ int ops_ctl_parse(ops_ctl_args_t *a, int argc, char **argv, const char *usage) {
     case OPT_STATE: a->state = optarg; break;
     case OPT_AFTER: a->after = optarg; break;
     case OPT_ACTION: a->action = optarg; break;
+    case OPT_EVENT: a->event = optarg; break;
     case OPT_INCLUDE_FINISHED: a->include_finished = true; break;
     case OPT_WATCH: a->watch = true; break;
     case 's':

@@ -22,7 +22,7 @@
 typedef struct {
   obx_ctl_conf_opts_t conf;
   bool json, dry_run, all, yes, include_finished, watch;
-  const char *who, *type, *org, *key, *failure_class, *reason, *status, *state, *action, *after;
+  const char *who, *type, *org, *key, *failure_class, *reason, *status, *state, *action, *after, *event;
   int64_t since_ms, until_ms;
   const char *ids[OPS_CTL_MAX_IDS]; /* --id, repeatable; duplicates dropped */
   int nids;

@@ -23,7 +23,8 @@
 
 #define DL "dead_letters"
 
-static const char *const dl_classes[] = {"transient", "terminal", "malformed"};
+/* x-failure-class of the worker's DLQ messages (obx_worker.h), and "transient" of older ones */
+static const char *const dl_classes[] = {"malformed", "terminal", "exhausted", "infra", "transient"};
 static const char *const dl_states[] = {"dead", "redriving", "redriven"};
 
 static const obx_mongo_index_t dl_indexes[] = {
@@ -47,9 +48,9 @@ static bool one_of(const char *s, const char *const *names, int n) {
 }
 
 bool obx_ops_dl_filter_check(const obx_ops_dl_filter_t *f, obx_err_t *err) {
-  if (f->failure_class && !one_of(f->failure_class, dl_classes, 3)) {
-    obx_err_set(err, OBX_ERR_INPUT, 0, false, "unknown failure class \"%s\" (one of transient, terminal, malformed)",
-                f->failure_class);
+  if (f->failure_class && !one_of(f->failure_class, dl_classes, 5)) {
+    obx_err_set(err, OBX_ERR_INPUT, 0, false,
+                "unknown failure class \"%s\" (one of malformed, terminal, exhausted, infra, transient)", f->failure_class);
     return false;
   }
   if (f->state && !one_of(f->state, dl_states, 3)) {

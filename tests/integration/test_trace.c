@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "obx/obx_trace.h"
+#include "obx_test_doc.h"
 #include "obx_test_otlp.h"
 #include "worker_test.h"
 
@@ -306,9 +307,19 @@ static void test_retry_and_redrive(void **state) {
   char dead_id[17];
   await_id(t, trace3, "process domain-events", NULL, dead_id);
   wt_route(t->fx, "TR-3", 200);
-  char body[128];
-  snprintf(body, sizeof body, "{\"ids\": [\"%s\"]}", id3);
+  char body[160];
+  snprintf(body, sizeof body, "/api/dlq?eventId=%s", id3);
+  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS; /* the worker's drain stores the dead letter */
   obx_test_http_resp_t resp;
+  for (;;) {
+    obx_test_http_expect(t->d.port, "GET", body, t->key, NULL, 200, &resp);
+    bool stored = obx_test_doc_int(&resp.json, "count") == 1;
+    obx_test_http_resp_cleanup(&resp);
+    if (stored) break;
+    if (obx_test_now_ms() > deadline) fail_msg("the dead letter of %s never reached the store", id3);
+    usleep(50 * 1000);
+  }
+  snprintf(body, sizeof body, "{\"all\": true, \"eventId\": \"%s\"}", id3);
   obx_test_http_expect(t->d.port, "POST", "/api/dlq/redrive", t->key, body, 200, &resp);
   obx_test_http_resp_cleanup(&resp);
   wt_wait_calls(t->fx, "TR-3", 2);

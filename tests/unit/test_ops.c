@@ -82,7 +82,9 @@ static void test_dl_filter_check(void **state) {
     const char *names;
   } cases[] = {
     {{.failure_class = "terminal"}, true, NULL},
-    {{.failure_class = "fatal"}, false, "transient, terminal, malformed"},
+    {{.failure_class = "exhausted"}, true, NULL},
+    {{.failure_class = "infra"}, true, NULL},
+    {{.failure_class = "fatal"}, false, "malformed, terminal, exhausted, infra"},
     {{.state = "redriven"}, true, NULL},
     {{.state = "gone"}, false, "dead, redriving, redriven"},
     {{.since_ms = 2000, .until_ms = 1000}, false, "ends before it starts"},
