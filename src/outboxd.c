@@ -4,7 +4,7 @@
  *   outboxd - transactional outbox daemon for MongoDB services
  *
  * SYNOPSIS
- *   outboxd [--roles api,relay,worker] [-c FILE] [-X key=value]... [--help]
+ *   outboxd [--roles api,relay,worker] [-c FILE] [-X key=value]... [--help] [--version]
  *
  * DESCRIPTION
  *   Runs any combination of the roles of DESIGN.md §1 in one process, on one HTTP server:
@@ -60,6 +60,7 @@
 #include "obx/obx_err.h"
 #include "obx/obx_http.h"
 #include "obx/obx_log.h"
+#include "obx/obx_metrics.h"
 #include "obx/obx_trace.h"
 #include "obx/obx_mongo.h"
 #include "obx/obx_ops.h"
@@ -90,7 +91,7 @@ static bool *role_enabled(obx_conf_t *conf, const outboxd_role_t *role) {
 
 static void usage(FILE *out) {
   fprintf(out,
-          "usage: outboxd [--roles api,relay,worker] [-c FILE] [-X key=value]... [--help]\n"
+          "usage: outboxd [--roles api,relay,worker] [-c FILE] [-X key=value]... [--help] [--version]\n"
           "  --roles LIST   roles to run (overrides API_ENABLED, OUTBOX_RELAY_ENABLED, WORKER_ENABLED)\n"
           "  -c FILE        configuration file\n"
           "  -X key=value   set a configuration key (repeatable); see `outboxctl conf list`\n");
@@ -187,6 +188,9 @@ int main(int argc, char **argv) {
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       usage(stdout);
       return 0;
+    } else if (strcmp(a, "--version") == 0) {
+      printf("outboxd %s\n", obx_build_version());
+      return 0;
     } else if (strcmp(a, "--roles") == 0 && i + 1 < argc) {
       role_list = argv[++i];
     } else if (strncmp(a, "--roles=", 8) == 0) {
@@ -211,6 +215,7 @@ int main(int argc, char **argv) {
   obx_log_level_t level;
   if (obx_log_level_parse(conf.log_level, &level)) obx_log_set_level(level);
   obx_log_set_role("main");
+  obx_build_info_register();
   /* OTEL_* variables: sampler and OTLP exporter, before any role starts spans */
   if (!obx_trace_start_from_env(&err)) {
     fprintf(stderr, "outboxd: %s\n", err.msg);

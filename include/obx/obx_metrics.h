@@ -46,6 +46,11 @@ void obx_histogram_observe(obx_histogram_t *histogram, double value, ...);
 /* Current value of one series (0 when it does not exist yet); for histograms, the count. */
 double obx_metrics_value(const struct obx_metric *metric, ...);
 
+/* The version (OBX_VERSION) and commit (OBX_REVISION) this program was built from, as
+ * "0.1.0 (commit abc123...)"; and the gauge outboxd_build_info{version, revision} = 1. */
+const char *obx_build_version(void);
+void obx_build_info_register(void);
+
 /* Writes every metric in the Prometheus text exposition format 0.0.4 (HELP and TYPE lines,
  * escaped label values, histograms as _bucket{le=...} cumulative counts, _sum and _count). */
 void obx_metrics_write(FILE *out);

@@ -134,12 +134,12 @@ bool obx_ops_key_release(const obx_ops_t *ops, const char *org, const char *key,
  * document. state moves dead -> redriving -> redriven, or back to dead when the publish fails;
  * a redriving document older than OBX_OPS_REDRIVE_STALE_MS (its run died) is dead again for
  * the next redrive. A redriven message that fails again arrives as a new document with
- * redriveCount + 1 (the header OBX_OPS_REDRIVE_COUNT_HEADER travels with it). */
+ * redriveCount + 1 (the header OBX_OPS_REDRIVE_COUNT_HEADER travels with it). The collection
+ * and its indexes are declared in src/lib/schema.c. */
 #define OBX_OPS_REDRIVE_COUNT_HEADER "outboxd-redrive-count"
 #define OBX_OPS_REDRIVE_ID_HEADER "outboxd-redrive-id"
 #define OBX_OPS_REDRIVE_STALE_MS (10 * 60 * 1000)
 
-bool obx_ops_dl_ensure_indexes(obx_mongo_t *mongo, obx_err_t *err);
 /* The document of a parking-lot message (without _id and storedAt). out initialised. */
 void obx_ops_dl_from_msg(const obx_ladder_msg_t *msg, bson_t *out);
 /* Stores a parking-lot message; *stored false when it was already there (same dedupKey). */

@@ -345,3 +345,11 @@ char *obx_metrics_render(size_t *len) {
   if (len) *len = n;
   return buf;
 }
+
+const char *obx_build_version(void) { return OBX_VERSION " (commit " OBX_REVISION ")"; }
+
+void obx_build_info_register(void) {
+  obx_gauge_set(obx_metrics_gauge("outboxd_build_info", "The version and commit this process was built from (always 1)",
+                                  "version,revision"),
+                1.0, OBX_VERSION, OBX_REVISION);
+}

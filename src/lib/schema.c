@@ -58,6 +58,26 @@ static const obx_schema_index_t pipelines_indexes[] = {
 
 static const obx_schema_index_t executions_indexes[] = {
   {"executions_pipeline", "{\"orgId\": 1, \"pipelineId\": 1, \"_id\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
+  /* one inbox entry's executions (GET /api/inbox/:id, outboxctl inbox show) */
+  {"executions_event", "{\"eventId\": 1, \"startedAt\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
+};
+
+/* the operators' dead-letter store (src/ops/ops_dead_letters.c): dedup on write, lists newest
+ * failure first by org/type/key, the oldest waiting one for the gauge, lookups by event */
+static const obx_schema_index_t dead_letters_indexes[] = {
+  {"dl_dedup", "{\"dedupKey\": 1}", "{\"unique\": true}", OBX_SCHEMA_TTL_NONE},
+  {"dl_last", "{\"lastFailureAt\": -1, \"_id\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
+  {"dl_org_last", "{\"orgId\": 1, \"lastFailureAt\": -1, \"_id\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
+  {"dl_type_last", "{\"type\": 1, \"lastFailureAt\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
+  {"dl_key_last", "{\"key\": 1, \"lastFailureAt\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
+  {"dl_state_first", "{\"state\": 1, \"firstFailureAt\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
+  {"dl_event", "{\"eventId\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
+};
+
+/* the operators' audit query (GET /api/audit, outboxctl audit list) */
+static const obx_schema_index_t audit_indexes[] = {
+  {"audit_org_when", "{\"orgId\": 1, \"when\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
+  {"audit_action_when", "{\"action\": 1, \"when\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
 };
 
 #define N(a) (int)(sizeof a / sizeof a[0])
@@ -73,7 +93,9 @@ static const obx_schema_collection_t collections[] = {
   {"leases", OBX_SCHEMA_RELAY, NULL, 0},
   {"inbox", OBX_SCHEMA_WORKER | OBX_SCHEMA_API | OBX_SCHEMA_CTL, inbox_indexes, N(inbox_indexes)},
   {"parked_keys", OBX_SCHEMA_WORKER | OBX_SCHEMA_API | OBX_SCHEMA_CTL, NULL, 0},
-  {"audit_log", OBX_SCHEMA_API | OBX_SCHEMA_CTL, NULL, 0},
+  {"audit_log", OBX_SCHEMA_API | OBX_SCHEMA_CTL, audit_indexes, N(audit_indexes)},
+  /* the worker's drain writes it, operators read, redrive and delete it */
+  {"dead_letters", OBX_SCHEMA_WORKER | OBX_SCHEMA_API | OBX_SCHEMA_CTL, dead_letters_indexes, N(dead_letters_indexes)},
   {"api_keys", OBX_SCHEMA_API | OBX_SCHEMA_CTL, NULL, 0},
   {"pipelines", OBX_SCHEMA_API | OBX_SCHEMA_WORKER | OBX_SCHEMA_CTL, pipelines_indexes, N(pipelines_indexes)},
   {"pipeline_executions", OBX_SCHEMA_API | OBX_SCHEMA_WORKER, executions_indexes, N(executions_indexes)},

@@ -2,15 +2,10 @@
  *
  * DESIGN: see obx_ops.h. Every operator action of src/ops/ records itself through
  * obx_ops_audit; nothing else writes audit_log. The query reads by {orgId, when} and
- * {action, when} (indexes created with the collection). */
+ * {action, when} (indexes declared in src/lib/schema.c). */
 #include <string.h>
 
 #include "ops/ops_int.h"
-
-static const obx_mongo_index_t audit_indexes[] = {
-  {"audit_org_when", "{\"orgId\": 1, \"when\": -1}", NULL},
-  {"audit_action_when", "{\"action\": 1, \"when\": -1}", NULL},
-};
 
 bool obx_ops_audit(const obx_ops_t *ops, mongoc_client_session_t *session, const char *action, const char *target,
                    const char *org, const bson_t *details, obx_err_t *err) {
@@ -41,9 +36,6 @@ bool obx_ops_audit(const obx_ops_t *ops, mongoc_client_session_t *session, const
 
 bool obx_ops_audit_list(const obx_ops_t *ops, const obx_ops_audit_filter_t *f, const obx_ops_page_t *page,
                         bson_t *out, obx_err_t *err) {
-  if (!obx_mongo_create_indexes(ops->mongo, "audit_log", audit_indexes,
-                                (int)(sizeof audit_indexes / sizeof audit_indexes[0]), err))
-    return false;
   bson_t filter = BSON_INITIALIZER;
   if (f->org) BSON_APPEND_UTF8(&filter, "orgId", f->org);
   if (f->action) BSON_APPEND_UTF8(&filter, "action", f->action);

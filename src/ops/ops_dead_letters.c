@@ -27,20 +27,6 @@
 static const char *const dl_classes[] = {"malformed", "terminal", "exhausted", "infra", "transient"};
 static const char *const dl_states[] = {"dead", "redriving", "redriven"};
 
-static const obx_mongo_index_t dl_indexes[] = {
-  {"dl_dedup", "{\"dedupKey\": 1}", "{\"unique\": true}"},
-  {"dl_org_last", "{\"orgId\": 1, \"lastFailureAt\": -1, \"_id\": -1}", NULL},
-  {"dl_last", "{\"lastFailureAt\": -1, \"_id\": -1}", NULL},
-  {"dl_state_first", "{\"state\": 1, \"firstFailureAt\": 1}", NULL},
-  {"dl_type_last", "{\"type\": 1, \"lastFailureAt\": -1}", NULL},
-  {"dl_key_last", "{\"key\": 1, \"lastFailureAt\": -1}", NULL},
-  {"dl_event", "{\"eventId\": 1}", NULL},
-};
-
-bool obx_ops_dl_ensure_indexes(obx_mongo_t *mongo, obx_err_t *err) {
-  return obx_mongo_create_indexes(mongo, DL, dl_indexes, (int)(sizeof dl_indexes / sizeof dl_indexes[0]), err);
-}
-
 static bool one_of(const char *s, const char *const *names, int n) {
   for (int i = 0; i < n; i++)
     if (strcmp(s, names[i]) == 0) return true;

@@ -21,6 +21,7 @@
 #include "obx/obx_amqp.h"
 #include "obx/obx_log.h"
 #include "obx/obx_metrics.h"
+#include "obx/obx_schema.h"
 #include "ops/ops_int.h"
 
 #define DRAIN_WAIT_MS 500
@@ -35,7 +36,7 @@ struct obx_ops_drain {
   obx_ladder_consumer_t *consumer; /* P.dlq */
   pthread_t thread;
   atomic_bool stop;
-  bool indexed;
+  bool ready; /* dead_letters and its indexes exist (obx_schema.h) */
 };
 
 static struct {
@@ -114,7 +115,7 @@ static void drain_one(obx_ops_drain_t *d, obx_ladder_msg_t *msg) {
   for (;;) {
     obx_err_t err = OBX_ERR_INIT;
     bool stored = false;
-    if ((d->indexed || (d->indexed = obx_ops_dl_ensure_indexes(d->mongo, &err))) &&
+    if ((d->ready || (d->ready = obx_schema_ensure(d->mongo, d->conf, OBX_SCHEMA_WORKER, &err))) &&
         obx_ops_dl_store(d->mongo, msg, &stored, &err)) {
       if (stored) obx_counter_inc(metrics.stored);
       obx_log_event(OBX_LOG_INFO, msg->message_id, NULL, "dead letter %s (%s)", stored ? "stored" : "already stored",

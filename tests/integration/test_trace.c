@@ -49,7 +49,7 @@ static void start_outboxd(tt_fx_t *t, const char *endpoint) {
   /* every role started and the orders indexes exist (/readyz may answer before the api role
    * has added its check) */
   if (!obx_test_file_contains(t->d.proc.log_path, "\"outboxd running\"", 30000) ||
-      !obx_test_file_contains(t->d.proc.log_path, "\"orders indexes ready\"", 30000))
+      !obx_test_file_contains(t->d.proc.log_path, "\"api schema ready\"", 30000))
     fail_msg("outboxd did not get ready; log: %s", t->d.proc.log_path);
 }
 
