@@ -97,10 +97,12 @@ demo_run() {
   e_dlq=$DEMO_EVENT
   demo_published "$e_dlq" || return 1
   demo_inbox_wait "$e_dlq" DEAD || return 1
-  demo_wait "/api/dlq" ".items[] | select(.id == \"$e_dlq\") | .id" "$e_dlq" || return 1
-  demo_say "  DLQ: $(demo_api GET /api/dlq | jq -r --arg id "$e_dlq" '.items[] | select(.id == $id) | "\(.failureClass): \(.lastError)"')"
+  demo_wait "/api/dlq?eventId=$e_dlq" ".items[] | .eventId" "$e_dlq" || return 1
+  local dl_id
+  dl_id=$(demo_api GET "/api/dlq?eventId=$e_dlq" | jq -r '.items[0]._id')
+  demo_say "  DLQ: $(demo_api GET "/api/dlq/$dl_id" | jq -r '"\(.failureClass): \(.lastError)"') (dead letter $dl_id)"
   curl -sS -X POST "$STUB_URL/control/fix" >/dev/null
-  demo_say "  ERP fixed; POST /api/dlq/redrive {\"ids\": [\"$e_dlq\"]} -> $(demo_api POST /api/dlq/redrive "{\"ids\": [\"$e_dlq\"]}" | jq -c '{moved, ids}')"
+  demo_say "  ERP fixed; POST /api/dlq/redrive {\"ids\": [\"$dl_id\"]} -> $(demo_api POST /api/dlq/redrive "{\"ids\": [\"$dl_id\"]}" | jq -c '{count, ids, redriveId}')"
   demo_inbox_wait "$e_dlq" DONE || return 1
   n=$(demo_calls "$dlq")
   demo_say "  worker: inbox DONE after the redrive, ERP called $n times"

@@ -165,7 +165,9 @@ rm -f "$STATE/apikey.out"
 chmod 600 "$STATE/api-key"
 API_KEY=$(cat "$STATE/api-key")
 
-DEMO_ARGS=()
+# a short retry ladder, so the sample pipeline's failing call reaches the dead letters in under a minute
+QUICK_LADDER=${RETRY_LADDER:-2s,5s,10s}
+DEMO_ARGS=(-X "worker.retry_ladder=$QUICK_LADDER")
 if [ "$DEMO" = 1 ]; then
   setsid python3 "$ROOT/scripts/demo-stub.py" "$STATE/demo-stub.port" </dev/null >"$STATE/demo-stub.log" 2>&1 &
   PIDS+=($!)
@@ -220,7 +222,7 @@ outboxd is running (all roles). Logs: $STATE
   API        $API_URL   (key for org "demo", every permission: $STATE/api-key)
   MongoDB    $MONGO_URI
   Kafka      $KAFKA_BROKERS   ($KAFKA_KIND, topic domain-events)
-  RabbitMQ   ${AMQP_URL%%/%2F}
+  RabbitMQ   ${AMQP_URL%%/%2F}   (retry ladder $QUICK_LADDER: short for the quick start; RETRY_LADDER sets it)
 
 Place an order:
   curl -s -X POST $API_URL/orders -H "Authorization: Bearer $API_KEY" -H 'Content-Type: application/json' \\

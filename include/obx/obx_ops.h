@@ -198,7 +198,7 @@ void obx_ops_drain_stop(obx_ops_drain_t *drain);
 bool obx_ops_status(const obx_ops_t *ops, const char *org, bson_t *out, obx_err_t *err);
 
 /* ---- HTTP (src/api/ops_routes.c) ----------------------------------------------------------------
- * Registers the operators' routes (README "Operators' API"), scoped to the API key's org. The
+ * Registers the operators' routes (README "Operations: API, outboxctl, runbook"), scoped to the API key's org. The
  * operator recorded in audit_log is "apikey:<first 16 hex digits of the key's sha256>". Owns a
  * MongoDB pool and a ladder publisher (connected on first use, kept alive by heartbeats).
  * Returns owned state; conf and http are borrowed until obx_ops_api_stop. */

@@ -6,7 +6,7 @@
  * the key, its permission and its rate limit. Every mutating route takes "dryRun" in its JSON
  * body. Runs with the api role; owns its MongoDB pool and a ladder publisher (RabbitMQ is
  * reached on the first request that needs it; an obx_amqp keeper services the idle connection's
- * heartbeats, so it survives idle periods). The routes (README "Operators' API"):
+ * heartbeats, so it survives idle periods). The routes (README "Operations: API, outboxctl, runbook"):
  *   GET  /api/status                     status:read       obx_ops_status
  *   GET  /api/outbox?status=&limit=&after=  outbox:read    obx_ops_list
  *   POST /api/outbox/:id/reprocess       outbox:reprocess  obx_ops_outbox_reprocess

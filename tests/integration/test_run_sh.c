@@ -220,7 +220,7 @@ static void test_run_sh_demo(void **state) {
   static const char *const stages[] = {
     "1/3 an order integrated at once", "worker: inbox DONE, ERP called 1 time(s)",
     "worker: inbox RETRYING, last error: node \"notify\": HTTP 503", "worker: inbox DONE after 3 ERP calls",
-    "DLQ: terminal: node \"notify\": HTTP 400", "{\"moved\":1,", "worker: inbox DONE after the redrive",
+    "DLQ: terminal: node \"notify\": HTTP 400", "{\"count\":1,", "worker: inbox DONE after the redrive",
   };
   for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++)
     if (!obx_test_file_contains(run.log_path, stages[i], 0)) fail_msg("demo output lacks \"%s\": %s", stages[i], run.log_path);
