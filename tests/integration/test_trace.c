@@ -6,7 +6,8 @@
  * traceparent; the test follows the parent links span by span: request -> MongoDB transaction
  * -> relay publish -> worker consume -> pipeline run -> step -> http-request client span, whose
  * id is the parent-id of the traceparent the ERP received. A retry through the ladder is a
- * child of the failed attempt; a redrive from the DLQ starts a new trace linked to it. With the
+ * child of the failed attempt; a redrive from the DLQ starts a new trace linked to it, an inbox
+ * replay one linked to the publish; an event emitted by a pipeline stays in the trace. With the
  * collector away every event still arrives, and the dropped spans are counted on /metrics.
  * Log lines naming the event carry its traceId/spanId. */
 #include <stdio.h>
@@ -335,6 +336,92 @@ static void test_retry_and_redrive(void **state) {
   obx_test_spans_cleanup(&spans);
 }
 
+/* An event emitted by a pipeline (emit-event) is published and processed in the same trace, a
+ * child of the step that emitted it; an inbox replay starts a new trace linked to the span the
+ * stored event came with (the relay's publish). */
+static void test_emitted_event_and_replay(void **state) {
+  WT_NEED_BROKER();
+  tt_fx_t *t = *state;
+  /* org-wt's order.post (fixture) calls the ERP; org-emit's emits TraceEmitted, whose
+   * event.TraceEmitted pipeline calls the ERP at /erp/<n>x */
+  char json[1024];
+  snprintf(json, sizeof json,
+           "{\"name\": \"emit\", \"trigger\": \"order.post\", \"enabled\": true, \"nodes\": ["
+           "{\"id\": \"start\", \"type\": \"start\"},"
+           "{\"id\": \"emit\", \"type\": \"emit-event\", \"config\": {\"eventType\": \"TraceEmitted\","
+           "  \"payload\": {\"n\": \"{{orderNumber}}\"}}}],"
+           "\"edges\": [{\"from\": \"start\", \"to\": \"emit\"}]}");
+  const char *emitted_pipeline =
+    "{\"name\": \"emitted\", \"trigger\": \"event.TraceEmitted\", \"enabled\": true, \"nodes\": ["
+    "{\"id\": \"start\", \"type\": \"start\"},"
+    "{\"id\": \"call\", \"type\": \"http-request\", \"config\": {\"method\": \"POST\", \"url\": \"%s/{{payload.n}}x\","
+    "  \"body\": {}}}], \"edges\": [{\"from\": \"start\", \"to\": \"call\"}]}";
+  char json2[1024];
+  snprintf(json2, sizeof json2, emitted_pipeline, obx_test_httpd_url(t->fx->httpd, "/erp"));
+  const char *defs[] = {json, json2};
+  for (int i = 0; i < 2; i++) {
+    bson_error_t berr;
+    bson_t *def = bson_new_from_json((const uint8_t *)defs[i], -1, &berr);
+    if (!def) fail_msg("pipeline json: %s", berr.message);
+    obx_err_t err = OBX_ERR_INIT;
+    if (!obx_pipeline_store_create(t->fx->client, obx_mongo_db_name(t->fx->mongo), "org-emit", def, NULL, &err))
+      fail_msg("pipeline: %s", err.msg);
+    bson_destroy(def);
+  }
+  char keys_path[512], emit_key[128], fixture_key[128];
+  snprintf(keys_path, sizeof keys_path, "%s/trace-keys-%d", obx_test_tmpdir(), (int)getpid());
+  obx_test_apikey_add(keys_path, "org-emit", "*", emit_key); /* beside the fixture's key */
+  start_outboxd(t, obx_test_otlp_endpoint(t->otlp));
+  snprintf(fixture_key, sizeof fixture_key, "%s", t->key);
+
+  /* emitted */
+  const char *trace = "33333333333333333333333333333333";
+  char tp[64], id[OBX_UUID_LEN + 1];
+  snprintf(tp, sizeof tp, "00-%s-4444444444444444-01", trace);
+  wt_route(t->fx, "EM-1x", 200);
+  snprintf(t->key, sizeof t->key, "%s", emit_key);
+  post_order(t, "EM-1", tp, id);
+  wt_wait_calls(t->fx, "EM-1x", 1);
+  char emit_step[17], publish[17], consume[17], got_trace[33], got_span[17];
+  await_id(t, trace, "step emit", NULL, emit_step);
+  await_id(t, trace, "publish domain-events", emit_step, publish);
+  obx_test_spans_t spans;
+  const obx_test_span_t *c = await_span(t, &spans, trace, "process domain-events", publish);
+  expect_attr(c, "outboxd.event.type", "TraceEmitted");
+  snprintf(consume, sizeof consume, "%s", c->span_id);
+  obx_test_spans_cleanup(&spans);
+  await_id(t, trace, "pipeline event.TraceEmitted", consume, got_span);
+  erp_traceparent(t, "EM-1x", got_trace, got_span);
+  assert_string_equal(got_trace, trace);
+
+  /* replay of a finished event of the fixture's org */
+  snprintf(t->key, sizeof t->key, "%s", fixture_key);
+  const char *trace2 = "55555555555555555555555555555555";
+  char id2[OBX_UUID_LEN + 1], publish2[17];
+  snprintf(tp, sizeof tp, "00-%s-6666666666666666-01", trace2);
+  wt_route(t->fx, "RP-1", 200);
+  post_order(t, "RP-1", tp, id2);
+  wt_wait_calls(t->fx, "RP-1", 1);
+  wt_wait_status(t->fx, id2, "DONE");
+  await_id(t, trace2, "publish domain-events", NULL, publish2);
+  char path[128];
+  snprintf(path, sizeof path, "/api/inbox/%s/replay", id2);
+  obx_test_http_resp_t resp;
+  obx_test_http_expect(t->d.port, "POST", path, t->key, NULL, 202, &resp);
+  obx_test_http_resp_cleanup(&resp);
+  wt_wait_calls(t->fx, "RP-1", 2);
+  erp_traceparent(t, "RP-1", got_trace, got_span);
+  if (strcmp(got_trace, trace2) == 0) fail_msg("the replay continued the finished trace %s; want a new, linked one", trace2);
+  char work_span_name[128];
+  snprintf(work_span_name, sizeof work_span_name, "process %s.work", t->fx->prefix);
+  const obx_test_span_t *replayed = await_span(t, &spans, got_trace, work_span_name, "");
+  assert_int_equal(replayed->nlinks, 1);
+  assert_string_equal(replayed->link_trace[0], trace2);
+  assert_string_equal(replayed->link_span[0], publish2);
+  assert_string_equal(replayed->link_reason[0], "replay");
+  obx_test_spans_cleanup(&spans);
+}
+
 /* Series value on outboxd's GET /metrics; -1 when absent. */
 static double metric(tt_fx_t *t, const char *series) {
   obx_test_http_resp_t resp;
@@ -380,6 +467,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_one_trace_end_to_end, setup, teardown),
     cmocka_unit_test_setup_teardown(test_retry_and_redrive, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_emitted_event_and_replay, setup, teardown),
     cmocka_unit_test_setup_teardown(test_collector_down_loses_nothing, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
