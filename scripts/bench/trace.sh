@@ -6,7 +6,7 @@
 #
 # Runs scripts/bench/orders.sh (POST /orders through outboxd: a server span and a MongoDB
 # transaction span per order, next to the same transaction through libmongoc as the run's own
-# baseline) in ROUNDS rounds of four, interleaved so load drifts hit every condition alike:
+# baseline) in ROUNDS rounds of four, each starting one condition later (load drifts hit all):
 # without tracing (no OTEL_* variables), with the collector up
 # (otlp_sink.c answering 200 at once), down (OTEL_EXPORTER_OTLP_ENDPOINT on a closed port:
 # connection refused) and hung (accepts, answers after 60 s: every export waits out the 10 s
@@ -38,11 +38,15 @@ run() {
   env "$@" OTEL_SERVICE_NAME=outboxd-bench scripts/bench/orders.sh "$SECONDS_RUN" "$CONNS" >"$WORK/$name.txt"
 }
 CONDITIONS=(up down hung off)
-for r in $(seq "$ROUNDS"); do
-  run "up.$r" "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$(head -1 "$WORK/up.port")"
-  run "down.$r" "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:1"
-  run "hung.$r" "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$(head -1 "$WORK/hung.port")"
-  run "off.$r" OTEL_SDK_DISABLED=true
+declare -A ENV=([up]="OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$(head -1 "$WORK/up.port")"
+  [down]="OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:1"
+  [hung]="OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$(head -1 "$WORK/hung.port")"
+  [off]="OTEL_SDK_DISABLED=true")
+for r in $(seq "$ROUNDS"); do # each round starts one condition later: a load drift hits all alike
+  for i in 0 1 2 3; do
+    c=${CONDITIONS[$(((i + r - 1) % 4))]}
+    run "$c.$r" "${ENV[$c]}"
+  done
 done
 kill -TERM "$UP_PID"
 wait "$UP_PID" || true

@@ -5,7 +5,9 @@
  * when the queue is full. The exporter thread owns the libcurl handle: it wakes when a batch is
  * full or the schedule delay passes, takes up to a batch off the queue, encodes it outside the
  * lock and POSTs it with a timeout; a failed request drops the batch with a count and a warning
- * logged once per outage (and an info line when the collector answers again). The sampler is
+ * logged once per outage (and an info line when the collector answers again). While the
+ * collector is away, batches are dropped without being encoded and one request per second
+ * probes it (EXPORT_PROBE_MS), so an outage costs less than a working collector. The sampler is
  * set once by obx_trace_start before any role runs and only read afterwards. Never reads or
  * writes outboxd's configuration table: the OTEL_* variables are the OpenTelemetry ones. */
 #include "obx/obx_trace.h"
@@ -628,6 +630,14 @@ void obx_span_end(obx_span_t *span) {
   pthread_mutex_unlock(&g_exp.mutex);
 }
 
+#define EXPORT_PROBE_MS 1000
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 static size_t discard_body(char *ptr, size_t size, size_t nmemb, void *userdata) { return size * nmemb; }
 
 /* POSTs one batch; true when the collector answered 2xx. */
@@ -662,7 +672,7 @@ static void *exporter_main(void *arg) {
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, discard_body);
   bool away = false;
-  int64_t final_deadline = 0;
+  int64_t final_deadline = 0, next_probe = 0;
 
   pthread_mutex_lock(&g_exp.mutex);
   for (;;) {
@@ -674,11 +684,7 @@ static void *exporter_main(void *arg) {
       ts.tv_nsec = ns % 1000000000;
       pthread_cond_timedwait(&g_exp.cond, &g_exp.mutex, &ts);
     }
-    if (g_exp.stopping && !final_deadline) {
-      struct timespec ts;
-      clock_gettime(CLOCK_MONOTONIC, &ts);
-      final_deadline = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + g_exp.opts.timeout_ms;
-    }
+    if (g_exp.stopping && !final_deadline) final_deadline = mono_ms() + g_exp.opts.timeout_ms;
     int n = 0;
     while (g_exp.head && n < g_exp.opts.max_batch) {
       batch[n++] = g_exp.head;
@@ -691,14 +697,10 @@ static void *exporter_main(void *arg) {
 
     if (n) {
       char why[256] = "";
-      bool late = false;
-      if (final_deadline) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        late = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 > final_deadline;
-        snprintf(why, sizeof why, "stopping: out of time");
-      }
-      if (!late && export_batch(curl, batch, n, why, sizeof why)) {
+      int64_t now = mono_ms();
+      bool late = final_deadline && now > final_deadline, skip = late || (away && now < next_probe);
+      if (late) snprintf(why, sizeof why, "stopping: out of time");
+      if (!skip && export_batch(curl, batch, n, why, sizeof why)) {
         atomic_fetch_add(&g_exp.n_exported, (uint64_t)n);
         obx_counter_add(g_exp.exported, n);
         if (away) obx_info("trace export to %s works again", g_exp.url);
@@ -706,6 +708,7 @@ static void *exporter_main(void *arg) {
       } else {
         count_dropped("export_failed", n);
         if (!away) obx_warn("trace export to %s failed (%s): spans are dropped until it answers", g_exp.url, why);
+        if (!skip) next_probe = mono_ms() + EXPORT_PROBE_MS;
         away = true;
       }
       for (int i = 0; i < n; i++) span_free(batch[i]);

@@ -390,6 +390,30 @@ static void test_exporter_collector_away(void **state) {
   obx_test_httpd_stop(httpd);
 }
 
+/* While the collector is away, batches are dropped unencoded between probes (one a second):
+ * six failed batches make far fewer than six requests. */
+static void test_exporter_probes_while_away(void **state) {
+  obx_test_httpd_t *httpd = obx_test_httpd_start();
+  obx_test_httpd_route_t r = {.path = "/v1/traces", .status = 503};
+  obx_test_httpd_route(httpd, &r);
+  obx_trace_opts_t o = opts_for(obx_test_httpd_url(httpd, "/v1/traces"), 10, 100, 1);
+  obx_err_t err = OBX_ERR_INIT;
+  assert_true(obx_trace_start(&o, &err));
+  obx_trace_stats_t before, after;
+  obx_trace_stats(&before);
+  obx_span_end(obx_span_start("first", OBX_SPAN_INTERNAL, NULL));
+  wait_ctx_t w = {httpd, 1};
+  assert_true(obx_test_wait_for(have_requests, &w, 10000, 5));
+  for (int i = 0; i < 5; i++) obx_span_end(obx_span_start("more", OBX_SPAN_INTERNAL, NULL));
+  assert_true(obx_test_wait_for(queue_empty, NULL, 10000, 5));
+  obx_trace_stop();
+  obx_trace_stats(&after);
+  assert_int_equal(after.dropped_export_failed - before.dropped_export_failed, 6);
+  int requests = obx_test_httpd_nrequests(httpd);
+  if (requests > 3) fail_msg("6 batches while away: %d requests, want at most 3 (probes)", requests);
+  obx_test_httpd_stop(httpd);
+}
+
 /* A full queue drops new spans (counted) instead of waiting. */
 static void test_exporter_queue_full(void **state) {
   obx_test_httpd_t *httpd = obx_test_httpd_start();
@@ -513,6 +537,7 @@ int main(void) {
     cmocka_unit_test(test_env_options),
     cmocka_unit_test(test_exporter_batches),
     cmocka_unit_test(test_exporter_collector_away),
+    cmocka_unit_test(test_exporter_probes_while_away),
     cmocka_unit_test(test_exporter_queue_full),
     cmocka_unit_test(test_log_fields),
     cmocka_unit_test(test_event_trace_fields),
