@@ -47,10 +47,8 @@ static void start_outboxd(tt_fx_t *t, const char *endpoint) {
   unsetenv("OTEL_BSP_SCHEDULE_DELAY");
   unsetenv("OTEL_SERVICE_NAME");
   if (!started) fail_msg("outboxd did not start");
-  /* every role started and the orders indexes exist (/readyz may answer before the api role
-   * has added its check) */
   if (!obx_test_file_contains(t->d.proc.log_path, "\"outboxd running\"", 30000) ||
-      !obx_test_file_contains(t->d.proc.log_path, "\"api schema ready\"", 30000))
+      !obx_test_wait_for(obx_test_http_ready, &t->d.port, 30000, 50))
     fail_msg("outboxd did not get ready; log: %s", t->d.proc.log_path);
 }
 
@@ -74,7 +72,8 @@ static int teardown(void **state) {
   return 0;
 }
 
-/* POST /orders with a traceparent (NULL: none); the event id into event_id. */
+/* POST /orders with a traceparent (NULL: none); the event id into event_id. A 503 (the schema
+ * not created yet) is tried again, as its Retry-After asks. */
 static void post_order(tt_fx_t *t, const char *number, const char *traceparent, char event_id[OBX_UUID_LEN + 1]) {
   char body[256], h[128];
   snprintf(body, sizeof body, "{\"customerEmail\": \"c@example.com\", \"amount\": \"10.00\", \"orderNumber\": \"%s\"}",
@@ -82,7 +81,13 @@ static void post_order(tt_fx_t *t, const char *number, const char *traceparent, 
   snprintf(h, sizeof h, "traceparent: %s", traceparent ? traceparent : "");
   const char *headers[] = {h, NULL};
   obx_test_http_resp_t resp;
-  obx_test_http(t->d.port, "POST", "/orders", t->key, body, traceparent ? headers : NULL, &resp);
+  int64_t deadline = obx_test_now_ms() + 30000;
+  for (;;) {
+    obx_test_http(t->d.port, "POST", "/orders", t->key, body, traceparent ? headers : NULL, &resp);
+    if (resp.status != 503 || obx_test_now_ms() > deadline) break;
+    obx_test_http_resp_cleanup(&resp);
+    usleep(100 * 1000);
+  }
   if (resp.status != 201) fail_msg("POST /orders %s: got %ld, want 201: %s", number, resp.status, resp.body);
   bson_iter_t it;
   if (!bson_iter_init(&it, &resp.json) || !bson_iter_find_descendant(&it, "eventIds.0", &it) || !BSON_ITER_HOLDS_UTF8(&it))
