@@ -230,7 +230,11 @@ start() {
   if ! load_state || ! port_free "$PORT" || ! port_free "$CPORT"; then
     [ -f "$STATE" ] && log "the ports in $STATE are taken; picking new ones"
     pick_ports
-    CLUSTER_ID=${CLUSTER_ID:-$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')}
+    # A KRaft cluster id: 16 random bytes in URL-safe base64. One that starts with '-' would be
+    # read by kafka-storage as an option (as Kafka's own Uuid.randomUuid, draw again).
+    while [ -z "${CLUSTER_ID:-}" ] || [ "${CLUSTER_ID#-}" != "$CLUSTER_ID" ]; do
+      CLUSTER_ID=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+    done
     printf 'PORT=%s\nCPORT=%s\nCLUSTER_ID=%s\n' "$PORT" "$CPORT" "$CLUSTER_ID" >"$STATE"
   fi
   mkdir -p "$DIR/data"
