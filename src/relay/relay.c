@@ -80,9 +80,18 @@ static void relay_sleep_ms(int ms) {
 
 /* ---- delivery reports --------------------------------------------------------------------- */
 
+/* Makes tp (a traceparent, NULL or invalid: none) the thread's current context for log lines. */
+static void relay_trace_current(const char *tp) {
+  obx_trace_ctx_t ctx;
+  obx_trace_parse(tp, tp ? strlen(tp) : 0, NULL, 0, &ctx);
+  obx_trace_set_current(&ctx);
+}
+
 static void relay_on_ack(const obx_relay_ack_t *ack, void *ctx) {
   obx_relay_t *relay = ctx;
   obx_relay_msg_t *msg = ack->opaque;
+  const obx_trace_ctx_t *trace = obx_trace_current(); /* the record's publish span (producer.c) */
+  if (trace) obx_trace_format(trace, msg->traceparent);
   relay_list_remove(msg->from == RELAY_FROM_STREAM ? &relay->inflight_stream : &relay->inflight_sweep, msg);
   msg->ok = ack->ok;
   msg->partition = ack->partition;
@@ -172,7 +181,9 @@ static bool relay_write_reports(obx_relay_t *relay) {
     relay_list_remove(&relay->reported, msg);
     if (!msg->ok && !msg->purged && (msg->terminal || msg->attempts + 1 >= relay->conf->outbox_max_attempts)) {
       relay_metrics_count(relay, RELAY_COUNT_FAILED);
+      relay_trace_current(msg->traceparent);
       obx_log_event(OBX_LOG_ERROR, msg->id, NULL, "event FAILED after %d attempts: %s", msg->attempts + 1, msg->error);
+      obx_trace_set_current(NULL);
     }
     if (msg->from == RELAY_FROM_STREAM) relay_window_done(relay, msg->seq);
     free(msg);
@@ -378,7 +389,9 @@ void relay_publish(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg) 
   goto done;
 
 failed:
+  relay_trace_current(ev.traceparent); /* the context the event was written under, when it decoded */
   obx_log_event(OBX_LOG_WARN, msg->id, ev.correlation_id, "cannot publish: %s", err.msg);
+  obx_trace_set_current(NULL);
   snprintf(msg->error, sizeof msg->error, "%s", err.msg);
   relay_metrics_count(relay, RELAY_COUNT_PUBLISH_ERROR);
   if (!relay->reported.n) relay->first_report_ms = obx_time_now_ms();

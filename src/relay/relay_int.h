@@ -18,6 +18,7 @@
 #include "obx/obx_http.h"
 #include "obx/obx_mongo.h"
 #include "obx/obx_relay.h"
+#include "obx/obx_trace.h"
 
 #define RELAY_LEASE_ID "relay"
 #define RELAY_CHECKPOINT_ID "outbox"
@@ -36,6 +37,7 @@ typedef struct obx_relay_msg {
   int32_t partition;
   int64_t offset;
   char error[256];
+  char traceparent[OBX_TRACEPARENT_LEN + 1]; /* its publish span, for the log lines after the report */
   struct obx_relay_msg *prev, *next; /* in `inflight` until reported, then in `reported` */
 } obx_relay_msg_t;
 
