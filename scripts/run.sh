@@ -177,11 +177,14 @@ if [ "$DEMO" = 1 ]; then
   DEMO_KEY=$(sed -n 's/^key: *//p' "$STATE/apikey.out")
   sed -n 's/^line: *//p' "$STATE/apikey.out" >>"$STATE/api-keys"
   rm -f "$STATE/apikey.out"
-  DEMO_ARGS=(-X egress.allow_networks=127.0.0.0/8 -X worker.retry_ladder=1s,2s,4s)
+  # the demo's ERP stub listens on 127.0.0.1: allowlisted and its network allowed
+  DEMO_ARGS=(-X egress.allow_networks=127.0.0.0/8 -X worker.retry_ladder=1s,2s,4s
+    -X "egress.allowlist=${EGRESS_ALLOWLIST:-erp.exemplo.com,desk.exemplo.com},127.0.0.1")
 fi
 
+# the hosts config/pipelines call (an empty allowlist lets http-request nodes call no host)
 SHUTDOWN_GRACE=${SHUTDOWN_GRACE:-3s} setsid "$OUTBOXD" -X "http.port=${HTTP_PORT:-8080}" -X "http.bind=127.0.0.1" -X "api.keys_file=$STATE/api-keys" \
-  "${DEMO_ARGS[@]}" </dev/null >"$STATE/outboxd.log" 2>&1 &
+  -X "egress.allowlist=${EGRESS_ALLOWLIST:-erp.exemplo.com,desk.exemplo.com}" "${DEMO_ARGS[@]}" </dev/null >"$STATE/outboxd.log" 2>&1 &
 PIDS+=($!); OUTBOXD_PID=$!
 deadline=$((SECONDS + READY_TIMEOUT))
 PORT=""

@@ -88,6 +88,8 @@ typedef struct {
     "How often the api_keys collection is read again (its keys join API_KEYS_FILE's; disabled or removed ones stop working)") \
   X(api_rate_limit, INT, "api.rate_limit", "API_RATE_LIMIT", "0", 0, 1000000, NULL, 0,             \
     "Requests per second allowed per API key (bursts of twice that; more get 429); 0: unlimited") \
+  X(api_request_timeout, DURATION, "api.request_timeout", "API_REQUEST_TIMEOUT", "5s", 100, 120000, NULL, 0, \
+    "Deadline of one API request's MongoDB work (server selection, socket, maxTimeMS, commit); past it: 503, transaction aborted") \
   X(api_cors_origins, STR, "api.cors_origins", "API_CORS_ORIGINS", "", 0, 0, NULL, 0,             \
     "Browser origins allowed by CORS (comma-separated, e.g. https://app.example.com; * allows any); empty: CORS off") \
   X(order_currency, STR, "api.default_currency", "ORDER_DEFAULT_CURRENCY", "BRL", 0, 0, NULL, 0,   \
@@ -135,7 +137,9 @@ typedef struct {
   X(worker_dlq_drain, BOOL, "worker.dlq_drain", "WORKER_DLQ_DRAIN", "true", 0, 0, NULL, 0,         \
     "Move the parking-lot queue's messages into the dead_letters collection, where operators read and redrive them") \
   X(egress_allowlist, STR, "egress.allowlist", "EGRESS_ALLOWLIST", "", 0, 0, NULL, 0,             \
-    "Hosts http-request nodes may call (comma-separated; empty allows any public host)")         \
+    "Hosts http-request nodes may call (comma-separated, *.example.com for subdomains); empty: none unless egress.allow_public") \
+  X(egress_allow_public, BOOL, "egress.allow_public", "EGRESS_ALLOW_PUBLIC", "false", 0, 0, NULL, 0, \
+    "With an empty egress.allowlist, let http-request nodes call any public host (non-public addresses stay refused)") \
   X(egress_allow_networks, STR, "egress.allow_networks", "EGRESS_ALLOW_NETWORKS", "", 0, 0, NULL, 0, \
     "Non-public networks http-request nodes may reach anyway (CIDRs, e.g. 127.0.0.0/8 for local tests)") \
   X(http_connect_timeout, DURATION, "egress.connect_timeout", "HTTP_CONNECT_TIMEOUT_MS", "2000", 10, 60000, NULL, 0, \

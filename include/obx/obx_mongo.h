@@ -6,10 +6,19 @@
  * is down and its first operation fails with a retriable error instead. Threads borrow a
  * client with obx_mongo_pop and give it back with obx_mongo_push.
  *
- * Transactions go through obx_mongo_transaction, a wrapper over
- * mongoc_client_session_with_transaction with majority write concern: the driver retries the
- * whole callback on TransientTransactionError and the commit on
- * UnknownTransactionCommitResult (for up to 120 s); the wrapper counts transactions in
+ * A request pool (obx_mongo_new_for_requests, the API's) bounds every operation by the request
+ * deadline API_REQUEST_TIMEOUT: serverSelectionTimeoutMS, socketTimeoutMS and connectTimeoutMS
+ * at most half of it (a timed-out step is followed by at most one more server selection: the
+ * driver's retried read or the transaction's abort), reads with maxTimeMS
+ * (obx_mongo_append_max_time), commits with maxCommitTimeMS of at most the time left.
+ *
+ * Transactions go through obx_mongo_transaction(_by), majority write concern, with a deadline
+ * (the request's on a request pool, else 120 s): the whole body runs again after a
+ * TransientTransactionError and the commit after UnknownTransactionCommitResult only while
+ * the deadline is ahead; once it has passed the transaction is aborted, never committed, and
+ * the call fails retriable (503 on a request path). The one outcome left open is a commit
+ * sent before the deadline whose answer never came: reported as unknown, which an
+ * Idempotency-Key turns into a safe retry. The wrapper counts transactions in
  * /metrics: outboxd_mongo_transactions_total{result="committed"|"conflict"|"failed"} (conflict:
  * the transaction failed on a duplicate key, the expected loser of a race on a unique index) and
  * outboxd_mongo_transaction_retries_total (extra runs of the body). Thread-safe. */
@@ -39,7 +48,15 @@ void obx_mongo_preinit(int argc, char **argv, char **envp);
     int, char **, char **) = obx_mongo_preinit
 
 obx_mongo_t *obx_mongo_new(const obx_conf_t *conf, obx_err_t *err);
+/* The same for a request path: every timeout of the pool at most half of request_ms (0: as
+ * obx_mongo_new), and transactions whose default deadline is request_ms. */
+obx_mongo_t *obx_mongo_new_for_requests(const obx_conf_t *conf, int64_t request_ms, obx_err_t *err);
 void obx_mongo_destroy(obx_mongo_t *mongo);
+/* The deadline (monotonic ms) of an operation that starts now: now + the request timeout of a
+ * request pool, else now + 120 s. */
+int64_t obx_mongo_deadline(const obx_mongo_t *mongo);
+/* Appends maxTimeMS = the time left before deadline_ms (at least 1) to the opts of a read. */
+void obx_mongo_append_max_time(bson_t *opts, int64_t deadline_ms);
 
 /* Borrows a client (blocks while all are in use); give it back with obx_mongo_push. A client
  * is used by one thread at a time. */
@@ -73,17 +90,23 @@ const char *obx_mongo_doc_str(const bson_t *doc, const char *path);
 typedef bool (*obx_mongo_txn_fn_t)(mongoc_client_session_t *session, void *ctx, obx_err_t *err);
 
 /* Runs fn in a transaction on a client popped from the pool (majority write concern with
- * wtimeout mongo.wtimeout, maxCommitTimeMS mongo.commit_timeout).
- * On failure err carries fn's own error when fn failed last (e.g. a duplicate key), otherwise
- * the driver's (commit failure, timeout, network), wrapped with obx_err_from_bson. */
+ * wtimeout mongo.wtimeout, maxCommitTimeMS mongo.commit_timeout or the time left when less)
+ * before deadline_ms (monotonic, see obx_mongo_deadline). On failure err carries fn's own
+ * error when fn failed last (e.g. a duplicate key), otherwise the driver's (commit failure,
+ * timeout, network), wrapped with obx_err_from_bson, or the deadline's (OBX_ERR_MONGO, code
+ * 50, retriable: the transaction was abandoned). */
+bool obx_mongo_transaction_by(obx_mongo_t *mongo, int64_t deadline_ms, obx_mongo_txn_fn_t fn, void *ctx,
+                              obx_err_t *err);
+/* obx_mongo_transaction_by with obx_mongo_deadline(mongo). */
 bool obx_mongo_transaction(obx_mongo_t *mongo, obx_mongo_txn_fn_t fn, void *ctx, obx_err_t *err);
 
 /* Appends writeConcern {w: "majority", wtimeout: mongo.wtimeout} to an operation's opts. */
 void obx_mongo_append_majority(const obx_mongo_t *mongo, bson_t *opts);
 
 /* Sends {ping: 1} to the deployment through a dedicated single-threaded client that tries
- * each server once (connectTimeoutMS 2000 unless the URI sets it), so it answers within
- * seconds; false (retriable) with the reason when unreachable. Serialised by a mutex. */
+ * each server once with connect, socket and selection timeouts of at most 350 ms, so it
+ * answers within a second even when MongoDB accepts connections and never answers (a paused
+ * server); false (retriable) with the reason when unreachable. Serialised by a mutex. */
 bool obx_mongo_ping(obx_mongo_t *mongo, obx_err_t *err);
 
 #endif

@@ -116,8 +116,9 @@ typedef struct {
 
 /* Policy of http-request nodes. Caller storage: obx_egress_init / obx_egress_cleanup. */
 typedef struct {
-  char **hosts;               /* allowlist; "*.example.com" matches subdomains; empty: any */
+  char **hosts;               /* allowlist; "*.example.com" matches subdomains */
   int nhosts;
+  bool allow_public;          /* empty allowlist: any public host (else only literal addresses of nets) */
   obx_egress_net_t nets[OBX_EGRESS_MAX_NETS]; /* networks allowed although not public */
   int nnets;
   int64_t connect_timeout_ms;
@@ -128,8 +129,10 @@ typedef struct {
   char *ca_file;              /* CA bundle used instead of the system one; NULL: system */
 } obx_egress_t;
 
-/* hosts: comma-separated allowlist ("" any public host); nets: comma-separated CIDRs allowed
- * although private or loopback ("127.0.0.0/8,::1/128"). Bad values fail naming the entry. */
+/* hosts: comma-separated allowlist; nets: comma-separated CIDRs allowed although private or
+ * loopback ("127.0.0.0/8,::1/128"). Bad values fail naming the entry. allow_public starts
+ * false: with an empty allowlist only URLs whose host is a literal address inside nets pass
+ * the URL check (set allow_public to let any host through to the address check). */
 bool obx_egress_init(obx_egress_t *egress, const char *hosts, const char *nets, int64_t connect_timeout_ms,
                      int64_t timeout_ms, int64_t max_response_bytes, obx_err_t *err);
 /* From EGRESS_ALLOWLIST, EGRESS_ALLOW_NETWORKS, EGRESS_CA_FILE, HTTP_CONNECT_TIMEOUT_MS,

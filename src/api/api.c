@@ -4,7 +4,8 @@
  * and indexes the api touches (obx_schema_ensure, OBX_SCHEMA_API), retrying every second until
  * it succeeds or the role stops. Until then POST /orders answers 503 (the unique indexes are
  * what turn a duplicate order number into 409) and /readyz reports the "api" check not ready.
- * Reads mongo.*, api.*. */
+ * The pool is a request pool (obx_mongo_new_for_requests): every MongoDB operation of a
+ * request ends by api.request_timeout. Reads mongo.*, api.*. */
 #include "api_int.h"
 
 #include <pthread.h>
@@ -84,7 +85,7 @@ void *obx_api_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err) {
                 conf->order_currency);
     return NULL;
   }
-  obx_mongo_t *mongo = obx_mongo_new(conf, err);
+  obx_mongo_t *mongo = obx_mongo_new_for_requests(conf, conf->api_request_timeout, err);
   if (!mongo) return NULL;
   obx_api_t *api = calloc(1, sizeof *api);
   api->mongo = mongo;

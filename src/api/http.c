@@ -53,6 +53,7 @@
 #include <microhttpd.h>
 
 #include "obx/obx_auth.h"
+#include "obx/obx_json.h"
 #include "obx/obx_log.h"
 #include "obx/obx_metrics.h"
 
@@ -189,7 +190,7 @@ void obx_http_reply(obx_http_resp_t *resp, int status, const char *content_type,
 
 void obx_http_reply_bson(obx_http_resp_t *resp, int status, const bson_t *doc) {
   size_t len;
-  char *json = bson_as_relaxed_extended_json(doc, &len);
+  char *json = obx_json_render(doc, &len, NULL);
   obx_http_reply(resp, status, "application/json", json, len);
   bson_free(json);
 }
@@ -211,7 +212,7 @@ void obx_http_reply_problem(obx_http_resp_t *resp, int status, const char *title
   if (detail) BSON_APPEND_UTF8(&doc, "detail", detail);
   if (errors) BSON_APPEND_ARRAY(&doc, "errors", errors);
   size_t len;
-  char *json = bson_as_relaxed_extended_json(&doc, &len);
+  char *json = obx_json_render(&doc, &len, NULL);
   obx_http_reply(resp, status, "application/problem+json", json, len);
   bson_free(json);
   bson_destroy(&doc);

@@ -28,6 +28,7 @@
 
 #include "obx/obx_amqp.h"
 #include "obx/obx_auth.h"
+#include "obx/obx_json.h"
 #include "obx/obx_ladder.h"
 #include "obx/obx_mongo.h"
 #include "obx/obx_ops.h"
@@ -93,9 +94,14 @@ static void reply(obx_http_resp_t *resp, bool ok, int status, bson_t *out, const
 static bson_t *json_body(obx_http_req_t *req, obx_http_resp_t *resp) {
   size_t len;
   const char *text = obx_http_req_body(req, &len);
-  bson_t *body = len ? bson_new_from_json((const uint8_t *)text, (ssize_t)len, NULL) : bson_new();
-  if (!body) obx_http_reply_problem(resp, 400, "Bad request", "the body must be a JSON object", NULL);
-  return body;
+  bson_t *body = bson_new();
+  obx_err_t err = OBX_ERR_INIT;
+  if (!len || obx_json_parse(text, len, body, &err)) return body; /* no body: no options */
+  char detail[320];
+  snprintf(detail, sizeof detail, "the body must be one JSON object: %s", err.msg);
+  obx_http_reply_problem(resp, 400, "Bad request", detail, NULL);
+  bson_destroy(body);
+  return NULL;
 }
 
 static bool body_bool(const bson_t *body, obx_http_resp_t *resp, const char *name, bool *v) {
@@ -341,7 +347,7 @@ void *obx_ops_api_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err
   obx_ladder_opts_t lo = {.url = conf->amqp_url, .prefix = conf->worker_queue_prefix,
                           .tiers_ms = conf->retry_ladder.ms, .ntiers = conf->retry_ladder.n};
   obx_amqp_settings_from_conf(&lo.amqp, conf);
-  if (!(api->mongo = obx_mongo_new(conf, err)) || !(api->ladder = obx_ladder_new(&lo, err))) {
+  if (!(api->mongo = obx_mongo_new_for_requests(conf, conf->api_request_timeout, err)) || !(api->ladder = obx_ladder_new(&lo, err))) {
     obx_ops_api_stop(api);
     return NULL;
   }

@@ -11,6 +11,10 @@
  * fingerprint (sha256 of the body) and what the 201 said, so a retry with the same key and
  * body gets the same answer and a different body gets 422.
  *
+ * Deadline: a request has api.request_timeout from its handler's start for its MongoDB work
+ * (reads carry maxTimeMS = the time left, the transaction runs by the deadline): past it the
+ * answer is 503 with Retry-After and the transaction is aborted, never committed later.
+ *
  * Amounts are decimal strings in JSON ("149.90"), int64 minor units in memory, Decimal128 in
  * the orders collection, and decimal strings again in the event payload (JSON consumers). */
 #include "api_int.h"
@@ -23,6 +27,7 @@
 
 #include "obx/obx_auth.h"
 #include "obx/obx_event.h"
+#include "obx/obx_json.h"
 #include "obx/obx_log.h"
 #include "obx/obx_outbox.h"
 #include "obx/obx_trace.h"
@@ -262,13 +267,14 @@ bool obx_order_parse(const char *json, size_t len, const char *default_currency,
                      bson_t *errors) {
   field_errors_t fe = {errors, 0};
   bson_t doc;
-  bson_error_t berr;
   bson_iter_t it;
   bool has_amount = false, has_items = false;
   memset(in, 0, sizeof *in);
   bson_init(&in->external_codes);
-  if (len == 0 || !bson_init_from_json(&doc, json, (ssize_t)len, &berr)) {
-    field_error(&fe, "body", "must be a JSON object: %s", len ? berr.message : "the body is empty");
+  obx_err_t jerr = OBX_ERR_INIT;
+  if (!obx_json_parse(json, len, &doc, &jerr)) {
+    field_error(&fe, "body", "must be one JSON object: %s", jerr.msg);
+    bson_destroy(&doc);
     obx_order_input_cleanup(in);
     return false;
   }
@@ -392,6 +398,7 @@ typedef struct {
   bson_t order;
   obx_api_pre_hook_t hook;
   void *run;                   /* the hook's state, NULL when no order.pre pipeline */
+  int64_t deadline_ms;         /* api.request_timeout from the handler's start (obx_mongo_deadline) */
 } order_req_t;
 
 /* The fields the order document and its event payload share, after the id. */
@@ -507,15 +514,17 @@ static void reply_field_problem(obx_http_resp_t *resp, int status, const char *t
 }
 
 /* Finds the org's order with this idempotency key; *found false when none. */
-static bool find_by_idempotency_key(obx_api_t *api, const char *org, const char *key, bson_t *order, bool *found,
-                                    obx_err_t *err) {
+static bool find_by_idempotency_key(obx_api_t *api, const char *org, const char *key, int64_t deadline_ms,
+                                    bson_t *order, bool *found, obx_err_t *err) {
   mongoc_client_t *client = obx_mongo_pop(api->mongo);
   mongoc_collection_t *orders = obx_mongo_collection(api->mongo, client, "orders");
   bson_t filter = BSON_INITIALIZER;
   BSON_APPEND_UTF8(&filter, "orgId", org);
   BSON_APPEND_UTF8(&filter, "idempotencyKey", key);
+  bson_t opts = BSON_INITIALIZER;
+  obx_mongo_append_max_time(&opts, deadline_ms);
   mongoc_read_prefs_t *prefs = mongoc_read_prefs_new(MONGOC_READ_PRIMARY);
-  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(orders, &filter, NULL, prefs);
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(orders, &filter, &opts, prefs);
   const bson_t *doc;
   bson_error_t berr;
   *found = mongoc_cursor_next(cursor, &doc);
@@ -524,6 +533,7 @@ static bool find_by_idempotency_key(obx_api_t *api, const char *org, const char 
   if (!ok) obx_err_from_bson(err, &berr, NULL);
   mongoc_cursor_destroy(cursor);
   mongoc_read_prefs_destroy(prefs);
+  bson_destroy(&opts);
   bson_destroy(&filter);
   mongoc_collection_destroy(orders);
   obx_mongo_push(api->mongo, client);
@@ -536,7 +546,7 @@ static bool reply_if_replay(order_req_t *r, obx_http_resp_t *resp) {
   bson_t stored;
   bool found = false;
   obx_err_t err = OBX_ERR_INIT;
-  if (!find_by_idempotency_key(r->api, r->org, r->idempotency_key, &stored, &found, &err)) {
+  if (!find_by_idempotency_key(r->api, r->org, r->idempotency_key, r->deadline_ms, &stored, &found, &err)) {
     obx_http_reply_err(resp, &err);
     return true;
   }
@@ -597,7 +607,7 @@ static void orders_confirm(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx
   const char *body = obx_http_req_body(req, &len);
   const char *correlation_id = obx_http_req_header(req, "X-Correlation-Id");
   obx_order_input_t in;
-  order_req_t r = {.api = api, .org = obx_http_req_org(req), .in = &in};
+  order_req_t r = {.api = api, .org = obx_http_req_org(req), .in = &in, .deadline_ms = obx_mongo_deadline(api->mongo)};
   bson_t errors = BSON_INITIALIZER;
   obx_err_t err = OBX_ERR_INIT;
   bson_init(&r.order);
@@ -644,7 +654,7 @@ static void orders_confirm(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx
       r.run = NULL;
     }
     if (!run_pre_hook(&r, resp)) goto done;
-    if (obx_mongo_transaction(api->mongo, order_txn, &r, &err)) break;
+    if (obx_mongo_transaction_by(api->mongo, r.deadline_ms, order_txn, &r, &err)) break;
     obx_span_set_error(txn, err.msg);
     if (!obx_err_is_duplicate_key(&err)) {
       obx_http_reply_err(resp, &err);
@@ -740,6 +750,7 @@ static void orders_get(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
   BSON_APPEND_DOCUMENT_BEGIN(&opts, "projection", &proj);
   BSON_APPEND_INT32(&proj, "requestHash", 0);
   bson_append_document_end(&opts, &proj);
+  obx_mongo_append_max_time(&opts, obx_mongo_deadline(api->mongo));
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(orders, &filter, &opts, NULL);
   const bson_t *doc;
   bson_error_t berr;

@@ -26,6 +26,7 @@
 
 #include "obx/obx_api.h"
 #include "obx/obx_http.h"
+#include "obx/obx_json.h"
 #include "obx/obx_log.h"
 #include "obx/obx_mongo.h"
 #include "obx/obx_pipeline.h"
@@ -48,8 +49,8 @@ typedef struct {
 
 /* ---- routes ----------------------------------------------------------------------------- */
 
-/* 422 for an invalid definition, with the node or edge at fault as the error's field
- * ("nodes.<id>", "edges.<index>", else "definition"). */
+/* 422 for an invalid definition, with the node, edge or key at fault as the error's field
+ * ("nodes.<id>", "edges.<index>", the key's path, else "definition"). */
 static void reply_store_err(obx_http_resp_t *resp, const obx_err_t *err) {
   if (err->domain != OBX_ERR_PIPELINE) {
     obx_http_reply_err(resp, err);
@@ -57,7 +58,9 @@ static void reply_store_err(obx_http_resp_t *resp, const obx_err_t *err) {
   }
   char name[96], field[112] = "definition";
   int index;
-  if (sscanf(err->msg, "node \"%95[^\"]\"", name) == 1)
+  if (sscanf(err->msg, "key \"%95[^\"]\"", name) == 1)
+    snprintf(field, sizeof field, "%s", name);
+  else if (sscanf(err->msg, "node \"%95[^\"]\"", name) == 1)
     snprintf(field, sizeof field, "nodes.%s", name);
   else if (sscanf(err->msg, "edge %d ", &index) == 1)
     snprintf(field, sizeof field, "edges.%d", index);
@@ -69,10 +72,14 @@ static void reply_store_err(obx_http_resp_t *resp, const obx_err_t *err) {
 static bson_t *parse_body(obx_http_req_t *req, obx_http_resp_t *resp) {
   size_t len;
   const char *body = obx_http_req_body(req, &len);
-  bson_error_t berr;
-  bson_t *def = len ? bson_new_from_json((const uint8_t *)body, (ssize_t)len, &berr) : NULL;
-  if (!def) obx_http_reply_problem(resp, 400, "Bad request", "the body must be a JSON object (a pipeline definition)", NULL);
-  return def;
+  obx_err_t err = OBX_ERR_INIT;
+  bson_t *def = bson_new();
+  if (obx_json_parse(body, len, def, &err)) return def;
+  char detail[320];
+  snprintf(detail, sizeof detail, "the body must be one JSON object (a pipeline definition): %s", err.msg);
+  obx_http_reply_problem(resp, 400, "Bad request", detail, NULL);
+  bson_destroy(def);
+  return NULL;
 }
 
 static void pipelines_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
@@ -271,7 +278,7 @@ void *obx_pipeline_api_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   api->conf = conf;
   api->cache = obx_pipeline_cache_new(conf->pipeline_cache_ttl);
   if (conf->pipelines_dir && *conf->pipelines_dir) api->pipelines_dir = strdup(conf->pipelines_dir);
-  if (!obx_egress_init_conf(&api->egress, conf, err) || !(api->mongo = obx_mongo_new(conf, err))) goto fail;
+  if (!obx_egress_init_conf(&api->egress, conf, err) || !(api->mongo = obx_mongo_new_for_requests(conf, conf->api_request_timeout, err))) goto fail;
   if (pthread_create(&api->setup, NULL, setup_main, api) != 0) {
     obx_err_set(err, OBX_ERR_SYS, 0, false, "pipelines: cannot start the setup thread");
     goto fail;

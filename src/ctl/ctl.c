@@ -3,6 +3,7 @@
  * DESIGN: subcommand dispatch and help text from one table per command, and the -c/-X
  * configuration options every service-facing command accepts. No global state. */
 #include "obx/obx_ctl.h"
+#include "obx/obx_json.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -18,7 +19,7 @@ void obx_ctl_errorf(const char *fmt, ...) {
 }
 
 void obx_ctl_print_json(const bson_t *doc) {
-  char *json = bson_as_relaxed_extended_json(doc, NULL);
+  char *json = obx_json_render(doc, NULL, NULL);
   printf("%s\n", json);
   bson_free(json);
 }

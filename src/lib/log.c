@@ -175,15 +175,18 @@ static bool ends_value(char c) {
 }
 
 /* At s (a word start): `<ident containing a secret word> [ ]*[=:][ ]* ["]? value`. Returns the
- * number of bytes up to the start of the value (and the value's length) or 0. */
+ * number of bytes up to the start of the value (and the value's length) or 0. A name followed
+ * by ':' that holds a '.' is a file name ("api-key.pem: No such file"), not a key: only '='
+ * assigns to dotted names (sasl.password=...). */
 static size_t secret_assignment(const char *s, size_t *value_len) {
   size_t i = 0;
   while (is_ident(s[i])) i++;
   if (i == 0 || !has_secret_word(s, i)) return 0;
+  bool dotted = memchr(s, '.', i) != NULL;
   if (s[i] == '"' || s[i] == '\'') i++; /* "password": "..." in JSON text */
   while (s[i] == ' ') i++;
   if (s[i] != '=' && s[i] != ':') return 0;
-  if (s[i] == ':' && s[i + 1] == '/' && s[i + 2] == '/') return 0; /* a URI scheme */
+  if (s[i] == ':' && (dotted || (s[i + 1] == '/' && s[i + 2] == '/'))) return 0; /* a file name; a URI scheme */
   i++;
   while (s[i] == ' ') i++;
   if (s[i] == '"' || s[i] == '\'') i++;
@@ -197,12 +200,14 @@ static size_t secret_assignment(const char *s, size_t *value_len) {
   return v ? i : 0;
 }
 
-/* Copies text into sb with URI passwords and secret assignments masked. */
+/* Copies text into sb with URI passwords and secret assignments masked: the values, never the
+ * words around them. A name that is the last component of a path ("/etc/outboxd/api-key: No
+ * such file") is not a key. */
 static void redact_text(sbuf_t *sb, const char *text) {
   const char *s = text;
   while (*s) {
     size_t vlen = 0, pre;
-    bool word_start = s == text || !is_ident(s[-1]);
+    bool word_start = s == text || (!is_ident(s[-1]) && s[-1] != '/' && s[-1] != '\\');
     if (word_start && (pre = secret_assignment(s, &vlen)) != 0) {
       sb_addn(sb, s, pre);
       sb_add(sb, "***");

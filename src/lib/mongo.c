@@ -3,18 +3,33 @@
  * DESIGN: a thin layer over mongoc_client_pool_t (see obx_mongo.h). mongoc_init runs once per
  * process (pthread_once); driver logs go through obx_log_route_mongoc. The pool connects
  * lazily, so obx_mongo_new succeeds while MongoDB is down. Transactions are counted in the
- * process-wide metrics registry. Reads mongo.uri and mongo.db. */
+ * process-wide metrics registry.
+ *
+ * Transactions run our own loop rather than mongoc_client_session_with_transaction, whose
+ * retries of the body and of an unknown commit result last up to 120 s whatever the caller's
+ * deadline (a request abandoned by its client was committed a minute later). The loop takes a
+ * deadline: the body runs again after a transient error and the commit is retried after an
+ * unknown result only while the deadline is ahead; the commit is never sent once it has
+ * passed (the transaction is aborted instead) and carries maxCommitTimeMS = mongo.commit_timeout
+ * or the time left, whichever is less. Reads mongo.uri, mongo.db, mongo.commit_timeout,
+ * mongo.wtimeout and, for request pools, api.request_timeout. */
 #include "obx/obx_mongo.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "obx/obx_log.h"
 #include "obx/obx_metrics.h"
 
 #define OBX_MONGO_SELECTION_TIMEOUT_MS 5000
+#define OBX_MONGO_TXN_LIMIT_MS 120000 /* the deadline of transactions off request paths */
+/* The readiness probe gives up within this, so /readyz answers within a second whatever
+ * MongoDB does (a paused server accepts connections and never answers). */
+#define OBX_MONGO_PROBE_TIMEOUT_MS 350 /* a ping and, after a dead connection, one handshake */
+#define OBX_MONGO_MAX_TIME_EXPIRED 50
 
 void obx_mongo_preinit(int argc, char **argv, char **envp) {
   (void)argc;
@@ -29,7 +44,6 @@ void obx_mongo_preinit(int argc, char **argv, char **envp) {
   path[len] = '\0';
   unlink(path);
 }
-#define OBX_MONGO_PROBE_CONNECT_TIMEOUT_MS 2000
 
 struct obx_mongo {
   mongoc_client_pool_t *pool;
@@ -37,8 +51,22 @@ struct obx_mongo {
   pthread_mutex_t probe_mu;
   char *db;
   int64_t commit_timeout_ms, wtimeout_ms; /* mongo.commit_timeout, mongo.wtimeout */
+  int64_t request_ms;         /* the request deadline of a request pool; 0: none */
   obx_counter_t *txns, *txn_reruns; /* process-wide, registered in obx_mongo_new */
 };
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Sets a timeout option of uri to at most max_ms (a smaller value in the URI stays). */
+static void uri_cap(mongoc_uri_t *uri, const char *option, int64_t max_ms, int32_t fallback_ms) {
+  int32_t have = mongoc_uri_get_option_as_int32(uri, option, fallback_ms);
+  if (have <= 0 || have > max_ms) have = (int32_t)max_ms;
+  mongoc_uri_set_option_as_int32(uri, option, have);
+}
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
@@ -47,7 +75,9 @@ static void mongo_global_init(void) {
   obx_log_route_mongoc();
 }
 
-obx_mongo_t *obx_mongo_new(const obx_conf_t *conf, obx_err_t *err) {
+obx_mongo_t *obx_mongo_new(const obx_conf_t *conf, obx_err_t *err) { return obx_mongo_new_for_requests(conf, 0, err); }
+
+obx_mongo_t *obx_mongo_new_for_requests(const obx_conf_t *conf, int64_t request_ms, obx_err_t *err) {
   pthread_once(&init_once, mongo_global_init);
   obx_mongo_t *mongo = NULL;
   bson_error_t berr;
@@ -59,7 +89,16 @@ obx_mongo_t *obx_mongo_new(const obx_conf_t *conf, obx_err_t *err) {
   if (!mongoc_uri_has_option(uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS))
     mongoc_uri_set_option_as_int32(uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, OBX_MONGO_SELECTION_TIMEOUT_MS);
   if (!mongoc_uri_has_option(uri, MONGOC_URI_APPNAME)) mongoc_uri_set_appname(uri, "outboxd");
+  if (request_ms > 0) {
+    /* Half the deadline per step: a socket timeout is followed by one more server selection
+     * (the driver's retried read, or the abort of the transaction), and both fit. */
+    int64_t step_ms = request_ms / 2 > 50 ? request_ms / 2 : 50;
+    uri_cap(uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, step_ms, OBX_MONGO_SELECTION_TIMEOUT_MS);
+    uri_cap(uri, MONGOC_URI_SOCKETTIMEOUTMS, step_ms, 0);
+    uri_cap(uri, MONGOC_URI_CONNECTTIMEOUTMS, step_ms, 10000);
+  }
   mongo = calloc(1, sizeof *mongo);
+  mongo->request_ms = request_ms;
   mongo->pool = mongoc_client_pool_new(uri);
   if (!mongo->pool) {
     obx_err_set(err, OBX_ERR_CONF, 0, false, "mongo.uri: the driver refused the connection string");
@@ -68,10 +107,11 @@ obx_mongo_t *obx_mongo_new(const obx_conf_t *conf, obx_err_t *err) {
     goto done;
   }
   mongoc_client_pool_set_error_api(mongo->pool, MONGOC_ERROR_API_VERSION_2);
-  /* The probe tries each server once (single-threaded clients do) so /readyz answers within
-   * the connect timeout instead of waiting for server selection. */
-  if (!mongoc_uri_has_option(uri, MONGOC_URI_CONNECTTIMEOUTMS))
-    mongoc_uri_set_option_as_int32(uri, MONGOC_URI_CONNECTTIMEOUTMS, OBX_MONGO_PROBE_CONNECT_TIMEOUT_MS);
+  /* The probe tries each server once (single-threaded clients do) and gives up on a silent
+   * connection within OBX_MONGO_PROBE_TIMEOUT_MS (connect, handshake and the ping itself). */
+  uri_cap(uri, MONGOC_URI_CONNECTTIMEOUTMS, OBX_MONGO_PROBE_TIMEOUT_MS, 10000);
+  uri_cap(uri, MONGOC_URI_SOCKETTIMEOUTMS, OBX_MONGO_PROBE_TIMEOUT_MS, 0);
+  uri_cap(uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, OBX_MONGO_PROBE_TIMEOUT_MS, OBX_MONGO_SELECTION_TIMEOUT_MS);
   mongo->probe = mongoc_client_new_from_uri(uri);
   mongoc_client_set_error_api(mongo->probe, MONGOC_ERROR_API_VERSION_2);
   pthread_mutex_init(&mongo->probe_mu, NULL);
@@ -137,72 +177,96 @@ const char *obx_mongo_doc_str(const bson_t *doc, const char *path) {
   return bson_iter_utf8(&v, NULL);
 }
 
-typedef struct {
-  obx_mongo_txn_fn_t fn;
-  void *ctx;
-  int runs;
-  bool fn_failed;  /* the last run of fn returned false */
-  obx_err_t err;   /* fn's error from that run */
-} mongo_txn_t;
-
-/* Adapts fn to the driver's callback: our error travels in txn->err; the driver gets its
- * message and, for a retriable MongoDB error, a reply labelled TransientTransactionError so
- * that it runs the callback again. */
-static bool mongo_txn_cb(mongoc_client_session_t *session, void *vtxn, bson_t **reply, bson_error_t *error) {
-  mongo_txn_t *txn = vtxn;
-  txn->runs++;
-  obx_err_clear(&txn->err);
-  txn->fn_failed = !txn->fn(session, txn->ctx, &txn->err);
-  if (!txn->fn_failed) return true;
-  bson_set_error(error, MONGOC_ERROR_TRANSACTION, (uint32_t)txn->err.code, "%s", txn->err.msg);
-  if (txn->err.domain == OBX_ERR_MONGO && txn->err.retriable) {
-    bson_t labels;
-    *reply = bson_new();
-    BSON_APPEND_ARRAY_BEGIN(*reply, "errorLabels", &labels);
-    BSON_APPEND_UTF8(&labels, "0", "TransientTransactionError");
-    bson_append_array_end(*reply, &labels);
-  }
-  return false;
+int64_t obx_mongo_deadline(const obx_mongo_t *mongo) {
+  return mono_ms() + (mongo->request_ms ? mongo->request_ms : OBX_MONGO_TXN_LIMIT_MS);
 }
 
-bool obx_mongo_transaction(obx_mongo_t *mongo, obx_mongo_txn_fn_t fn, void *ctx, obx_err_t *err) {
-  mongo_txn_t txn = {.fn = fn, .ctx = ctx};
+void obx_mongo_append_max_time(bson_t *opts, int64_t deadline_ms) {
+  int64_t left = deadline_ms - mono_ms();
+  BSON_APPEND_INT64(opts, "maxTimeMS", left > 1 ? left : 1);
+}
+
+/* The deadline passed: the transaction is abandoned, never committed (retriable: 503). */
+static void txn_past_deadline(obx_err_t *err, const obx_mongo_t *mongo, const char *when) {
+  obx_err_set(err, OBX_ERR_MONGO, OBX_MONGO_MAX_TIME_EXPIRED, true,
+              "abandoned %s: past its deadline (%lld ms)%s", when,
+              (long long)(mongo->request_ms ? mongo->request_ms : OBX_MONGO_TXN_LIMIT_MS),
+              mongo->request_ms ? ", api.request_timeout" : "");
+}
+
+bool obx_mongo_transaction_by(obx_mongo_t *mongo, int64_t deadline_ms, obx_mongo_txn_fn_t fn, void *ctx,
+                              obx_err_t *err) {
   obx_err_t failure = OBX_ERR_INIT; /* classified for the metric even when err is NULL */
   bson_error_t berr;
-  bson_t reply;
   bool ok = false;
+  int runs = 0;
   mongoc_client_t *client = obx_mongo_pop(mongo);
   mongoc_write_concern_t *wc = mongoc_write_concern_new();
   mongoc_write_concern_set_w(wc, MONGOC_WRITE_CONCERN_W_MAJORITY);
   mongoc_write_concern_set_wtimeout_int64(wc, mongo->wtimeout_ms);
   mongoc_transaction_opt_t *topts = mongoc_transaction_opts_new();
   mongoc_transaction_opts_set_write_concern(topts, wc);
-  mongoc_transaction_opts_set_max_commit_time_ms(topts, mongo->commit_timeout_ms);
   mongoc_client_session_t *session = mongoc_client_start_session(client, NULL, &berr);
   if (!session) {
     obx_err_from_bson(&failure, &berr, NULL);
-    bson_init(&reply);
     goto done;
   }
-  ok = mongoc_client_session_with_transaction(session, mongo_txn_cb, topts, &txn, &reply, &berr);
-  if (!ok) {
-    if (txn.fn_failed) {
-      failure = txn.err;
-    } else {
-      obx_err_from_bson(&failure, &berr, &reply);
+  for (bool again = true; again;) {
+    again = false;
+    if (mono_ms() >= deadline_ms) {
+      if (runs == 0) txn_past_deadline(&failure, mongo, "before it started");
+      break; /* failure holds the last run's error */
     }
-    obx_err_prefix(&failure, "transaction");
+    runs++;
+    /* maxCommitTimeMS: mongo.commit_timeout, or the time left when that is less */
+    int64_t left = deadline_ms - mono_ms();
+    mongoc_transaction_opts_set_max_commit_time_ms(topts, left < mongo->commit_timeout_ms ? left : mongo->commit_timeout_ms);
+    if (!mongoc_client_session_start_transaction(session, topts, &berr)) {
+      obx_err_from_bson(&failure, &berr, NULL);
+      break;
+    }
+    obx_err_clear(&failure);
+    if (!fn(session, ctx, &failure)) {
+      mongoc_client_session_abort_transaction(session, NULL);
+      /* a retriable MongoDB error inside a transaction is the TransientTransactionError case */
+      again = failure.domain == OBX_ERR_MONGO && failure.retriable;
+      continue;
+    }
+    for (;;) { /* commit */
+      if (mono_ms() >= deadline_ms) {
+        mongoc_client_session_abort_transaction(session, NULL);
+        txn_past_deadline(&failure, mongo, "before its commit");
+        break;
+      }
+      bson_t reply;
+      ok = mongoc_client_session_commit_transaction(session, &reply, &berr);
+      if (!ok) obx_err_from_bson(&failure, &berr, &reply);
+      bool unknown = !ok && mongoc_error_has_label(&reply, "UnknownTransactionCommitResult") &&
+                     berr.code != OBX_MONGO_MAX_TIME_EXPIRED;
+      again = !ok && !unknown && mongoc_error_has_label(&reply, "TransientTransactionError");
+      bson_destroy(&reply);
+      if (ok || !unknown) break;
+      if (mono_ms() >= deadline_ms) { /* sent, outcome unknown: an Idempotency-Key makes the retry safe */
+        obx_err_set(&failure, OBX_ERR_MONGO, OBX_MONGO_MAX_TIME_EXPIRED, true,
+                    "commit outcome unknown at the deadline (retry with the same Idempotency-Key): %s", berr.message);
+        break;
+      }
+    }
   }
 done:
+  if (!ok) obx_err_prefix(&failure, "transaction");
   obx_counter_inc(mongo->txns, ok ? "committed" : obx_err_is_duplicate_key(&failure) ? "conflict" : "failed");
   if (!ok && err) *err = failure;
-  if (txn.runs > 1) obx_counter_add(mongo->txn_reruns, txn.runs - 1);
-  bson_destroy(&reply);
+  if (runs > 1) obx_counter_add(mongo->txn_reruns, runs - 1);
   mongoc_client_session_destroy(session);
   mongoc_transaction_opts_destroy(topts);
   mongoc_write_concern_destroy(wc);
   obx_mongo_push(mongo, client);
   return ok;
+}
+
+bool obx_mongo_transaction(obx_mongo_t *mongo, obx_mongo_txn_fn_t fn, void *ctx, obx_err_t *err) {
+  return obx_mongo_transaction_by(mongo, obx_mongo_deadline(mongo), fn, ctx, err);
 }
 
 void obx_mongo_append_majority(const obx_mongo_t *mongo, bson_t *opts) {

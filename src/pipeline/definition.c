@@ -3,7 +3,8 @@
  * DESIGN: obx_pipeline_parse turns a definition document into an immutable obx_pipeline_t
  * and is the one place definitions are validated (on save, at load, before a run). Every
  * error message names what is wrong: `node "notify": ...`, `edge 2 (notify -> ok): ...`.
- * Checks, in order: top-level fields, nodes (id, unique id, known type, onError, config via
+ * Checks, in order: no key anywhere starting with "$" or "." (MongoDB could not store or
+ * update the definition: refused naming the key's path), top-level fields, nodes (id, unique id, known type, onError, config via
  * the type's validate, templates), exactly one start node, edges (known endpoints, branch
  * allowed for the source node's type, nothing into start), no cycle. Nodes that cannot be
  * reached from start are accepted (they never run). */
@@ -12,6 +13,8 @@
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "obx/obx_json.h"
 
 static bool fail(obx_err_t *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static bool fail(obx_err_t *err, const char *fmt, ...) {
@@ -255,12 +258,35 @@ static bool parse_top(obx_pipeline_t *pipeline, obx_err_t *err) {
   return true;
 }
 
+/* Every key of doc and of its sub-documents and arrays; the first one starting with '$' or '.'
+ * fails as `key "nodes.1.config.$where": ...` (path: the dotted keys and array indexes). */
+static bool check_keys(const bson_t *doc, const char *path, obx_err_t *err) {
+  bson_iter_t it;
+  if (!bson_iter_init(&it, doc)) return fail(err, "the definition is not a valid document");
+  while (bson_iter_next(&it)) {
+    const char *key = bson_iter_key(&it);
+    char sub_path[512];
+    snprintf(sub_path, sizeof sub_path, "%s%s%s", path, *path ? "." : "", key);
+    if (key[0] == '$' || key[0] == '.')
+      return fail(err, "key \"%s\": keys may not start with \"$\" or \".\"", sub_path);
+    if (BSON_ITER_HOLDS_DOCUMENT(&it) || BSON_ITER_HOLDS_ARRAY(&it)) {
+      const uint8_t *data;
+      uint32_t len;
+      bson_t sub;
+      if (BSON_ITER_HOLDS_DOCUMENT(&it)) bson_iter_document(&it, &len, &data);
+      else bson_iter_array(&it, &len, &data);
+      if (!bson_init_static(&sub, data, len) || !check_keys(&sub, sub_path, err)) return false;
+    }
+  }
+  return true;
+}
+
 bool obx_pipeline_parse(const bson_t *doc, obx_pipeline_t **out, obx_err_t *err) {
   obx_pipeline_t *pipeline = obx_pipeline_calloc_aligned(1, sizeof *pipeline);
   atomic_init(&pipeline->refs, 1);
   bson_copy_to(doc, &pipeline->doc);
   *out = NULL;
-  if (!parse_top(pipeline, err) || !parse_graph(pipeline, err)) {
+  if (!check_keys(&pipeline->doc, "", err) || !parse_top(pipeline, err) || !parse_graph(pipeline, err)) {
     obx_pipeline_destroy(pipeline);
     return false;
   }
@@ -269,12 +295,12 @@ bool obx_pipeline_parse(const bson_t *doc, obx_pipeline_t **out, obx_err_t *err)
 }
 
 bool obx_pipeline_parse_json(const char *json, obx_pipeline_t **out, obx_err_t *err) {
-  bson_error_t berr;
+  obx_err_t jerr = OBX_ERR_INIT;
+  bson_t doc;
   *out = NULL;
-  bson_t *doc = bson_new_from_json((const uint8_t *)json, -1, &berr);
-  if (!doc) return fail(err, "not a JSON object: %s", berr.message);
-  bool ok = obx_pipeline_parse(doc, out, err);
-  bson_destroy(doc);
+  bool ok = obx_json_parse(json, strlen(json), &doc, &jerr) ? obx_pipeline_parse(&doc, out, err)
+                                                            : fail(err, "not a JSON object: %s", jerr.msg);
+  bson_destroy(&doc);
   return ok;
 }
 

@@ -2,7 +2,9 @@
  *
  * DESIGN: closes the SSRF debt of seeds/000. Two checks:
  *  1. the URL (obx_egress_check_url): scheme http or https, no userinfo, host on the
- *     allowlist when one is configured;
+ *     allowlist; with an empty allowlist, any host only when EGRESS_ALLOW_PUBLIC=true, else
+ *     only a literal address inside EGRESS_ALLOW_NETWORKS (a tenant with pipelines:write
+ *     cannot make outboxd call anywhere by default);
  *  2. the address (obx_egress_check_addr), run from CURLOPT_OPENSOCKETFUNCTION on the
  *     sockaddr curl is about to connect to, i.e. after DNS resolution: a name that resolves
  *     (or re-resolves, DNS rebinding) to a non-public address is refused whatever its form
@@ -106,6 +108,7 @@ bool obx_egress_init_conf(obx_egress_t *egress, const obx_conf_t *conf, obx_err_
   if (!obx_egress_init(egress, conf->egress_allowlist, conf->egress_allow_networks, conf->http_connect_timeout,
                        conf->http_timeout, conf->http_max_response_bytes, err))
     return false;
+  egress->allow_public = conf->egress_allow_public;
   if (conf->egress_ca_file && *conf->egress_ca_file) egress->ca_file = bson_strdup(conf->egress_ca_file);
   return true;
 }
@@ -133,8 +136,24 @@ void obx_egress_cleanup(obx_egress_t *egress) {
 
 /* ---- URL -------------------------------------------------------------------------------- */
 
+static bool net_allows(const obx_egress_t *egress, int family, const uint8_t *addr);
+
+/* host (as curl returns it: IPv6 in brackets) is a literal address inside EGRESS_ALLOW_NETWORKS. */
+static bool literal_in_nets(const obx_egress_t *egress, const char *host) {
+  char buf[INET6_ADDRSTRLEN + 2];
+  uint8_t addr[16];
+  size_t len = strlen(host);
+  if (len >= sizeof buf) return false;
+  if (host[0] == '[' && len > 2 && host[len - 1] == ']') {
+    memcpy(buf, host + 1, len - 2);
+    buf[len - 2] = '\0';
+    return inet_pton(AF_INET6, buf, addr) == 1 && net_allows(egress, AF_INET6, addr);
+  }
+  return inet_pton(AF_INET, host, addr) == 1 && net_allows(egress, AF_INET, addr);
+}
+
 static bool host_allowed(const obx_egress_t *egress, const char *host) {
-  if (egress->nhosts == 0) return true;
+  if (egress->nhosts == 0) return egress->allow_public || literal_in_nets(egress, host);
   size_t hlen = strlen(host);
   for (int i = 0; i < egress->nhosts; i++) {
     const char *rule = egress->hosts[i];
@@ -180,7 +199,11 @@ bool obx_egress_check_url(const obx_egress_t *egress, const char *url, obx_err_t
     goto done;
   }
   if (!host_allowed(egress, host)) {
-    obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "egress refused: host \"%s\" is not in EGRESS_ALLOWLIST", host);
+    if (egress->nhosts)
+      obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "egress refused: host \"%s\" is not in EGRESS_ALLOWLIST", host);
+    else
+      obx_err_set(err, OBX_ERR_PIPELINE, 0, false,
+                  "egress refused: host \"%s\": EGRESS_ALLOWLIST is empty and EGRESS_ALLOW_PUBLIC is not true", host);
     goto done;
   }
   ok = true;
@@ -209,8 +232,12 @@ static const v4_range_t v4_blocked[] = {
   {0xa9fe0000u, 16, "link-local / cloud metadata (169.254.0.0/16)"},
   {0xac100000u, 12, "private (172.16.0.0/12)"},
   {0xc0000000u, 24, "IETF protocol assignments (192.0.0.0/24)"},
+  {0xc0000200u, 24, "documentation TEST-NET-1 (192.0.2.0/24)"},
+  {0xc0586300u, 24, "6to4 relay anycast (192.88.99.0/24)"},
   {0xc0a80000u, 16, "private (192.168.0.0/16)"},
   {0xc6120000u, 15, "benchmarking (198.18.0.0/15)"},
+  {0xc6336400u, 24, "documentation TEST-NET-2 (198.51.100.0/24)"},
+  {0xcb007100u, 24, "documentation TEST-NET-3 (203.0.113.0/24)"},
   {0xe0000000u, 4, "multicast (224.0.0.0/4)"},
   {0xf0000000u, 4, "reserved (240.0.0.0/4)"},
 };
@@ -231,13 +258,32 @@ static bool prefix_match(const uint8_t *a, const uint8_t *net, int prefix) {
   return (a[full] & mask) == (net[full] & mask);
 }
 
+/* The class of an IPv6 address, NULL when public. An address that embeds an IPv4 one sets
+ * *embedded_v4 (so EGRESS_ALLOW_NETWORKS may allow it by its IPv4 network). IPv4-mapped
+ * (::ffff:0:0/96) and IPv4-translated (::ffff:0:0:0/96) addresses are never public: a
+ * client has no reason to name an IPv4 host that way, so they are refused whatever they
+ * embed; the well-known NAT64 prefix (64:ff9b::/96), IPv4-compatible (::/96) and 6to4
+ * (2002::/16) take the class of the IPv4 address they embed. Local-use NAT64
+ * (64:ff9b:1::/48, behind which 64:ff9b:1::a9fe:a9fe may be the metadata address) and Teredo
+ * (2001::/32) are refused as a whole. */
 static const char *v6_class(const uint8_t *a, uint32_t *embedded_v4, bool *has_v4) {
   static const uint8_t zero[16], mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  static const uint8_t nat64[12] = {0x00, 0x64, 0xff, 0x9b};
+  static const uint8_t translated[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0};
+  static const uint8_t nat64[12] = {0x00, 0x64, 0xff, 0x9b}, nat64_local[6] = {0x00, 0x64, 0xff, 0x9b, 0x00, 0x01};
+  static const uint8_t teredo[4] = {0x20, 0x01, 0x00, 0x00};
   *has_v4 = false;
   if (memcmp(a, zero, 15) == 0 && (a[15] == 0 || a[15] == 1))
     return a[15] ? "loopback (::1)" : "unspecified (::)";
-  if (memcmp(a, mapped, 12) == 0 || memcmp(a, zero, 12) == 0 || memcmp(a, nat64, 12) == 0) {
+  if (memcmp(a, mapped, 12) == 0 || memcmp(a, translated, 12) == 0) {
+    *embedded_v4 = (uint32_t)a[12] << 24 | (uint32_t)a[13] << 16 | (uint32_t)a[14] << 8 | a[15];
+    *has_v4 = true;
+    const char *v4 = v4_class(*embedded_v4);
+    if (v4) return v4;
+    return a[10] ? "IPv4-mapped (::ffff:0:0/96)" : "IPv4-translated (::ffff:0:0:0/96)";
+  }
+  if (memcmp(a, nat64_local, 6) == 0) return "local-use NAT64 (64:ff9b:1::/48)";
+  if (memcmp(a, teredo, 4) == 0) return "Teredo (2001::/32)";
+  if (memcmp(a, zero, 12) == 0 || memcmp(a, nat64, 12) == 0) {
     *embedded_v4 = (uint32_t)a[12] << 24 | (uint32_t)a[13] << 16 | (uint32_t)a[14] << 8 | a[15];
     *has_v4 = true;
     return v4_class(*embedded_v4);

@@ -3,15 +3,21 @@
  * DESIGN: libbson's extended JSON writes Decimal128 as {"$numberDecimal": ...} and dates as
  * {"$date": ...}; external systems called by http-request nodes expect plain JSON, so values
  * are written here: Decimal128 as a number literal, dates as RFC 3339 strings, ObjectIds as
- * hex strings; types with no JSON meaning (binary, regex, ...) as null. Pure functions. */
+ * hex strings; types with no JSON meaning (binary, regex, ...) as null; string bytes that are
+ * not valid UTF-8 as U+FFFD (obx_json_utf8_repair). Pure functions. */
 #include "pipeline_int.h"
+
+#include "obx/obx_json.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* A JSON string literal of s[0..len); bytes that are not valid UTF-8 become U+FFFD. */
 static void append_string(bson_string_t *out, const char *s, size_t len) {
+  char *fixed = NULL;
+  if (!bson_utf8_validate(s, len, true)) s = fixed = obx_json_utf8_repair(s, len, &len, NULL);
   bson_string_append_c(out, '"');
   for (size_t i = 0; i < len; i++) {
     unsigned char c = (unsigned char)s[i];
@@ -29,6 +35,7 @@ static void append_string(bson_string_t *out, const char *s, size_t len) {
     }
   }
   bson_string_append_c(out, '"');
+  bson_free(fixed);
 }
 
 static void append_double(bson_string_t *out, double d) {

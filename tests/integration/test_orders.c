@@ -278,6 +278,7 @@ typedef struct {
 static void test_validation_table(void **state) {
   static const bad_case_t cases[] = {
     {"not json", "{customerEmail", "body"},
+    {"two objects", "{\"customerEmail\": \"a@b.co\", \"amount\": \"1.00\"}{\"amount\": \"2.00\"}", "body"},
     {"empty object", "{}", "customerEmail items"},
     {"bad email and float amount", "{\"customerEmail\": \"x\", \"amount\": 1.5}", "customerEmail amount"},
     {"bad items", "{\"customerEmail\": \"a@b.co\", \"items\": [{\"sku\": \"A\", \"quantity\": -1}]}",

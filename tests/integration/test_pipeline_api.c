@@ -159,6 +159,44 @@ static void test_routes(void **state) {
   obx_test_http_resp_cleanup(&resp);
 }
 
+/* Keys MongoDB cannot store ($- or .-prefixed, at any depth) are refused with 422 naming their
+ * path, on create and on update; a body of two JSON objects is 400, never half-read. */
+static void test_refused_keys_and_trailing_data(void **state) {
+  obx_test_http_resp_t resp;
+  static const struct {
+    const char *def, *field;
+  } bad[] = {
+    {"{\"trigger\": \"order.post\", \"nodes\": [{\"id\": \"start\", \"type\": \"start\"},"
+     " {\"id\": \"l\", \"type\": \"log\", \"config\": {\"message\": \"m\", \"$where\": 1}}]}", "nodes.1.config.$where"},
+    {"{\"trigger\": \"order.post\", \"$set\": {}, \"nodes\": [{\"id\": \"start\", \"type\": \"start\"}]}", "$set"},
+    {"{\"trigger\": \"order.post\", \"nodes\": [{\"id\": \"start\", \"type\": \"start\", \".x\": 1}]}", "nodes.0..x"},
+  };
+  const char *def = "{\"name\": \"keys\", \"trigger\": \"event.KeysChecked\", \"nodes\": [{\"id\": \"start\", \"type\": \"start\"}]}";
+  request("POST", "/api/pipelines", key_acme, def, 201, &resp);
+  char path[128];
+  snprintf(path, sizeof path, "/api/pipelines/%s", obx_test_http_json_str(&resp, "_id"));
+  obx_test_http_resp_cleanup(&resp);
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    for (int put = 0; put < 2; put++) {
+      request(put ? "PUT" : "POST", put ? path : "/api/pipelines", key_acme, bad[i].def, 422, &resp);
+      const char *field = obx_test_doc_str(&resp.json, "errors.0.field");
+      if (!field || strcmp(field, bad[i].field) != 0 || !strstr(resp.body, "keys may not start with"))
+        fail_msg("%s %s: got %s, want 422 naming %s", put ? "PUT" : "POST", bad[i].def, resp.body, bad[i].field);
+      obx_test_http_resp_cleanup(&resp);
+    }
+  }
+  char two[512];
+  snprintf(two, sizeof two, "%s%s", def, "{\"name\": \"second\"}");
+  request("POST", "/api/pipelines", key_acme, two, 400, &resp);
+  assert_non_null(strstr(resp.body, "data after the JSON object"));
+  obx_test_http_resp_cleanup(&resp);
+  request("PUT", path, key_acme, two, 400, &resp);
+  obx_test_http_resp_cleanup(&resp);
+  request("GET", path, key_acme, NULL, 200, &resp); /* unchanged by the refused updates */
+  assert_string_equal(obx_test_http_json_str(&resp, "name"), "keys");
+  obx_test_http_resp_cleanup(&resp);
+}
+
 static void test_order_pre_success(void **state) {
   obx_test_httpd_route_t route = {.path = "/screen-ok", .body = "{\"by\": \"riskco\", \"score\": 7}"};
   obx_test_httpd_route(httpd, &route);
@@ -328,6 +366,7 @@ static void test_outboxctl_apply_and_list(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_routes),
+    cmocka_unit_test(test_refused_keys_and_trailing_data),
     cmocka_unit_test(test_order_pre_success),
     cmocka_unit_test(test_order_pre_rejects),
     cmocka_unit_test(test_pipelines_dir_applied_at_start),

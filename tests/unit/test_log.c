@@ -160,6 +160,13 @@ static void test_redaction(void **state) {
     {"{\"password\": \"s3cr3t\"}", "{\"password\": \"***\"}"},
     {"no secrets here: token bucket refill", "no secrets here: token bucket refill"},
     {"https://example.com/path?token=abc&x=1", "https://example.com/path?token=***&x=1"},
+    /* values, not words: paths and file names that contain a secret word stay whole */
+    {"api.keys_file: cannot open /etc/outboxd/api-key: No such file or directory",
+     "api.keys_file: cannot open /etc/outboxd/api-key: No such file or directory"},
+    {"open api-key.pem: No such file", "open api-key.pem: No such file"},
+    {"read C:\\secrets\\token: denied", "read C:\\secrets\\token: denied"},
+    {"password: hunter2", "password: ***"},
+    {"api-key: k-123 rejected", "api-key: *** rejected"},
   };
   for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
     capture_reset(cap);

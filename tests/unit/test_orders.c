@@ -132,6 +132,9 @@ typedef struct {
 static const bad_case_t bad_cases[] = {
   {"empty body", "", "body"},
   {"not json", "{customerEmail", "body"},
+  {"two objects", "{\"customerEmail\": \"a@b.co\", \"amount\": \"1.00\"}{\"amount\": \"9.99\"}", "body"},
+  {"trailing data", "{\"customerEmail\": \"a@b.co\", \"amount\": \"1.00\"} x", "body"},
+  {"an array", "[{\"customerEmail\": \"a@b.co\", \"amount\": \"1.00\"}]", "body"},
   {"no email, no items", "{}", "customerEmail items"},
   {"bad email", "{\"customerEmail\": \"nobody\", \"amount\": \"1.00\"}", "customerEmail"},
   {"email not a string", "{\"customerEmail\": 5, \"amount\": \"1.00\"}", "customerEmail"},

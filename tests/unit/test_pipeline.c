@@ -32,6 +32,9 @@ static void test_validation_table(void **state) {
   } cases[] = {
     {"{'nodes':[" START "]}", NULL},
     {"[1,2", "not a JSON object"},
+    {"{'nodes':[" START "]}{'nodes':[]}", "data after the JSON object"},
+    {"{'nodes':[" START "],'$x':1}", "key \"$x\": keys may not start with"},
+    {"{'nodes':[" START ",{'id':'l','type':'log','config':{'message':'m','a':[{'.b':1}]}}]}", "key \"nodes.1.config.a.0..b\""},
     {"{}", "\"nodes\" must be an array"},
     {"{'nodes':[]}", "\"nodes\" is empty"},
     {"{'nodes':[" START ",{'id':'x','type':'http-reqest'}]}", "node \"x\": unknown type \"http-reqest\""},

@@ -14,35 +14,48 @@
 
 static void test_url_table(void **state) {
   static const struct {
+    bool allow_public; /* EGRESS_ALLOW_PUBLIC */
     const char *allowlist;
     const char *url;
     const char *want; /* NULL: allowed; else substring of the refusal */
   } cases[] = {
-    {"", "http://example.com/orders", NULL},
-    {"", "https://example.com:8443/x?y=1", NULL},
-    {"", "HTTPS://EXAMPLE.COM/", NULL},
-    {"", "file:///etc/passwd", "scheme \"file\" (only http and https)"},
-    {"", "gopher://127.0.0.1:70/_x", "scheme \"gopher\""},
-    {"", "ftp://example.com/a", "scheme \"ftp\""},
-    {"", "dict://127.0.0.1:11211/stat", "scheme \"dict\""},
-    {"", "ldap://example.com/", "scheme \"ldap\""},
-    {"", "example.com/orders", "bad URL"},
-    {"", "http://user@example.com/", "userinfo"},
-    {"", "http://allowed.example@127.0.0.1/", "userinfo"},
-    {"", "http://user:secret@example.com/", "userinfo"},
-    {"api.example.com, *.partner.io", "https://api.example.com/v1", NULL},
-    {"api.example.com, *.partner.io", "https://API.Example.com/v1", NULL},
-    {"api.example.com, *.partner.io", "https://eu.partner.io/", NULL},
-    {"api.example.com, *.partner.io", "https://partner.io/", "host \"partner.io\" is not in EGRESS_ALLOWLIST"},
-    {"api.example.com, *.partner.io", "https://api.example.com.evil.net/", "is not in EGRESS_ALLOWLIST"},
-    {"api.example.com, *.partner.io", "https://evilpartner.io/", "is not in EGRESS_ALLOWLIST"},
-    {"api.example.com, *.partner.io", "http://127.0.0.1/", "host \"127.0.0.1\" is not in EGRESS_ALLOWLIST"},
-    {"api.example.com", "http://api.example.com@evil.net/", "userinfo"},
+    {true, "", "http://example.com/orders", NULL},
+    {true, "", "https://example.com:8443/x?y=1", NULL},
+    {true, "", "HTTPS://EXAMPLE.COM/", NULL},
+    {true, "", "file:///etc/passwd", "scheme \"file\" (only http and https)"},
+    {true, "", "gopher://127.0.0.1:70/_x", "scheme \"gopher\""},
+    {true, "", "ftp://example.com/a", "scheme \"ftp\""},
+    {true, "", "dict://127.0.0.1:11211/stat", "scheme \"dict\""},
+    {true, "", "ldap://example.com/", "scheme \"ldap\""},
+    {true, "", "example.com/orders", "bad URL"},
+    {true, "", "http://user@example.com/", "userinfo"},
+    {true, "", "http://allowed.example@127.0.0.1/", "userinfo"},
+    {true, "", "http://user:secret@example.com/", "userinfo"},
+    {false, "api.example.com, *.partner.io", "https://api.example.com/v1", NULL},
+    {false, "api.example.com, *.partner.io", "https://API.Example.com/v1", NULL},
+    {false, "api.example.com, *.partner.io", "https://eu.partner.io/", NULL},
+    {false, "api.example.com, *.partner.io", "https://partner.io/", "host \"partner.io\" is not in EGRESS_ALLOWLIST"},
+    {false, "api.example.com, *.partner.io", "https://api.example.com.evil.net/", "is not in EGRESS_ALLOWLIST"},
+    {false, "api.example.com, *.partner.io", "https://evilpartner.io/", "is not in EGRESS_ALLOWLIST"},
+    {false, "api.example.com, *.partner.io", "http://127.0.0.1/", "host \"127.0.0.1\" is not in EGRESS_ALLOWLIST"},
+    {false, "api.example.com", "http://api.example.com@evil.net/", "userinfo"},
+    /* an empty allowlist without EGRESS_ALLOW_PUBLIC: no host, except literal addresses of
+     * EGRESS_ALLOW_NETWORKS (127.0.0.0/8, ::1/128 here) */
+    {false, "", "https://example.com/", "host \"example.com\": EGRESS_ALLOWLIST is empty and EGRESS_ALLOW_PUBLIC is not true"},
+    {false, "", "http://8.8.8.8/", "EGRESS_ALLOW_PUBLIC is not true"},
+    {false, "", "http://127.0.0.1:8080/erp", NULL},
+    {false, "", "http://[::1]:8080/erp", NULL},
+    {false, "", "http://[::2]:8080/erp", "EGRESS_ALLOW_PUBLIC is not true"},
+    {false, "", "http://10.0.0.1/", "EGRESS_ALLOW_PUBLIC is not true"},
+    {false, "", "http://2130706433/", NULL}, /* curl reads the host as 127.0.0.1, inside the networks */
+    {false, "", "http://localhost:8080/", "EGRESS_ALLOW_PUBLIC is not true"},
+    {true, "api.example.com", "https://other.example.com/", "is not in EGRESS_ALLOWLIST"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     obx_egress_t egress;
     obx_err_t err = OBX_ERR_INIT;
-    assert_true(obx_egress_init(&egress, cases[i].allowlist, "", 1000, 1000, 1024, &err));
+    assert_true(obx_egress_init(&egress, cases[i].allowlist, "127.0.0.0/8,::1/128", 1000, 1000, 1024, &err));
+    egress.allow_public = cases[i].allow_public;
     bool ok = obx_egress_check_url(&egress, cases[i].url, &err);
     if (!cases[i].want && !ok) fail_msg("case %zu %s: got refused (%s), want allowed", i, cases[i].url, err.msg);
     if (cases[i].want && ok) fail_msg("case %zu %s: got allowed, want refused (%s)", i, cases[i].url, cases[i].want);
@@ -101,7 +114,24 @@ static void test_address_table(void **state) {
     {"", "::ffff:127.0.0.1", "loopback (127.0.0.0/8)"},
     {"", "::ffff:169.254.169.254", "cloud metadata"},
     {"", "::ffff:10.1.1.1", "private"},
-    {"", "::ffff:8.8.8.8", NULL},
+    {"", "::ffff:8.8.8.8", "IPv4-mapped (::ffff:0:0/96)"},
+    {"", "::ffff:0:0", "\"this network\""},
+    {"", "::ffff:0:808:808", "IPv4-translated (::ffff:0:0:0/96)"},
+    {"", "::ffff:0:7f00:1", "loopback (127.0.0.0/8)"},
+    {"", "192.0.2.1", "TEST-NET-1 (192.0.2.0/24)"},
+    {"", "192.0.3.1", NULL},
+    {"", "198.51.100.200", "TEST-NET-2 (198.51.100.0/24)"},
+    {"", "198.51.101.1", NULL},
+    {"", "203.0.113.9", "TEST-NET-3 (203.0.113.0/24)"},
+    {"", "203.0.114.1", NULL},
+    {"", "192.88.99.1", "6to4 relay anycast (192.88.99.0/24)"},
+    {"", "192.88.98.1", NULL},
+    {"", "64:ff9b:1::a9fe:a9fe", "local-use NAT64 (64:ff9b:1::/48)"},
+    {"", "64:ff9b:1:ffff::1", "local-use NAT64"},
+    {"", "64:ff9b:2::808:808", NULL},
+    {"", "2001::1", "Teredo (2001::/32)"},
+    {"", "2001:0:4136:e378:8000:63bf:3fff:fdd2", "Teredo"},
+    {"", "2001:200::1", NULL},
     {"", "::127.0.0.1", "loopback"},
     {"", "64:ff9b::7f00:1", "loopback"},
     {"", "64:ff9b::808:808", NULL},
