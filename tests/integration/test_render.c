@@ -4,8 +4,9 @@
  * One devmongod, `outboxd --roles api` (its RabbitMQ names under a private prefix, deleted at
  * the end) and the real outboxctl. Stored: an outbox event and an inbox entry whose id (300
  * bytes), partition key (10 KB), a key inside the payload and a string value hold bytes that
- * are not UTF-8; an order with such a field; a DLQ message with a non-UTF-8 id, a 10 KB
- * non-UTF-8 key, a non-UTF-8 header and a non-UTF-8 body. Every GET route and every outboxctl
+ * are not UTF-8; an order with such a field; a DLQ message with a non-UTF-8 ce_id header
+ * (the AMQP message-id must be UTF-8: the ladder leaves such an id out and says so), a 10 KB
+ * non-UTF-8 key, a non-UTF-8 subject and a non-UTF-8 body. Every GET route and every outboxctl
  * --json output over them must exit 0 / answer 200 with one complete JSON value holding the
  * long values whole and U+FFFD where the bytes were invalid. */
 #include "obx_test.h"
@@ -45,8 +46,7 @@ static void make_values(void) {
   memset(long_key, 'k', 10240);
   long_key[5000] = (char)0xc3; /* a 2-byte sequence cut short */
   long_key[10240] = '\0';
-  memset(dlq_id, 'd', 200);
-  dlq_id[100] = (char)0x80;
+  memset(dlq_id, 'd', 200); /* a valid message-id, so that `dlq peek` can name it */
   dlq_id[200] = '\0';
 }
 
@@ -110,8 +110,9 @@ static void seed_mongo(void) {
 static void seed_dlq(void) {
   obx_ladder_msg_t msg;
   obx_ladder_msg_init(&msg);
-  obx_ce_header_t h[] = {{"ce_type", "OrderConfirmed", 14}, {"ce_orgid", ORG, 4}, {"ce_subject", "Order/\xff\xfe", 8}};
-  obx_ladder_msg_from_record(&msg, dlq_id, long_key, strlen(long_key), "{\"a\": \"\xff\"}", 10, h, 3);
+  obx_ce_header_t h[] = {{"ce_type", "OrderConfirmed", 14}, {"ce_orgid", ORG, 4}, {"ce_subject", "Order/\xff\xfe", 8},
+                         {"ce_id", "ev-\xff\xfe" "-1", 7}};
+  obx_ladder_msg_from_record(&msg, dlq_id, long_key, strlen(long_key), "{\"a\": \"\xff\"}", 10, h, 4);
   obx_ladder_msg_fail(&msg, "terminal", "HTTP 400 \xff", obx_time_now_ms());
   msg.reason = strdup("terminal failure \xfe");
   obx_err_t err = OBX_ERR_INIT;
@@ -243,7 +244,7 @@ static void make_wants(void) {
   memcpy(want_key, long_key, 5000);
   memcpy(want_key + 5000, FFFD, 3);
   memcpy(want_key + 5003, long_key + 5001, 10240 - 5001 + 1);
-  snprintf(want_dlq_id, sizeof want_dlq_id, "%.100s" FFFD "%s", dlq_id, dlq_id + 101);
+  snprintf(want_dlq_id, sizeof want_dlq_id, "%s", dlq_id);
 }
 
 static void test_routes_render_everything(void **state) {
@@ -256,7 +257,7 @@ static void test_routes_render_everything(void **state) {
   expect_route("/api/outbox?status=FAILED", outbox);
   const char *const inbox[] = {want_id, "HTTP 400 " FFFD, NULL};
   expect_route("/api/inbox", inbox);
-  const char *const dlq[] = {want_dlq_id, want_key, NULL};
+  const char *const dlq[] = {want_dlq_id, want_key, "ev-" FFFD FFFD "-1", NULL};
   expect_route("/api/dlq", dlq);
   const char *const order[] = {"jos" FFFD "@company.com", NULL};
   expect_route("/orders/order-render-1", order);
@@ -280,7 +281,7 @@ static void test_outboxctl_renders_everything(void **state) {
   out = ctl((const char *[]){"inbox", "show", long_id, NULL});
   expect_json("inbox show", out, inbox_show);
   free(out);
-  const char *const dlq[] = {want_dlq_id, want_key, "Order/" FFFD FFFD, "terminal failure " FFFD, NULL};
+  const char *const dlq[] = {want_dlq_id, want_key, "ev-" FFFD FFFD "-1", "Order/" FFFD FFFD, "terminal failure " FFFD, NULL};
   out = ctl((const char *[]){"dlq", "list", "--json", NULL});
   expect_json("dlq list --json", out, dlq);
   free(out);
