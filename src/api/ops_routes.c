@@ -220,8 +220,7 @@ static void dl_get(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
 }
 
 static bool emit_ndjson(void *ctx, const bson_t *doc) {
-  char *json = bson_as_relaxed_extended_json(doc, NULL);
-  if (!json) return false;
+  char *json = obx_json_render(doc, NULL, NULL);
   bson_string_append((bson_string_t *)ctx, json);
   bson_string_append_c((bson_string_t *)ctx, '\n');
   bson_free(json);

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "ctl/ops_ctl.h"
+#include "obx/obx_json.h"
 
 #define DLQ_FILTERS                                                                                     \
   "FILTERS: --org ORG --type T --key K --event EVENT_ID --class transient|terminal|malformed|exhausted|infra\n" \
@@ -169,8 +170,8 @@ static int dlq_purge(int argc, char **argv) {
 
 static bool emit_line(void *ctx, const bson_t *doc) {
   (void)ctx;
-  char *json = bson_as_relaxed_extended_json(doc, NULL);
-  bool ok = json && printf("%s\n", json) > 0;
+  char *json = obx_json_render(doc, NULL, NULL);
+  bool ok = printf("%s\n", json) > 0;
   bson_free(json);
   return ok;
 }

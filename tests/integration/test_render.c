@@ -4,9 +4,9 @@
  * One devmongod, `outboxd --roles api` (its RabbitMQ names under a private prefix, deleted at
  * the end) and the real outboxctl. Stored: an outbox event and an inbox entry whose id (300
  * bytes), partition key (10 KB), a key inside the payload and a string value hold bytes that
- * are not UTF-8; an order with such a field; a DLQ message with a non-UTF-8 ce_id header
- * (the AMQP message-id must be UTF-8: the ladder leaves such an id out and says so), a 10 KB
- * non-UTF-8 key, a non-UTF-8 subject and a non-UTF-8 body. Every GET route and every outboxctl
+ * are not UTF-8; an order with such a field; a dead letter (in dead_letters, as the drain
+ * stores it) with a non-UTF-8 ce_id header, a 10 KB non-UTF-8 key, a non-UTF-8 subject, reason
+ * and body. Every GET route and every outboxctl
  * --json output over them must exit 0 / answer 200 with one complete JSON value holding the
  * long values whole and U+FFFD where the bytes were invalid. */
 #include "obx_test.h"
@@ -24,6 +24,7 @@
 
 #include "obx/obx_json.h"
 #include "obx/obx_ladder.h"
+#include "obx/obx_ops.h"
 #include "obx/obx_event.h"
 
 #define FFFD "\xef\xbf\xbd"
@@ -34,7 +35,7 @@ static mongoc_client_t *client;
 static obx_test_outboxd_t outboxd;
 static obx_ladder_t *ladder;
 static char keys_path[300], key_all[64], prefix[64];
-static char long_id[320], long_key[10300], dlq_id[260];
+static char long_id[320], long_key[10300], dlq_id[260], dl_id[OBX_UUID_LEN + 1];
 static const char *amqp_url;
 
 /* A 300-byte id starting with two invalid bytes, a 10 KB key with one in the middle. */
@@ -46,8 +47,9 @@ static void make_values(void) {
   memset(long_key, 'k', 10240);
   long_key[5000] = (char)0xc3; /* a 2-byte sequence cut short */
   long_key[10240] = '\0';
-  memset(dlq_id, 'd', 200); /* a valid message-id, so that `dlq peek` can name it */
+  memset(dlq_id, 'd', 200);
   dlq_id[200] = '\0';
+  obx_uuid7(dl_id);
 }
 
 static void insert_raw(const char *collection, const bson_t *doc) {
@@ -115,8 +117,12 @@ static void seed_dlq(void) {
   obx_ladder_msg_from_record(&msg, dlq_id, long_key, strlen(long_key), "{\"a\": \"\xff\"}", 10, h, 4);
   obx_ladder_msg_fail(&msg, "terminal", "HTTP 400 \xff", obx_time_now_ms());
   msg.reason = strdup("terminal failure \xfe");
-  obx_err_t err = OBX_ERR_INIT;
-  if (!obx_ladder_publish_dlq(ladder, &msg, &err)) fail_msg("publish dlq: %s", err.msg);
+  /* the dead letter as the drain writes it (obx_ops_dl_from_msg), stored with the bad bytes */
+  bson_t doc = BSON_INITIALIZER;
+  BSON_APPEND_UTF8(&doc, "_id", dl_id);
+  obx_ops_dl_from_msg(&msg, &doc);
+  insert_raw("dead_letters", &doc);
+  bson_destroy(&doc);
   obx_ladder_msg_cleanup(&msg);
 }
 
@@ -257,8 +263,13 @@ static void test_routes_render_everything(void **state) {
   expect_route("/api/outbox?status=FAILED", outbox);
   const char *const inbox[] = {want_id, "HTTP 400 " FFFD, NULL};
   expect_route("/api/inbox", inbox);
-  const char *const dlq[] = {want_dlq_id, want_key, "ev-" FFFD FFFD "-1", NULL};
+  const char *const dlq[] = {want_dlq_id, want_key, NULL}; /* lists leave headers out */
   expect_route("/api/dlq", dlq);
+  char path[80];
+  snprintf(path, sizeof path, "/api/dlq/%s", dl_id);
+  const char *const one[] = {want_key, "ev-" FFFD FFFD "-1", "Order/" FFFD FFFD, "terminal failure " FFFD, NULL};
+  expect_route(path, one);
+  expect_route("/api/dlq/export", one); /* one document per line: here, one line */
   const char *const order[] = {"jos" FFFD "@company.com", NULL};
   expect_route("/orders/order-render-1", order);
 }
@@ -281,12 +292,16 @@ static void test_outboxctl_renders_everything(void **state) {
   out = ctl((const char *[]){"inbox", "show", long_id, NULL});
   expect_json("inbox show", out, inbox_show);
   free(out);
-  const char *const dlq[] = {want_dlq_id, want_key, "ev-" FFFD FFFD "-1", "Order/" FFFD FFFD, "terminal failure " FFFD, NULL};
+  const char *const dlq[] = {want_dlq_id, want_key, "terminal failure " FFFD, NULL};
   out = ctl((const char *[]){"dlq", "list", "--json", NULL});
   expect_json("dlq list --json", out, dlq);
   free(out);
-  out = ctl((const char *[]){"dlq", "peek", dlq_id, NULL});
-  expect_json("dlq peek", out, dlq);
+  const char *const peek[] = {want_key, "ev-" FFFD FFFD "-1", "Order/" FFFD FFFD, "terminal failure " FFFD, NULL};
+  out = ctl((const char *[]){"dlq", "peek", dl_id, NULL});
+  expect_json("dlq peek", out, peek);
+  free(out);
+  out = ctl((const char *[]){"dlq", "export", NULL});
+  expect_json("dlq export", out, peek);
   free(out);
   /* the table form prints the raw bytes and does not crash either */
   free(ctl((const char *[]){"dlq", "list", NULL}));
