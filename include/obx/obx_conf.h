@@ -67,7 +67,7 @@ typedef struct {
   X(amqp_verify_hostname, BOOL, "amqp.verify_hostname", "AMQP_VERIFY_HOSTNAME", "true", 0, 0, NULL, 0, \
     "Verify that RabbitMQ's certificate names the URL's host (amqps://)")                         \
   X(http_port, INT, "http.port", "HTTP_PORT", "8080", 0, 65535, NULL, 0,                          \
-    "Port of the HTTP API (and of the CloudEvents sink when WORKER_SOURCE=http); 0 picks a free port") \
+    "Port of the HTTP API, /healthz, /readyz and /metrics; 0 picks a free port") \
   X(http_bind, STR, "http.bind", "HTTP_BIND", "0.0.0.0", 0, 0, NULL, 0,                           \
     "Address the HTTP server listens on")                                                         \
   X(http_max_body, INT, "http.max_body", "HTTP_MAX_BODY", "1048576", 1024, 67108864, NULL, 0,      \
@@ -130,6 +130,10 @@ typedef struct {
     "Delays of the RabbitMQ retry tiers (one TTL queue per tier)")                               \
   X(worker_source, ENUM, "worker.source", "WORKER_SOURCE", "kafka", 0, 0, "kafka|http", 0,         \
     "kafka: consumer group on KAFKA_TOPIC; http: CloudEvents HTTP sink (Knative)")               \
+  X(worker_sink_port, INT, "worker.sink_port", "SINK_PORT", "8081", 0, 65535, NULL, 0,             \
+    "Port of the CloudEvents sink (WORKER_SOURCE=http), a listener of its own on http.bind; 0 picks a free port") \
+  X(worker_sink_token, STR, "worker.sink_token", "SINK_TOKEN", "", 0, 0, NULL, OBX_CONF_SENSITIVE, \
+    "Shared token every sink request must carry (Authorization: Bearer, or Basic's password); required, 16+ characters, with WORKER_SOURCE=http") \
   X(worker_group, STR, "worker.group", "WORKER_GROUP", "outboxd-worker", 0, 0, NULL, 0,          \
     "Kafka consumer group of the worker; also the inbox consumer name")                           \
   X(worker_queue_prefix, STR, "worker.queue_prefix", "WORKER_QUEUE_PREFIX", "outboxd", 0, 0, NULL, 0, \

@@ -56,6 +56,8 @@ typedef struct {
 obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err);
 /* Stops intake, lets the lanes finish their current event, commits, frees. NULL is a no-op. */
 void obx_worker_destroy(obx_worker_t *worker);
+/* The CloudEvents sink's bound port (WORKER_SOURCE=http), 0 in Kafka mode. */
+int obx_worker_sink_port(const obx_worker_t *worker);
 void obx_worker_stats(obx_worker_t *worker, obx_worker_stats_t *stats);
 
 /* The role table entry of outboxd. */

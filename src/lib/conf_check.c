@@ -206,6 +206,16 @@ static bool check_kafka_passthrough(const obx_conf_t *conf, obx_err_t *err) {
   return ok;
 }
 
+/* The sink is open to anyone who can reach it unless a real token guards it. */
+static bool check_sink_token(const obx_conf_t *conf, obx_err_t *err) {
+  if (!conf->worker_enabled || strcmp(conf->worker_source, "http") != 0) return true;
+  if (conf->worker_sink_token && strlen(conf->worker_sink_token) >= 16) return true;
+  obx_err_set(err, OBX_ERR_CONF, 0, false,
+              "worker.sink_token (SINK_TOKEN) is %s: WORKER_SOURCE=http needs a token of at least 16 characters "
+              "(e.g. openssl rand -hex 32)", conf->worker_sink_token && conf->worker_sink_token[0] ? "too short" : "empty");
+  return false;
+}
+
 bool obx_conf_validate(const obx_conf_t *conf, obx_err_t *err) {
   for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++) {
     char *raw = obx_conf_get_string(conf, checks[i].key, true);
@@ -229,5 +239,5 @@ bool obx_conf_validate(const obx_conf_t *conf, obx_err_t *err) {
     free(shown);
     if (!ok) return false;
   }
-  return check_kafka_passthrough(conf, err);
+  return check_sink_token(conf, err) && check_kafka_passthrough(conf, err);
 }

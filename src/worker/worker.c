@@ -59,6 +59,7 @@ typedef struct {
 
 struct obx_worker {
   const obx_conf_t *conf;
+  worker_sink_t *sink;      /* http mode: the CloudEvents sink (sink.c) */
   const char *consumer;     /* inbox consumer name = WORKER_GROUP */
   const char *db;
   int max_attempts;
@@ -1299,8 +1300,11 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
     goto fail;
   }
   w->wq_running = true;
-  if (http_mode) worker_http_register(w, http, w->mongo);
-  else if (!kafka_start(w, err)) goto fail;
+  if (http_mode) {
+    if (!(w->sink = worker_sink_start(w, conf, w->mongo, err))) goto fail;
+  } else if (!kafka_start(w, err)) {
+    goto fail;
+  }
   obx_info("worker started: %s source, %d lanes, %d attempts, %d retry tiers, consumer %s",
            http_mode ? "http" : "kafka", w->nlanes, w->max_attempts, conf->retry_ladder.n, w->consumer);
   return w;
@@ -1311,6 +1315,7 @@ fail:
 
 void obx_worker_destroy(obx_worker_t *w) {
   if (!w) return;
+  worker_sink_stop(w->sink); /* intake first: its running requests finish on the lanes */
   atomic_store(&w->stop, true);
   obx_ops_drain_stop(w->drain);
   for (int i = 0; i < w->nlanes; i++) {
@@ -1392,3 +1397,5 @@ void *obx_worker_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err)
 }
 
 void obx_worker_stop(void *worker) { obx_worker_destroy(worker); }
+
+int obx_worker_sink_port(const obx_worker_t *w) { return worker_sink_port(w->sink); }

@@ -34,6 +34,14 @@ typedef struct {
 
 typedef struct worker_http_wait worker_http_wait_t;
 
+/* The CloudEvents sink (sink.c): its own listener on worker.sink_port, token-authenticated.
+ * Started by the worker in http mode; stopped first when the worker stops (waits for its
+ * running requests). */
+typedef struct worker_sink worker_sink_t;
+worker_sink_t *worker_sink_start(obx_worker_t *w, const obx_conf_t *conf, obx_mongo_t *mongo, obx_err_t *err);
+int worker_sink_port(const worker_sink_t *sink);
+void worker_sink_stop(worker_sink_t *sink);
+
 /* Offsets handed to lanes, per partition, in order (offsets.c). */
 typedef struct {
   int32_t partition;
@@ -70,7 +78,5 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
  * The lane calls worker_http_complete(wait, outcome) when done. False when stopping. */
 bool worker_enqueue_http(obx_worker_t *w, obx_ladder_msg_t *msg, worker_http_wait_t *wait);
 void worker_http_complete(worker_http_wait_t *wait, worker_outcome_t outcome);
-/* Adds the CloudEvents sink route and its readiness check (MongoDB ping) to the HTTP server. */
-void worker_http_register(obx_worker_t *w, obx_http_t *http, obx_mongo_t *mongo);
 
 #endif
