@@ -124,7 +124,8 @@ broker_pid() {
   for f in /proc/[0-9]*/cmdline; do
     pid=${f#/proc/}
     pid=${pid%/cmdline}
-    if { tr '\0' '\n' <"$f"; } 2>/dev/null | grep -qxF -- "-Dobx.kafka.dir=$DIR"; then
+    # No pipe: under pipefail an early grep -q exit would fail the writer and hide a match.
+    if grep -qzxF -- "-Dobx.kafka.dir=$DIR" "$f" 2>/dev/null; then
       echo "$pid"
       return 0
     fi

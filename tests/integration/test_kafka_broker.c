@@ -17,7 +17,10 @@
  *   test_relay_broker_outage       the relay's idempotent producer across SIGSTOP/SIGCONT and
  *                                  SIGKILL + restart of the broker: every event once, none lost
  *   test_worker_broker_outage      the worker across SIGSTOP/SIGCONT and SIGKILL + restart of
- *                                  the broker: every event DONE once */
+ *                                  the broker: every event DONE once
+ *   test_kafka_sh_lifecycle        scripts/kafka.sh status/stop/start of one broker find its JVM
+ *                                  every time, stop is idempotent and leaves another broker
+ *                                  running, a restart keeps port and records */
 #include <librdkafka/rdkafka.h>
 #include <signal.h>
 #include <stdio.h>
@@ -602,6 +605,47 @@ static void test_worker_broker_outage(void **state) {
   assert_int_equal(obx_test_outboxd_stop(worker), 0);
 }
 
+/* Some process listens on 127.0.0.1:port. */
+static bool port_listens(const char *bootstrap) {
+  const char *colon = strrchr(bootstrap, ':');
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "ss -Hltn 'sport = :%d' | grep -q .", colon ? atoi(colon + 1) : 0);
+  return system(cmd) == 0;
+}
+
+static void test_kafka_sh_lifecycle(void **state) {
+  (void)state;
+  fx_t *fx = &g_fx;
+  fx_setup(fx, true, "lifecycle", 1);
+  obx_test_broker_t other;
+  if (!obx_test_broker_start(&other)) fail_msg("a second private broker did not start");
+  pid_t pid = obx_test_broker_pid(&fx->broker), other_pid = obx_test_broker_pid(&other);
+  /* The JVM is found on every look, not on most (its command line is long). */
+  for (int i = 0; i < 10; i++)
+    if (obx_test_broker_script(&fx->broker, "status") != 0) {
+      obx_test_broker_stop(&other);
+      fail_msg("kafka.sh status, look %d: not running, yet pid %d runs", i, (int)pid);
+    }
+  java_produce(fx, "LC", 3, 3);
+  char bootstrap[sizeof fx->broker.bootstrap];
+  memcpy(bootstrap, fx->broker.bootstrap, sizeof bootstrap);
+  int stop_rc = obx_test_broker_script(&fx->broker, "stop");
+  bool gone = obx_test_pid_gone(&pid), listens = port_listens(bootstrap);
+  int status_rc = obx_test_broker_script(&fx->broker, "status");
+  int again_rc = obx_test_broker_script(&fx->broker, "stop");
+  bool other_runs = !obx_test_pid_gone(&other_pid) && obx_test_broker_script(&other, "status") == 0;
+  obx_test_broker_stop(&other);
+  if (stop_rc != 0 || !gone || listens) fail_msg("kafka.sh stop: exit %d, JVM gone %d, port open %d", stop_rc, gone, listens);
+  if (status_rc != 3) fail_msg("kafka.sh status after stop: exit %d, want 3", status_rc);
+  if (again_rc != 0) fail_msg("kafka.sh stop a second time: exit %d, want 0", again_rc);
+  if (!other_runs) fail_msg("stopping one broker stopped the other");
+  assert_true(obx_test_broker_restart(&fx->broker));
+  assert_string_equal(fx->broker.bootstrap, bootstrap);
+  static record_t recs[8];
+  int got = java_consume(fx, 3, recs, 8);
+  if (got != 3) fail_msg("after a stop and start the topic holds %d records, want 3", got);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_teardown(test_relay_java_consumer, fx_teardown),
@@ -610,6 +654,7 @@ int main(void) {
     cmocka_unit_test_teardown(test_group_rebalance, fx_teardown),
     cmocka_unit_test_teardown(test_relay_broker_outage, fx_teardown),
     cmocka_unit_test_teardown(test_worker_broker_outage, fx_teardown),
+    cmocka_unit_test_teardown(test_kafka_sh_lifecycle, fx_teardown),
   };
   if (getenv("OBX_TEST_FILTER")) cmocka_set_test_filter(getenv("OBX_TEST_FILTER")); /* e.g. "test_relay_*" */
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -107,8 +107,7 @@ bool obx_test_broker_shared(obx_test_broker_t *b) {
   return load_env(b);
 }
 
-/* scripts/kafka.sh VERB with OBX_KAFKA_DIR=b->dir; its output goes to the test's stderr. */
-static bool kafka_sh(const obx_test_broker_t *b, const char *verb) {
+int obx_test_broker_script(const obx_test_broker_t *b, const char *verb) {
   char cmd[1024];
   /* A private broker ends with this test process, even one that crashes. */
   snprintf(cmd, sizeof cmd, "env OBX_KAFKA_EXIT_WITH=%d OBX_KAFKA_HEAP=256m", (int)getpid());
@@ -119,7 +118,12 @@ static bool kafka_sh(const obx_test_broker_t *b, const char *verb) {
   shell_append(cmd, sizeof cmd, script);
   shell_append(cmd, sizeof cmd, verb);
   strncat(cmd, " 1>&2", sizeof cmd - strlen(cmd) - 1);
-  int rc = run_capture(cmd, NULL, 0);
+  return run_capture(cmd, NULL, 0);
+}
+
+/* scripts/kafka.sh VERB, which must succeed. */
+static bool kafka_sh(const obx_test_broker_t *b, const char *verb) {
+  int rc = obx_test_broker_script(b, verb);
   if (rc != 0) fprintf(stderr, "kafka broker: scripts/kafka.sh %s (dir %s) exited %d\n", verb, b->dir, rc);
   return rc == 0;
 }
@@ -138,7 +142,7 @@ bool obx_test_broker_start(obx_test_broker_t *b) {
 
 bool obx_test_broker_restart(obx_test_broker_t *b) { return kafka_sh(b, "start") && load_env(b); }
 
-static pid_t broker_pid(const obx_test_broker_t *b) {
+pid_t obx_test_broker_pid(const obx_test_broker_t *b) {
   char path[512], line[32];
   snprintf(path, sizeof path, "%s/broker.pid", b->dir);
   FILE *f = fopen(path, "r");
@@ -149,7 +153,7 @@ static pid_t broker_pid(const obx_test_broker_t *b) {
 }
 
 bool obx_test_broker_signal(obx_test_broker_t *b, int sig) {
-  pid_t pid = broker_pid(b);
+  pid_t pid = obx_test_broker_pid(b);
   if (pid <= 0 || kill(pid, sig) != 0) {
     fprintf(stderr, "kafka broker: signal %d to pid %d (dir %s): %s\n", sig, (int)pid, b->dir,
             pid <= 0 ? "no broker.pid" : strerror(errno));
@@ -164,7 +168,9 @@ bool obx_test_broker_signal(obx_test_broker_t *b, int sig) {
 
 void obx_test_broker_stop(obx_test_broker_t *b) {
   if (!b->own || !b->dir[0]) return;
+  pid_t pid = obx_test_broker_pid(b);
   kafka_sh(b, "stop");
+  if (pid > 0 && !obx_test_pid_gone(&pid)) fprintf(stderr, "kafka broker: pid %d still runs after stop\n", (int)pid);
   b->own = false;
 }
 

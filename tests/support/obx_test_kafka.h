@@ -19,6 +19,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include <sys/types.h>
+
 #include <librdkafka/rdkafka.h>
 
 #include "obx_test.h"
@@ -92,6 +94,13 @@ bool obx_test_broker_restart(obx_test_broker_t *b);
 /* Sends sig (SIGSTOP, SIGCONT, SIGKILL) to the broker's JVM; false when it does not run.
  * After SIGKILL it returns once the process is gone. */
 bool obx_test_broker_signal(obx_test_broker_t *b, int sig);
+
+/* Runs `scripts/kafka.sh VERB` (start, stop, status) for b->dir, its output on stderr; returns
+ * its exit status (-1 when it did not run). */
+int obx_test_broker_script(const obx_test_broker_t *b, const char *verb);
+
+/* The broker's JVM as scripts/kafka.sh recorded it ($OBX_KAFKA_DIR/broker.pid); -1 when none. */
+pid_t obx_test_broker_pid(const obx_test_broker_t *b);
 
 /* Stops a broker started by obx_test_broker_start (scripts/kafka.sh stop); the shared one is
  * left alone. Safe on a zeroed b. */
