@@ -547,7 +547,11 @@ static void test_relay_broker_outage(void **state) {
   static char ids[MAX_EVENTS][OBX_UUID_LEN + 1];
   obx_test_outboxd_t *relay = &fx->d[0];
   insert_events(fx, 0, 20, 6, ids); /* published by the start-up scan */
-  start_outboxd(fx, relay, "relay", NULL);
+  /* Produce requests sent to the frozen broker (3 s) time out after 1 s and are sent again:
+   * once thawed the broker may read a batch twice, and its idempotent-producer state must keep
+   * one copy (the check below: every event exactly once). */
+  const char *const settings[] = {"kafka.request.timeout.ms=1000", NULL};
+  start_outboxd(fx, relay, "relay", settings);
   wait_published(fx, 20);
 
   assert_true(obx_test_broker_signal(&fx->broker, SIGSTOP));
