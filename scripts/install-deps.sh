@@ -10,7 +10,7 @@ PACKAGES=(
   build-essential cmake pkg-config git ca-certificates procps psmisc iproute2
   libmongoc-dev libbson-dev librdkafka-dev librabbitmq-dev libcurl4-openssl-dev
   libmicrohttpd-dev libcmocka-dev libssl-dev
-  rabbitmq-server kcat wrk curl openssl jq python3
+  rabbitmq-server kcat wrk curl openssl jq python3 python3-venv
   openjdk-17-jdk-headless maven
 )
 

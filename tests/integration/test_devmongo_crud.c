@@ -538,6 +538,69 @@ static void test_ttl_with_delete_event(void **state) {
   mongoc_collection_destroy(g_ttl);
 }
 
+
+/* Runs a command (JSON) on db crud; returns the error code (0: ok). */
+static uint32_t command_code(const char *json) {
+  bson_error_t error;
+  bson_t *cmd = obx_test_bson(json), reply;
+  bool ok = mongoc_client_command_simple(g_client, "crud", cmd, NULL, &reply, &error);
+  bson_destroy(&reply);
+  bson_destroy(cmd);
+  return ok ? 0 : error.code;
+}
+
+/* Collation other than "simple" fails (mongod's code for a locale it cannot build) wherever
+ * it is given, instead of being ignored. */
+static void test_collation_refused(void **state) {
+  mongoc_collection_t *c = coll("collation");
+  insert(c, "{\"k\": \"a\"}");
+  const char *refused[] = {
+    "{\"find\": \"collation\", \"filter\": {}, \"collation\": {\"locale\": \"fr\"}}",
+    "{\"aggregate\": \"collation\", \"pipeline\": [], \"cursor\": {}, \"collation\": {\"locale\": \"en\", \"strength\": 2}}",
+    "{\"update\": \"collation\", \"updates\": [{\"q\": {}, \"u\": {\"$set\": {\"x\": 1}}, \"collation\": {\"locale\": \"de\"}}]}",
+    "{\"delete\": \"collation\", \"deletes\": [{\"q\": {}, \"limit\": 0, \"collation\": {\"locale\": \"de\"}}]}",
+    "{\"createIndexes\": \"collation\", \"indexes\": [{\"key\": {\"k\": 1}, \"name\": \"k_1\", \"collation\": {\"locale\": \"fr\"}}]}",
+    "{\"count\": \"collation\", \"query\": {}, \"collation\": {\"locale\": \"fr\"}}",
+  };
+  for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+    uint32_t code = command_code(refused[i]);
+    if (code != 2) fail_msg("%s: got code %u, want 2", refused[i], code);
+  }
+  assert_int_equal(command_code("{\"find\": \"collation\", \"filter\": {}, \"collation\": {\"locale\": \"simple\"}}"), 0);
+  expect_find(c, "{}", NULL, "a"); /* nothing was written by the refused update/delete */
+  mongoc_collection_destroy(c);
+}
+
+/* $out replaces the target's documents (keeping its indexes); $merge matches on _id or on a
+ * unique index's fields with whenMatched / whenNotMatched. */
+static void test_out_and_merge(void **state) {
+  mongoc_collection_t *src = coll("agg_src"), *out = coll("agg_out"), *into = coll("agg_into");
+  for (int i = 1; i <= 4; i++) {
+    char json[64];
+    snprintf(json, sizeof json, "{\"_id\": %d, \"k\": %d, \"g\": %d}", i, i * 10, i % 2);
+    insert(src, json);
+  }
+  insert(out, "{\"_id\": 99, \"k\": 990}");
+  assert_int_equal(command_code("{\"aggregate\": \"agg_src\", \"pipeline\": [{\"$match\": {\"g\": 1}}, {\"$out\": \"agg_out\"}], \"cursor\": {}}"), 0);
+  expect_find(out, "{}", "{\"sort\": {\"_id\": 1}}", "10,30");
+  insert(into, "{\"_id\": 1, \"k\": 0, \"keep\": true}");
+  insert(into, "{\"_id\": 7, \"k\": 70}");
+  assert_int_equal(command_code("{\"aggregate\": \"agg_src\", \"pipeline\": [{\"$merge\": {\"into\": \"agg_into\"}}], \"cursor\": {}}"), 0);
+  expect_find(into, "{}", "{\"sort\": {\"_id\": 1}}", "10,20,30,40,70");
+  char got[256];
+  find_field(into, "{\"_id\": 1}", NULL, "keep", got, sizeof got);
+  assert_string_equal(got, "1"); /* merge kept the target's other fields */
+  assert_int_equal(command_code("{\"aggregate\": \"agg_src\", \"pipeline\": [{\"$set\": {\"k\": 5}}, {\"$merge\": "
+                                "{\"into\": \"agg_into\", \"whenMatched\": \"replace\", \"whenNotMatched\": \"discard\"}}], \"cursor\": {}}"), 0);
+  find_field(into, "{\"_id\": 1}", NULL, "keep", got, sizeof got);
+  assert_string_equal(got, "-");
+  assert_int_equal(command_code("{\"aggregate\": \"agg_src\", \"pipeline\": [{\"$merge\": {\"into\": \"agg_into\", \"whenMatched\": \"fail\"}}], \"cursor\": {}}"), 11000);
+  assert_int_equal(command_code("{\"aggregate\": \"agg_src\", \"pipeline\": [{\"$merge\": {\"into\": \"agg_into\", \"on\": \"k\"}}], \"cursor\": {}}"), 51183);
+  mongoc_collection_destroy(src);
+  mongoc_collection_destroy(out);
+  mongoc_collection_destroy(into);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_find_filters_sort_projection),
@@ -550,6 +613,8 @@ int main(void) {
     cmocka_unit_test(test_collections_and_indexes),
     cmocka_unit_test(test_unique_compound_partial),
     cmocka_unit_test(test_ttl_with_delete_event),
+    cmocka_unit_test(test_collation_refused),
+    cmocka_unit_test(test_out_and_merge),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

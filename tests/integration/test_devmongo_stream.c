@@ -284,6 +284,46 @@ static void test_stage_errors(void **state) {
   mongoc_collection_destroy(c);
 }
 
+
+/* renameCollection moves the documents; a stream on the old name sees rename (with `to`),
+ * then invalidate; an existing target needs dropTarget. */
+static void test_rename_and_invalidate(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "cs", "before_rename");
+  mongoc_collection_t *t = mongoc_client_get_collection(g_client, "cs", "after_rename");
+  mongoc_change_stream_t *cs = watch(c, NULL, "{\"maxAwaitTimeMS\": 200}");
+  insert(c, "{\"_id\": 1}");
+  insert(t, "{\"_id\": 50}");
+  bson_error_t error;
+  bson_t *cmd = obx_test_bson("{\"renameCollection\": \"cs.before_rename\", \"to\": \"cs.after_rename\"}");
+  assert_false(mongoc_client_command_simple(g_client, "admin", cmd, NULL, NULL, &error));
+  assert_int_equal(error.code, 48);
+  bson_destroy(cmd);
+  cmd = obx_test_bson("{\"renameCollection\": \"cs.before_rename\", \"to\": \"cs.after_rename\", \"dropTarget\": true}");
+  run_ok(c, "renameCollection", mongoc_client_command_simple(g_client, "admin", cmd, NULL, NULL, &error), &error);
+  bson_destroy(cmd);
+  assert_int_equal(mongoc_collection_count_documents(t, &(bson_t)BSON_INITIALIZER, NULL, NULL, NULL, &error), 1);
+  bson_t *ev = next_event(cs, 10000);
+  expect_op(ev, "insert", 1);
+  bson_destroy(ev);
+  ev = next_event(cs, 10000);
+  assert_non_null(ev);
+  assert_string_equal(str_at(ev, "operationType"), "rename");
+  assert_string_equal(str_at(ev, "ns.coll"), "before_rename");
+  assert_string_equal(str_at(ev, "to.coll"), "after_rename");
+  bson_destroy(ev);
+  ev = next_event(cs, 10000);
+  assert_non_null(ev);
+  assert_string_equal(str_at(ev, "operationType"), "invalidate");
+  bson_destroy(ev);
+  cmd = obx_test_bson("{\"renameCollection\": \"cs.nosuch\", \"to\": \"cs.other\"}");
+  assert_false(mongoc_client_command_simple(g_client, "admin", cmd, NULL, NULL, &error));
+  assert_int_equal(error.code, 26);
+  bson_destroy(cmd);
+  mongoc_change_stream_destroy(cs);
+  mongoc_collection_destroy(c);
+  mongoc_collection_destroy(t);
+}
+
 static void test_update_lookup_and_match(void **state) {
   mongoc_collection_t *c = mongoc_client_get_collection(g_client, "cs", "lookup");
   bson_error_t error;
@@ -607,6 +647,7 @@ int main(void) {
     cmocka_unit_test(test_images),
     cmocka_unit_test(test_truncated_arrays),
     cmocka_unit_test(test_stage_errors),
+    cmocka_unit_test(test_rename_and_invalidate),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

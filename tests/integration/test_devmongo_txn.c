@@ -3,10 +3,12 @@
  * DESIGN: one devmongod per group; each test uses its own collection. Transactions are driven
  * through mongoc_client_session_* exactly as the product drives them; fail points inject the
  * errors that make the driver retry. */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "obx_test.h"
+#include "obx_test_doc.h"
 #include "obx_test_fixture.h"
 
 static obx_test_mongo_t g_m;
@@ -140,6 +142,18 @@ static void test_abort_all_or_nothing(void **state) {
   mongoc_collection_destroy(c);
 }
 
+/* A plain (non-transactional) update of _id 1 with maxTimeMS: false with the error. */
+static bool update_with_max_time(mongoc_collection_t *c, int ms, bson_error_t *error) {
+  bson_t *cmd = BCON_NEW("update", BCON_UTF8(mongoc_collection_get_name(c)), "updates", "[", "{", "q", "{", "_id",
+                         BCON_INT32(1), "}", "u", "{", "$set", "{", "by", "outside", "}", "}", "}", "]", "maxTimeMS",
+                         BCON_INT32(ms));
+  bson_t reply;
+  bool ok = mongoc_collection_write_command_with_opts(c, cmd, NULL, &reply, error);
+  bson_destroy(&reply);
+  bson_destroy(cmd);
+  return ok;
+}
+
 static void test_write_conflict(void **state) {
   mongoc_collection_t *c = mongoc_client_get_collection(g_client, "txn", "conflict");
   bson_error_t error;
@@ -158,10 +172,11 @@ static void test_write_conflict(void **state) {
   assert_int_equal(error.code, 112);
   assert_true(mongoc_error_has_label(&reply, "TransientTransactionError"));
   bson_destroy(&reply);
-  /* a non-transactional writer loses too while the transaction holds the document */
-  assert_false(mongoc_collection_update_one(c, q, u, NULL, &reply, &error));
-  assert_int_equal(error.code, 112);
-  bson_destroy(&reply);
+  /* a non-transactional writer waits for the transaction (here up to its maxTimeMS: 50) */
+  int64_t t0 = obx_test_now_ms();
+  assert_false(update_with_max_time(c, 200, &error));
+  assert_int_equal(error.code, 50);
+  assert_true(obx_test_now_ms() - t0 >= 150);
   assert_false(mongoc_client_session_commit_transaction(s2, &reply, &error));
   assert_int_equal(error.code, 251);
   bson_destroy(&reply);
@@ -324,6 +339,128 @@ static void test_retry_after_lost_reply(void **state) {
 }
 
 typedef struct {
+  const obx_test_mongo_t *m;
+  const char *coll;
+  bool ok;
+  bson_error_t error;
+  int64_t done_ms;
+} waiter_t;
+
+/* A second client's plain $inc of _id 1 (it blocks while a transaction holds the document). */
+static void *waiting_update(void *p) {
+  waiter_t *w = p;
+  mongoc_client_t *client = obx_test_mongo_client(w->m, NULL, "waiter");
+  mongoc_collection_t *c = mongoc_client_get_collection(client, "txn", w->coll);
+  bson_t *q = BCON_NEW("_id", BCON_INT32(1)), *u = BCON_NEW("$inc", "{", "n", BCON_INT32(1), "}");
+  w->ok = mongoc_collection_update_one(c, q, u, NULL, NULL, &w->error);
+  w->done_ms = obx_test_now_ms();
+  bson_destroy(q);
+  bson_destroy(u);
+  mongoc_collection_destroy(c);
+  mongoc_client_destroy(client);
+  return NULL;
+}
+
+/* mongod makes a write outside a transaction wait for a transaction that wrote the document
+ * (its write conflict is retried inside the server): it applies after the commit, on top. */
+static void test_outside_writer_waits(void **state) {
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "txn", "waits");
+  bson_error_t error;
+  bson_t *seed = BCON_NEW("_id", BCON_INT32(1), "n", BCON_INT32(0));
+  assert_true(mongoc_collection_insert_one(c, seed, NULL, NULL, &error));
+  mongoc_client_session_t *cs = mongoc_client_start_session(g_client, NULL, &error);
+  bson_t *opts = session_opts(cs);
+  assert_true(mongoc_client_session_start_transaction(cs, NULL, &error));
+  bson_t *q = BCON_NEW("_id", BCON_INT32(1)), *u = BCON_NEW("$inc", "{", "n", BCON_INT32(10), "}");
+  assert_true(mongoc_collection_update_one(c, q, u, opts, NULL, &error));
+  waiter_t w = {&g_m, "waits", false, {0}, 0};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, waiting_update, &w), 0);
+  /* the waiter cannot finish while the document is locked: give it a bounded chance to */
+  int64_t until = obx_test_now_ms() + 500;
+  while (obx_test_now_ms() < until && !w.done_ms) {
+    bson_t *ping = BCON_NEW("ping", BCON_INT32(1));
+    mongoc_client_command_simple(g_client, "admin", ping, NULL, NULL, NULL);
+    bson_destroy(ping);
+  }
+  assert_int_equal(w.done_ms, 0);
+  int64_t commit_ms = obx_test_now_ms();
+  assert_true(mongoc_client_session_commit_transaction(cs, NULL, &error));
+  pthread_join(th, NULL);
+  if (!w.ok) fail_msg("the waiting update failed: %s (code %u)", w.error.message, w.error.code);
+  assert_true(w.done_ms >= commit_ms);
+  assert_int_equal(field_n(c, q), 11);
+  bson_destroy(q);
+  bson_destroy(u);
+  bson_destroy(seed);
+  bson_destroy(opts);
+  mongoc_client_session_destroy(cs);
+  mongoc_collection_destroy(c);
+}
+
+static bool command_in_txn(mongoc_client_session_t *cs, const char *json, bson_error_t *error) {
+  bson_t *cmd = obx_test_bson(json), reply;
+  bson_t *opts = session_opts(cs);
+  bool ok = mongoc_client_write_command_with_opts(g_client, "txn", cmd, opts, &reply, error);
+  bson_destroy(&reply);
+  bson_destroy(opts);
+  bson_destroy(cmd);
+  return ok;
+}
+
+/* mongod >= 4.4: create and createIndexes of a collection that does not exist yet run inside
+ * a transaction, are seen by it, and vanish with an abort; an index on an existing collection
+ * and other catalog commands fail with 263. */
+static void test_catalog_in_transaction(void **state) {
+  bson_error_t error;
+  mongoc_client_session_t *cs = mongoc_client_start_session(g_client, NULL, &error);
+  assert_true(mongoc_client_session_start_transaction(cs, NULL, &error));
+  if (!command_in_txn(cs, "{\"create\": \"newcoll\"}", &error)) fail_msg("create in a transaction: %s", error.message);
+  if (!command_in_txn(cs, "{\"createIndexes\": \"newcoll\", \"indexes\": [{\"key\": {\"k\": 1}, \"name\": \"k_1\", \"unique\": true}]}", &error))
+    fail_msg("createIndexes on the new collection: %s", error.message);
+  if (!command_in_txn(cs, "{\"createIndexes\": \"newcoll2\", \"indexes\": [{\"key\": {\"k\": 1}, \"name\": \"k_1\"}]}", &error))
+    fail_msg("createIndexes creating a collection: %s", error.message);
+  mongoc_collection_t *c = mongoc_client_get_collection(g_client, "txn", "newcoll");
+  bson_t *opts = session_opts(cs);
+  bson_t *a = BCON_NEW("k", BCON_INT32(1));
+  assert_true(mongoc_collection_insert_one(c, a, opts, NULL, &error));
+  assert_int_equal(count(c, opts), 1); /* the transaction sees its collection */
+  assert_false(mongoc_collection_insert_one(c, a, opts, NULL, &error)); /* and its unique index */
+  assert_int_equal(error.code, 11000);
+  mongoc_client_session_abort_transaction(cs, NULL);
+  /* the abort took the collections with it */
+  mongoc_database_t *db = mongoc_client_get_database(g_client, "txn");
+  assert_false(mongoc_database_has_collection(db, "newcoll", &error));
+  assert_false(mongoc_database_has_collection(db, "newcoll2", &error));
+  /* committed: the collection and its index stay */
+  assert_true(mongoc_client_session_start_transaction(cs, NULL, &error));
+  assert_true(command_in_txn(cs, "{\"createIndexes\": \"newcoll\", \"indexes\": [{\"key\": {\"k\": 1}, \"name\": \"k_1\", \"unique\": true}]}", &error));
+  assert_true(mongoc_collection_insert_one(c, a, opts, NULL, &error));
+  assert_true(mongoc_client_session_commit_transaction(cs, NULL, &error));
+  assert_true(mongoc_database_has_collection(db, "newcoll", &error));
+  assert_false(mongoc_collection_insert_one(c, a, NULL, NULL, &error));
+  assert_int_equal(error.code, 11000);
+  /* on an existing collection: 263, and the transaction is aborted */
+  const char *refused[] = {"{\"createIndexes\": \"newcoll\", \"indexes\": [{\"key\": {\"z\": 1}, \"name\": \"z_1\"}]}",
+                           "{\"drop\": \"newcoll\"}", "{\"dropIndexes\": \"newcoll\", \"index\": \"k_1\"}",
+                           "{\"collMod\": \"newcoll\"}"};
+  for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+    assert_true(mongoc_client_session_start_transaction(cs, NULL, &error));
+    assert_true(mongoc_collection_insert_one(c, BCON_NEW("k", BCON_INT32(100 + (int)i)), opts, NULL, &error));
+    if (command_in_txn(cs, refused[i], &error) || error.code != 263)
+      fail_msg("%s in a transaction: got code %u (%s), want 263", refused[i], error.code, error.message);
+    assert_false(mongoc_client_session_commit_transaction(cs, NULL, &error));
+    assert_int_equal(error.code, 251);
+  }
+  assert_true(mongoc_database_has_collection(db, "newcoll", &error));
+  bson_destroy(a);
+  bson_destroy(opts);
+  mongoc_database_destroy(db);
+  mongoc_collection_destroy(c);
+  mongoc_client_session_destroy(cs);
+}
+
+typedef struct {
   mongoc_collection_t *c;
   int calls;
 } cb_ctx_t;
@@ -419,8 +556,10 @@ static void test_abandoned_transaction_expires(void **state) {
   assert_true(mongoc_client_session_start_transaction(cs, NULL, &error));
   bson_t *q = BCON_NEW("_id", BCON_INT32(1)), *u = BCON_NEW("$set", "{", "by", "txn", "}");
   assert_true(mongoc_collection_update_one(g_expiry_coll, q, u, opts, NULL, &error));
-  /* the transaction is abandoned: its lock goes when the lifetime limit aborts it */
-  assert_false(outside_update_works(NULL));
+  /* the transaction is abandoned: an outside writer waits (with maxTimeMS: 50), and one that
+   * waits without a limit goes through once the lifetime limit aborts the transaction */
+  assert_false(update_with_max_time(g_expiry_coll, 50, &error));
+  assert_int_equal(error.code, 50);
   assert_true(obx_test_wait_for(outside_update_works, NULL, 20000, 50));
   assert_false(mongoc_client_session_commit_transaction(cs, &reply, &error));
   assert_int_equal(error.code, 251);
@@ -443,6 +582,8 @@ int main(void) {
     cmocka_unit_test(test_write_conflict),
     cmocka_unit_test(test_retryable_write_once),
     cmocka_unit_test(test_retry_after_lost_reply),
+    cmocka_unit_test(test_outside_writer_waits),
+    cmocka_unit_test(test_catalog_in_transaction),
     cmocka_unit_test(test_with_transaction_retries),
     cmocka_unit_test(test_no_such_transaction),
     cmocka_unit_test(test_abandoned_transaction_expires),

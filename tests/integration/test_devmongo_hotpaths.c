@@ -1,0 +1,172 @@
+/* test_devmongo_hotpaths.c - every query the product runs on a hot path is answered by an index
+ *
+ * DESIGN: the integration suites run their devmongods with --plan-log (tests/CMakeLists.txt sets
+ * DEVMONGOD_PLAN_LOG_DIR to plan-log/<test> in the build dir for each of them), so every query
+ * plan of the product, as the product ran it, is a JSON line. This test runs after them (ctest
+ * fixture cleanup) and reads the lines of the product's own client (appName "outboxd": outboxd
+ * and outboxctl) on the hot-path collections: outbox (claims, lists), inbox (claims, lists,
+ * blocked-event lookups), parked_keys, dead_letters, pipeline_executions and audit_log. Each
+ * must be answered through an index (IXSCAN or IDHACK) with no in-memory SORT; a read of the
+ * whole collection (empty filter, no sort) is exempt. The failure lists each offending query
+ * shape once, with the test that ran it. When the suites that drive these paths ran in the same
+ * run (test_relay, test_worker, test_ops_api), every hot-path collection must have been queried
+ * at least once, so a path that stops being exercised fails too. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <bson/bson.h>
+
+#include "obx_test.h"
+
+static const char *const k_hot[] = {"outbox", "inbox", "parked_keys", "dead_letters", "pipeline_executions",
+                                    "audit_log"};
+#define NHOT (sizeof k_hot / sizeof *k_hot)
+static const char *const k_drivers[] = {"test_relay", "test_worker", "test_ops_api"};
+
+/* The shape of a filter: its fields and operators, values replaced by "?". */
+static void shape(const bson_t *doc, bson_t *out) {
+  bson_iter_t it;
+  bson_iter_init(&it, doc);
+  while (bson_iter_next(&it)) {
+    const char *key = bson_iter_key(&it);
+    if (BSON_ITER_HOLDS_DOCUMENT(&it) || BSON_ITER_HOLDS_ARRAY(&it)) {
+      bson_t sub, child;
+      uint32_t len;
+      const uint8_t *data;
+      if (BSON_ITER_HOLDS_DOCUMENT(&it)) bson_iter_document(&it, &len, &data);
+      else bson_iter_array(&it, &len, &data);
+      bson_init_static(&sub, data, len);
+      if (BSON_ITER_HOLDS_DOCUMENT(&it)) bson_append_document_begin(out, key, -1, &child);
+      else bson_append_array_begin(out, key, -1, &child);
+      shape(&sub, &child);
+      if (BSON_ITER_HOLDS_DOCUMENT(&it)) bson_append_document_end(out, &child);
+      else bson_append_array_end(out, &child);
+    } else {
+      BSON_APPEND_UTF8(out, key, "?");
+    }
+  }
+}
+
+static const char *str_of(const bson_t *doc, const char *key) {
+  bson_iter_t it;
+  return bson_iter_init_find(&it, doc, key) && BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : "";
+}
+
+static bool sub_doc(const bson_t *doc, const char *key, bson_t *out) {
+  bson_iter_t it;
+  uint32_t len;
+  const uint8_t *data;
+  if (!bson_iter_init_find(&it, doc, key) || !BSON_ITER_HOLDS_DOCUMENT(&it)) return false;
+  bson_iter_document(&it, &len, &data);
+  return bson_init_static(out, data, len);
+}
+
+typedef struct {
+  char *lines[256];     /* offending shapes, each once */
+  size_t nlines;
+  long queries[NHOT];
+  long checked;
+} result_t;
+
+static void check_entry(const char *test, const bson_t *e, result_t *r) {
+  if (strcmp(str_of(e, "appName"), "outboxd")) return;
+  const char *ns = str_of(e, "ns"), *dot = strchr(ns, '.');
+  if (!dot) return;
+  size_t hot = NHOT;
+  for (size_t i = 0; i < NHOT; i++)
+    if (!strcmp(dot + 1, k_hot[i])) hot = i;
+  if (hot == NHOT) return;
+  r->queries[hot]++;
+  bson_t filter = BSON_INITIALIZER, sort = BSON_INITIALIZER;
+  sub_doc(e, "filter", &filter);
+  sub_doc(e, "sort", &sort);
+  if (bson_empty(&filter) && bson_empty(&sort)) return; /* the whole collection */
+  r->checked++;
+  const char *plan = str_of(e, "planSummary");
+  bson_iter_t it;
+  bool sort_stage = bson_iter_init_find(&it, e, "hasSortStage") && bson_iter_as_bool(&it);
+  if ((!strncmp(plan, "IXSCAN", 6) || !strcmp(plan, "IDHACK")) && !sort_stage) return;
+  bson_t fs = BSON_INITIALIZER;
+  shape(&filter, &fs);
+  char *fj = bson_as_relaxed_extended_json(&fs, NULL), *sj = bson_as_relaxed_extended_json(&sort, NULL);
+  char line[2048];
+  snprintf(line, sizeof line, "%s %s filter %s sort %s: %s%s", str_of(e, "op"), dot + 1, fj, sj, plan,
+           sort_stage ? " + in-memory SORT" : "");
+  bson_free(fj);
+  bson_free(sj);
+  bson_destroy(&fs);
+  for (size_t i = 0; i < r->nlines; i++)
+    if (!strncmp(r->lines[i], line, strlen(line))) return;
+  if (r->nlines < 256) {
+    size_t n = strlen(line) + strlen(test) + 8;
+    r->lines[r->nlines] = malloc(n);
+    snprintf(r->lines[r->nlines++], n, "%s (in %s)", line, test);
+  }
+}
+
+static void read_log(const char *test, const char *path, result_t *r) {
+  FILE *f = fopen(path, "r");
+  if (!f) return;
+  char *line = NULL;
+  size_t cap = 0;
+  while (getline(&line, &cap, f) > 0) {
+    bson_error_t error;
+    bson_t *e = bson_new_from_json((const uint8_t *)line, -1, &error);
+    if (!e) fail_msg("%s: unreadable plan line: %s", path, error.message);
+    check_entry(test, e, r);
+    bson_destroy(e);
+  }
+  free(line);
+  fclose(f);
+}
+
+static void test_hot_paths_use_indexes(void **state) {
+  char root[1024];
+  snprintf(root, sizeof root, "%s/plan-log", OBX_BUILD_DIR);
+  DIR *d = opendir(root);
+  if (!d) fail_msg("%s is missing: run this test through ctest with the integration suites", root);
+  result_t r = {0};
+  bool ran[sizeof k_drivers / sizeof *k_drivers] = {false};
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    if (de->d_name[0] == '.') continue;
+    for (size_t i = 0; i < sizeof k_drivers / sizeof *k_drivers; i++)
+      if (!strcmp(de->d_name, k_drivers[i])) ran[i] = true;
+    char sub[1400];
+    snprintf(sub, sizeof sub, "%s/%s", root, de->d_name);
+    DIR *sd = opendir(sub);
+    struct dirent *fe;
+    while (sd && (fe = readdir(sd))) {
+      if (!strstr(fe->d_name, ".jsonl")) continue;
+      char path[1800];
+      snprintf(path, sizeof path, "%s/%s", sub, fe->d_name);
+      read_log(de->d_name, path, &r);
+    }
+    if (sd) closedir(sd);
+  }
+  closedir(d);
+  bool all_drivers = true;
+  for (size_t i = 0; i < sizeof k_drivers / sizeof *k_drivers; i++) all_drivers = all_drivers && ran[i];
+  print_message("product queries on hot-path collections (%ld with a filter or sort checked):\n", r.checked);
+  for (size_t i = 0; i < NHOT; i++) print_message("  %-20s %ld\n", k_hot[i], r.queries[i]);
+  for (size_t i = 0; i < r.nlines; i++) print_message("NOT INDEXED: %s\n", r.lines[i]);
+  size_t unexercised = 0;
+  for (size_t i = 0; all_drivers && i < NHOT; i++)
+    if (!r.queries[i]) {
+      print_message("NOT EXERCISED: no product query on %s\n", k_hot[i]);
+      unexercised++;
+    }
+  if (!all_drivers) print_message("(coverage not checked: test_relay, test_worker and test_ops_api did not all run)\n");
+  size_t bad = r.nlines;
+  for (size_t i = 0; i < r.nlines; i++) free(r.lines[i]);
+  if (bad || unexercised)
+    fail_msg("%zu hot-path query shape(s) without an index or with an in-memory sort, %zu hot-path "
+             "collection(s) never queried", bad, unexercised);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_hot_paths_use_indexes)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
