@@ -601,6 +601,100 @@ static void test_out_and_merge(void **state) {
   mongoc_collection_destroy(into);
 }
 
+
+/* arrayFilters: $[<id>] updates the elements its filter matches, $[] every element, through
+ * update_one and findAndModify; an unknown or unused identifier fails as in mongod. */
+static void test_array_filters(void **state) {
+  mongoc_collection_t *c = coll("arrayfilters");
+  insert(c, "{\"_id\": 1, \"k\": 1, \"items\": [{\"sku\": \"a\", \"q\": 1}, {\"sku\": \"b\", \"q\": 5}, {\"sku\": \"a\", \"q\": 7}], \"n\": [1, 2, 3]}");
+  bson_error_t error;
+  bson_t *q = obx_test_bson("{\"_id\": 1}");
+  bson_t *u = obx_test_bson("{\"$inc\": {\"items.$[it].q\": 10}, \"$set\": {\"n.$[]\": 0}}");
+  bson_t *opts = obx_test_bson("{\"arrayFilters\": [{\"it.sku\": \"a\"}]}");
+  if (!mongoc_collection_update_one(c, q, u, opts, NULL, &error)) fail_msg("update with arrayFilters: %s", error.message);
+  bson_t *want = obx_test_bson("{\"_id\": 1, \"k\": 1, \"items\": [{\"sku\": \"a\", \"q\": 11}, {\"sku\": \"b\", \"q\": 5}, "
+                               "{\"sku\": \"a\", \"q\": 17}], \"n\": [0, 0, 0]}");
+  mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, q, NULL, NULL);
+  const bson_t *got;
+  assert_true(mongoc_cursor_next(cur, &got));
+  if (!bson_equal(got, want)) fail_msg("after arrayFilters: got %s", bson_as_relaxed_extended_json(got, NULL));
+  mongoc_cursor_destroy(cur);
+  /* findAndModify with a filter on the element itself */
+  assert_int_equal(command_code("{\"findAndModify\": \"arrayfilters\", \"query\": {\"_id\": 1}, \"update\": "
+                                "{\"$set\": {\"n.$[z]\": 9}}, \"arrayFilters\": [{\"z\": {\"$gte\": 0}}]}"), 0);
+  /* an identifier without a filter, and a filter nobody uses */
+  assert_int_equal(command_code("{\"findAndModify\": \"arrayfilters\", \"query\": {\"_id\": 1}, \"update\": "
+                                "{\"$set\": {\"items.$[x].q\": 0}}, \"arrayFilters\": [{\"y.q\": 1}]}"), 2);
+  assert_int_equal(command_code("{\"findAndModify\": \"arrayfilters\", \"query\": {\"_id\": 1}, \"update\": "
+                                "{\"$set\": {\"k\": 2}}, \"arrayFilters\": [{\"y.q\": 1}]}"), 9);
+  expect_find(c, "{\"n\": 9}", NULL, "1");
+  bson_destroy(want);
+  bson_destroy(opts);
+  bson_destroy(u);
+  bson_destroy(q);
+  mongoc_collection_destroy(c);
+}
+
+
+static int64_t find_count(mongoc_collection_t *c, const bson_t *opts, bson_error_t *error) {
+  bson_t filter = BSON_INITIALIZER;
+  mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, &filter, opts, NULL);
+  const bson_t *doc;
+  int64_t n = 0;
+  while (mongoc_cursor_next(cur, &doc)) n++;
+  if (mongoc_cursor_error(cur, error)) n = -1;
+  mongoc_cursor_destroy(cur);
+  return n;
+}
+
+/* A snapshot session (libmongoc keeps the atClusterTime of its first read) reads at that time;
+ * once a write lands after it, devmongod has no history to serve it: SnapshotTooOld, as mongod
+ * answers past its history window. */
+static void test_snapshot_session(void **state) {
+  mongoc_collection_t *c = coll("snapshot");
+  insert(c, "{\"_id\": 1}");
+  bson_error_t error;
+  mongoc_session_opt_t *so = mongoc_session_opts_new();
+  mongoc_session_opts_set_snapshot(so, true);
+  mongoc_client_session_t *cs = mongoc_client_start_session(g_client, so, &error);
+  assert_non_null(cs);
+  bson_t opts = BSON_INITIALIZER;
+  assert_true(mongoc_client_session_append(cs, &opts, &error));
+  if (find_count(c, &opts, &error) != 1) fail_msg("first snapshot read: %s", error.message);
+  if (find_count(c, &opts, &error) != 1) fail_msg("second snapshot read at the same time: %s", error.message);
+  insert(c, "{\"_id\": 2}");
+  assert_int_equal(find_count(c, &opts, &error), -1);
+  assert_int_equal(error.code, 239);
+  bson_destroy(&opts);
+  mongoc_client_session_destroy(cs);
+  mongoc_session_opts_destroy(so);
+  mongoc_collection_destroy(c);
+}
+
+
+/* `let` variables are visible as $$name in $expr (find, aggregate, update filters) and in
+ * pipeline expressions; an undefined one fails with 17276. */
+static void test_let_variables(void **state) {
+  mongoc_collection_t *c = coll("letvars");
+  insert(c, "{\"_id\": 1, \"k\": 1}");
+  insert(c, "{\"_id\": 2, \"k\": 5}");
+  expect_find(c, "{\"$expr\": {\"$gt\": [\"$k\", \"$$lim\"]}}", "{\"let\": {\"lim\": 2}}", "5");
+  char json[512];
+  snprintf(json, sizeof json, "%s", "{\"aggregate\": \"letvars\", \"pipeline\": [{\"$match\": {\"$expr\": {\"$lt\": [\"$k\", \"$$lim.max\"]}}}, "
+           "{\"$set\": {\"tag\": \"$$who\"}}, {\"$out\": \"letvars_out\"}], \"cursor\": {}, \"let\": {\"lim\": {\"max\": 3}, \"who\": \"ops\"}}");
+  assert_int_equal(command_code(json), 0);
+  mongoc_collection_t *out = coll("letvars_out");
+  char got[64];
+  find_field(out, "{}", NULL, "tag", got, sizeof got);
+  assert_string_equal(got, "ops");
+  assert_int_equal(command_code("{\"update\": \"letvars\", \"updates\": [{\"q\": {\"$expr\": {\"$eq\": [\"$k\", \"$$one\"]}}, "
+                                "\"u\": {\"$set\": {\"hit\": 1}}}], \"let\": {\"one\": 1}}"), 0);
+  expect_find(c, "{\"hit\": 1}", NULL, "1");
+  assert_int_equal(command_code("{\"find\": \"letvars\", \"filter\": {\"$expr\": {\"$eq\": [\"$k\", \"$$nope\"]}}}"), 17276);
+  mongoc_collection_destroy(out);
+  mongoc_collection_destroy(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_find_filters_sort_projection),
@@ -615,6 +709,9 @@ int main(void) {
     cmocka_unit_test(test_ttl_with_delete_event),
     cmocka_unit_test(test_collation_refused),
     cmocka_unit_test(test_out_and_merge),
+    cmocka_unit_test(test_array_filters),
+    cmocka_unit_test(test_snapshot_session),
+    cmocka_unit_test(test_let_variables),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

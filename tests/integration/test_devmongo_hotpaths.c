@@ -3,14 +3,16 @@
  * DESIGN: the integration suites run their devmongods with --plan-log (tests/CMakeLists.txt sets
  * DEVMONGOD_PLAN_LOG_DIR to plan-log/<test> in the build dir for each of them), so every query
  * plan of the product, as the product ran it, is a JSON line. This test runs after them (ctest
- * fixture cleanup) and reads the lines of the product's own client (appName "outboxd": outboxd
- * and outboxctl) on the hot-path collections: outbox (claims, lists), inbox (claims, lists,
+ * fixture cleanup) and reads the lines of the product's own programs (devmongod names the
+ * process at the other end of each connection: outboxd and outboxctl, not a test binary that
+ * uses the library) on the hot-path collections: outbox (claims, lists), inbox (claims, lists,
  * blocked-event lookups), parked_keys, dead_letters, pipeline_executions and audit_log. Each
  * must be answered through an index (IXSCAN or IDHACK) with no in-memory SORT; a read of the
  * whole collection (empty filter, no sort) is exempt. The failure lists each offending query
  * shape once, with the test that ran it. When the suites that drive these paths ran in the same
- * run (test_relay, test_worker, test_ops_api), every hot-path collection must have been queried
- * at least once, so a path that stops being exercised fails too. */
+ * run (test_relay, test_worker, test_ops_api), outbox, inbox, parked_keys and
+ * pipeline_executions must each have been queried, so a path that stops being exercised fails
+ * too; dead_letters and audit_log are checked whenever the product queries them. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +25,7 @@
 static const char *const k_hot[] = {"outbox", "inbox", "parked_keys", "dead_letters", "pipeline_executions",
                                     "audit_log"};
 #define NHOT (sizeof k_hot / sizeof *k_hot)
+static const bool k_required[] = {true, true, true, false, true, false}; /* queried on every run */
 static const char *const k_drivers[] = {"test_relay", "test_worker", "test_ops_api"};
 
 /* The shape of a filter: its fields and operators, values replaced by "?". */
@@ -54,13 +57,12 @@ static const char *str_of(const bson_t *doc, const char *key) {
   return bson_iter_init_find(&it, doc, key) && BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : "";
 }
 
-static bool sub_doc(const bson_t *doc, const char *key, bson_t *out) {
-  bson_iter_t it;
-  uint32_t len;
-  const uint8_t *data;
-  if (!bson_iter_init_find(&it, doc, key) || !BSON_ITER_HOLDS_DOCUMENT(&it)) return false;
-  bson_iter_document(&it, &len, &data);
-  return bson_init_static(out, data, len);
+/* The filter or sort of a plan line (a JSON string in it); false when it is not readable as
+ * JSON (e.g. it holds {$type: ...}, which reads as extended JSON): then only its text is shown. */
+static bool json_field(const bson_t *doc, const char *key, bson_t *out) {
+  bson_error_t error;
+  const char *json = str_of(doc, key);
+  return *json && bson_init_from_json(out, json, -1, &error);
 }
 
 typedef struct {
@@ -71,7 +73,8 @@ typedef struct {
 } result_t;
 
 static void check_entry(const char *test, const bson_t *e, result_t *r) {
-  if (strcmp(str_of(e, "appName"), "outboxd")) return;
+  const char *proc = str_of(e, "process");
+  if (strcmp(proc, "outboxd") && strcmp(proc, "outboxctl")) return; /* a test's own client */
   const char *ns = str_of(e, "ns"), *dot = strchr(ns, '.');
   if (!dot) return;
   size_t hot = NHOT;
@@ -79,20 +82,32 @@ static void check_entry(const char *test, const bson_t *e, result_t *r) {
     if (!strcmp(dot + 1, k_hot[i])) hot = i;
   if (hot == NHOT) return;
   r->queries[hot]++;
-  bson_t filter = BSON_INITIALIZER, sort = BSON_INITIALIZER;
-  sub_doc(e, "filter", &filter);
-  sub_doc(e, "sort", &sort);
-  if (bson_empty(&filter) && bson_empty(&sort)) return; /* the whole collection */
+  bson_t filter, sort;
+  bool readable = json_field(e, "filter", &filter);
+  if (!readable) bson_init(&filter);
+  if (!json_field(e, "sort", &sort)) bson_init(&sort);
+  if (readable && bson_empty(&filter) && bson_empty(&sort)) { /* the whole collection */
+    bson_destroy(&filter);
+    bson_destroy(&sort);
+    return;
+  }
   r->checked++;
   const char *plan = str_of(e, "planSummary");
   bson_iter_t it;
   bool sort_stage = bson_iter_init_find(&it, e, "hasSortStage") && bson_iter_as_bool(&it);
-  if ((!strncmp(plan, "IXSCAN", 6) || !strcmp(plan, "IDHACK")) && !sort_stage) return;
+  if ((!strncmp(plan, "IXSCAN", 6) || !strcmp(plan, "IDHACK")) && !sort_stage) {
+    bson_destroy(&filter);
+    bson_destroy(&sort);
+    return;
+  }
   bson_t fs = BSON_INITIALIZER;
   shape(&filter, &fs);
-  char *fj = bson_as_relaxed_extended_json(&fs, NULL), *sj = bson_as_relaxed_extended_json(&sort, NULL);
+  char *fj = readable ? bson_as_relaxed_extended_json(&fs, NULL) : bson_strdup(str_of(e, "filter"));
+  char *sj = bson_as_relaxed_extended_json(&sort, NULL);
+  bson_destroy(&filter);
+  bson_destroy(&sort);
   char line[2048];
-  snprintf(line, sizeof line, "%s %s filter %s sort %s: %s%s", str_of(e, "op"), dot + 1, fj, sj, plan,
+  snprintf(line, sizeof line, "%s %s filter %s sort %s: %s%s", str_of(e, "command"), dot + 1, fj, sj, plan,
            sort_stage ? " + in-memory SORT" : "");
   bson_free(fj);
   bson_free(sj);
@@ -154,7 +169,7 @@ static void test_hot_paths_use_indexes(void **state) {
   for (size_t i = 0; i < r.nlines; i++) print_message("NOT INDEXED: %s\n", r.lines[i]);
   size_t unexercised = 0;
   for (size_t i = 0; all_drivers && i < NHOT; i++)
-    if (!r.queries[i]) {
+    if (!r.queries[i] && k_required[i]) {
       print_message("NOT EXERCISED: no product query on %s\n", k_hot[i]);
       unexercised++;
     }
