@@ -35,8 +35,12 @@ static const obx_schema_index_t orders_indexes[] = {
 static const obx_schema_index_t outbox_indexes[] = {
   /* the sweeper: equality on status, sort {availableAt, _id} (src/relay/sweeper.c) */
   {"outbox_status_available", "{\"status\": 1, \"availableAt\": 1, \"_id\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
-  /* the operators' list (GET /api/outbox, outboxctl outbox list) */
-  {"outbox_org_status_occurred", "{\"orgId\": 1, \"status\": 1, \"occurredAt\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
+  /* the operators' lists (GET /api/outbox, outboxctl outbox list), newest first, by org and
+   * status, by org, and by status across orgs (also the oldest PENDING for the lag) */
+  {"outbox_org_status_occurred_id", "{\"orgId\": 1, \"status\": 1, \"occurredAt\": -1, \"_id\": -1}", NULL,
+   OBX_SCHEMA_TTL_NONE},
+  {"outbox_org_occurred_id", "{\"orgId\": 1, \"occurredAt\": -1, \"_id\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
+  {"outbox_status_occurred_id", "{\"status\": 1, \"occurredAt\": -1, \"_id\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
   /* PUBLISHED events expire after outbox.retention */
   {"outbox_published_ttl", "{\"publishedAt\": 1}", "{\"partialFilterExpression\": {\"status\": \"PUBLISHED\"}}",
    OBX_SCHEMA_TTL_OUTBOX},
@@ -48,6 +52,22 @@ static const obx_schema_index_t inbox_indexes[] = {
    OBX_SCHEMA_TTL_NONE},
   {"inbox_status_received", "{\"status\": 1, \"receivedAt\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
   {"inbox_type_received", "{\"eventType\": 1, \"receivedAt\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
+  /* the operators' lists and replays of one consumer: by status newest first, by status, type
+   * or key in arrival order, and one entry by event id */
+  {"inbox_consumer_status_newest", "{\"_id.consumer\": 1, \"status\": 1, \"receivedAt\": -1, \"_id.eventId\": -1}",
+   NULL, OBX_SCHEMA_TTL_NONE},
+  {"inbox_consumer_status_arrival", "{\"_id.consumer\": 1, \"status\": 1, \"receivedAt\": 1, \"seq\": 1}", NULL,
+   OBX_SCHEMA_TTL_NONE},
+  {"inbox_consumer_type_arrival", "{\"_id.consumer\": 1, \"eventType\": 1, \"receivedAt\": 1, \"seq\": 1}", NULL,
+   OBX_SCHEMA_TTL_NONE},
+  {"inbox_consumer_key_arrival", "{\"_id.consumer\": 1, \"partitionKey\": 1, \"receivedAt\": 1, \"seq\": 1}", NULL,
+   OBX_SCHEMA_TTL_NONE},
+  {"inbox_event", "{\"_id.eventId\": 1, \"_id.consumer\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
+};
+
+/* the parked keys of one consumer, oldest first (GET /api/keys, outboxctl keys, the counts) */
+static const obx_schema_index_t parked_indexes[] = {
+  {"parked_consumer_since", "{\"_id.consumer\": 1, \"since\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
 };
 
 static const obx_schema_index_t pipelines_indexes[] = {
@@ -68,7 +88,8 @@ static const obx_schema_index_t dead_letters_indexes[] = {
   {"dl_dedup", "{\"dedupKey\": 1}", "{\"unique\": true}", OBX_SCHEMA_TTL_NONE},
   {"dl_last", "{\"lastFailureAt\": -1, \"_id\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
   {"dl_org_last", "{\"orgId\": 1, \"lastFailureAt\": -1, \"_id\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
-  {"dl_type_last", "{\"type\": 1, \"lastFailureAt\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
+  {"dl_type_last_id", "{\"type\": 1, \"lastFailureAt\": -1, \"_id\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
+  {"dl_state_last", "{\"state\": 1, \"lastFailureAt\": 1, \"_id\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
   {"dl_key_last", "{\"key\": 1, \"lastFailureAt\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
   {"dl_state_first", "{\"state\": 1, \"firstFailureAt\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
   {"dl_event", "{\"eventId\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
@@ -78,6 +99,7 @@ static const obx_schema_index_t dead_letters_indexes[] = {
 static const obx_schema_index_t audit_indexes[] = {
   {"audit_org_when", "{\"orgId\": 1, \"when\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
   {"audit_action_when", "{\"action\": 1, \"when\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
+  {"audit_org_action_when", "{\"orgId\": 1, \"action\": 1, \"when\": -1, \"_id\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
 };
 
 #define N(a) (int)(sizeof a / sizeof a[0])
@@ -92,7 +114,7 @@ static const obx_schema_collection_t collections[] = {
   {"relay_checkpoints", OBX_SCHEMA_RELAY, NULL, 0},
   {"leases", OBX_SCHEMA_RELAY, NULL, 0},
   {"inbox", OBX_SCHEMA_WORKER | OBX_SCHEMA_API | OBX_SCHEMA_CTL, inbox_indexes, N(inbox_indexes)},
-  {"parked_keys", OBX_SCHEMA_WORKER | OBX_SCHEMA_API | OBX_SCHEMA_CTL, NULL, 0},
+  {"parked_keys", OBX_SCHEMA_WORKER | OBX_SCHEMA_API | OBX_SCHEMA_CTL, parked_indexes, N(parked_indexes)},
   {"audit_log", OBX_SCHEMA_API | OBX_SCHEMA_CTL, audit_indexes, N(audit_indexes)},
   /* the worker's drain writes it, operators read, redrive and delete it */
   {"dead_letters", OBX_SCHEMA_WORKER | OBX_SCHEMA_API | OBX_SCHEMA_CTL, dead_letters_indexes, N(dead_letters_indexes)},
