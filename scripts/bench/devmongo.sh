@@ -48,12 +48,12 @@ done
 
 echo "devmongod before ($BASE) and after ($(git -C "$ROOT" rev-parse --short HEAD)); phases ${PHASE_MS} ms, $RANGE_DOCS documents for the range queries"
 awk -F'\t' -v rounds="$ROUNDS" '
-  function median(s,   a, n, i, j, t) {
-    n = split(s, a, " ")
-    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
-    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+  function median(s,   v, cnt, x, y, tmp) { # locals named apart from the globals (mawk)
+    cnt = split(s, v, " ")
+    for (x = 1; x <= cnt; x++) for (y = x + 1; y <= cnt; y++) if (v[y] + 0 < v[x] + 0) { tmp = v[x]; v[x] = v[y]; v[y] = tmp }
+    return cnt % 2 ? v[(cnt + 1) / 2] : (v[cnt / 2] + v[cnt / 2 + 1]) / 2
   }
-  FNR == 1 { split(FILENAME, p, "/"); file = p[length(p)]; side = file ~ /^before/ ? "before" : "after" }
+  FNR == 1 { np = split(FILENAME, p, "/"); side = p[np] ~ /^before/ ? "before" : "after" }
   {
     if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 }
     vals[$1, side] = vals[$1, side] (vals[$1, side] == "" ? "" : " ") $2
@@ -62,6 +62,6 @@ awk -F'\t' -v rounds="$ROUNDS" '
     printf "%-48s %-24s %-24s %12s\n", "measure", "before (runs)", "after (runs)", "after/before"
     for (i = 1; i <= n; i++) {
       m = order[i]; b = median(vals[m, "before"]); a = median(vals[m, "after"])
-      printf "%-48s %-24s %-24s %12.2f\n", m, vals[m, "before"], vals[m, "after"], b > 0 ? a / b : 0
+      printf "%-48s %-24s %-24s %12.2f\n", m, vals[m, "before"], vals[m, "after"], (b > 0 ? a / b : 0)
     }
   }' $(for r in $(seq "$ROUNDS"); do echo "$WORK/before$r.tsv" "$WORK/after$r.tsv"; done)
