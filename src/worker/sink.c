@@ -2,7 +2,7 @@
  *
  * DESIGN: the sink has a listener of its own (worker.sink_port on http.bind), never the API's:
  * only POST / (events), POST /dead-letter (Knative's deadLetterSink) and the built-in /healthz,
- * /readyz (a MongoDB ping) and /metrics are served there. Every POST must carry the shared
+ * /readyz (a MongoDB ping and the worker's schema in place) and /metrics are served there. Every POST must carry the shared
  * token (worker.sink_token) as `Authorization: Bearer <token>`, or as the password of Basic
  * credentials (what a dispatcher sends for a subscriber URI http://user:<token>@host/); the
  * comparison is of SHA-256 digests with CRYPTO_memcmp, so it takes the same time whatever the
@@ -15,7 +15,8 @@
  *        skipped, duplicate, blocked, retrying or dead), or a valid CloudEvent outboxd cannot
  *        run (no orgid, no subject, a payload that is not a JSON object...): parked in the DLQ
  *        with the decoder's reason ({"status":"dead"}), nothing lost
- *   503  MongoDB or RabbitMQ unavailable, or the worker stopping (Retry-After: 1)
+ *   503  MongoDB or RabbitMQ unavailable, the worker's schema not in place yet, or the worker
+ *        stopping (Retry-After: 1)
  * POST /dead-letter parks whatever Knative gave up on in the DLQ (class terminal, the reason
  * from the knativeerrorcode / knativeerrordest / knativeerrordata extensions): 200 once
  * RabbitMQ confirmed, 503 when it did not. Owns the sink's listener and a DLQ publisher; never
@@ -44,6 +45,7 @@ struct worker_sink {
   obx_worker_t *w;
   obx_http_t *http;
   obx_ladder_t *dlq;
+  obx_mongo_t *mongo;
   char token_sha[OBX_AUTH_HASH_LEN + 1];
 };
 
@@ -245,6 +247,11 @@ static void sink_handler(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) 
     park(sink, &msg, "malformed", reason, resp);
     goto done;
   }
+  if (!worker_schema_ready(sink->w)) { /* lanes wait for the schema: retry later, never hang */
+    obx_http_resp_header(resp, "Retry-After", "1");
+    obx_http_reply_problem(resp, 503, "Storage not ready", "the worker's collections are not in place yet", NULL);
+    goto done;
+  }
   if (!worker_enqueue_http(sink->w, &msg, &wait)) {
     obx_http_resp_header(resp, "Retry-After", "1");
     obx_http_reply_problem(resp, 503, "Worker stopping", "the event was not accepted", NULL);
@@ -289,7 +296,13 @@ static void dead_letter_handler(obx_http_req_t *req, obx_http_resp_t *resp, void
   obx_ladder_msg_cleanup(&msg);
 }
 
-static bool sink_ready(void *ctx, obx_err_t *err) { return obx_mongo_ping(ctx, err); }
+static bool sink_ready(void *ctx, obx_err_t *err) {
+  worker_sink_t *sink = ctx;
+  if (!obx_mongo_ping(sink->mongo, err)) return false;
+  if (worker_schema_ready(sink->w)) return true;
+  obx_err_set(err, OBX_ERR_MONGO, 0, true, "the worker's collections and indexes are not in place yet");
+  return false;
+}
 
 worker_sink_t *worker_sink_start(obx_worker_t *w, const obx_conf_t *conf, obx_mongo_t *mongo, obx_err_t *err) {
   if (!conf->worker_sink_token || strlen(conf->worker_sink_token) < 16) {
@@ -298,6 +311,7 @@ worker_sink_t *worker_sink_start(obx_worker_t *w, const obx_conf_t *conf, obx_mo
   }
   worker_sink_t *sink = calloc(1, sizeof *sink);
   sink->w = w;
+  sink->mongo = mongo;
   obx_sha256_hex(conf->worker_sink_token, strlen(conf->worker_sink_token), sink->token_sha);
   /* the sink's own server: its port, no API keys, no CORS, no per-key rate limit */
   obx_conf_t sc = *conf;
@@ -312,7 +326,7 @@ worker_sink_t *worker_sink_start(obx_worker_t *w, const obx_conf_t *conf, obx_mo
   obx_http_route(sink->http, "POST", "/", NULL, sink_handler, sink);
   obx_http_route(sink->http, "POST", "/dead-letter", NULL, dead_letter_handler, sink);
   /* the sink cannot make anything durable without MongoDB: not ready, so no traffic */
-  obx_http_add_ready_check(sink->http, "mongo", sink_ready, mongo);
+  obx_http_add_ready_check(sink->http, "mongo", sink_ready, sink);
   if (!obx_http_start(sink->http, err)) goto fail;
   obx_info("CloudEvents sink listening on port %d", obx_http_port(sink->http));
   return sink;

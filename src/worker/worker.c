@@ -1315,7 +1315,6 @@ fail:
 
 void obx_worker_destroy(obx_worker_t *w) {
   if (!w) return;
-  worker_sink_stop(w->sink); /* intake first: its running requests finish on the lanes */
   atomic_store(&w->stop, true);
   obx_ops_drain_stop(w->drain);
   for (int i = 0; i < w->nlanes; i++) {
@@ -1335,7 +1334,11 @@ void obx_worker_destroy(obx_worker_t *w) {
   worker_offsets_clear(&w->offsets);
   if (w->wq) wq_settle(w);
   for (int i = 0; i < w->nlanes; i++) {
-    for (job_t *job = w->lanes[i].head, *next; job; job = next) {
+    pthread_mutex_lock(&w->lanes[i].mu);
+    job_t *head = w->lanes[i].head;
+    w->lanes[i].head = w->lanes[i].tail = NULL;
+    pthread_mutex_unlock(&w->lanes[i].mu);
+    for (job_t *job = head, *next; job; job = next) {
       next = job->next;
       if (job->source == WORKER_SOURCE_HTTP) {
         job->outcome = WORKER_INFRA;
@@ -1344,6 +1347,12 @@ void obx_worker_destroy(obx_worker_t *w) {
         job_free(job);
       }
     }
+  }
+  /* every sink request waiting on a lane has its answer (503 above): the listener stops without
+   * waiting on lanes that no longer run; later requests found w->stop and got 503 */
+  worker_sink_stop(w->sink);
+  w->sink = NULL;
+  for (int i = 0; i < w->nlanes; i++) {
     pthread_mutex_destroy(&w->lanes[i].mu);
     pthread_cond_destroy(&w->lanes[i].nonempty);
     pthread_cond_destroy(&w->lanes[i].nonfull);
@@ -1399,3 +1408,5 @@ void *obx_worker_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err)
 void obx_worker_stop(void *worker) { obx_worker_destroy(worker); }
 
 int obx_worker_sink_port(const obx_worker_t *w) { return worker_sink_port(w->sink); }
+
+bool worker_schema_ready(obx_worker_t *w) { return obx_schema_guard_wait(w->schema, 0); }

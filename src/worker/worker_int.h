@@ -40,6 +40,8 @@ typedef struct worker_http_wait worker_http_wait_t;
 typedef struct worker_sink worker_sink_t;
 worker_sink_t *worker_sink_start(obx_worker_t *w, const obx_conf_t *conf, obx_mongo_t *mongo, obx_err_t *err);
 int worker_sink_port(const worker_sink_t *sink);
+/* Whether the worker's collections and indexes are in place (its lanes run events only then). */
+bool worker_schema_ready(obx_worker_t *w);
 void worker_sink_stop(worker_sink_t *sink);
 
 /* Offsets handed to lanes, per partition, in order (offsets.c). */

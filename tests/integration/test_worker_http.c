@@ -47,6 +47,8 @@ static int setup(void **state) {
   s->api_port = obx_http_port(s->http);
   s->port = obx_worker_sink_port(s->fx->worker);
   assert_true(s->port > 0 && s->port != s->api_port);
+  /* a broker routes to the sink once it is ready (MongoDB answers, the schema is in place) */
+  if (!obx_test_wait_for(obx_test_http_ready, &s->port, 30000, 20)) fail_msg("the sink never became ready");
   *state = s;
   return 0;
 }
