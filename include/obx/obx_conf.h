@@ -136,6 +136,8 @@ typedef struct {
     "Shared token every sink request must carry (Authorization: Bearer, or Basic's password); required, 16+ characters, with WORKER_SOURCE=http") \
   X(worker_group, STR, "worker.group", "WORKER_GROUP", "outboxd-worker", 0, 0, NULL, 0,          \
     "Kafka consumer group of the worker; also the inbox consumer name")                           \
+  X(worker_instance_id, STR, "worker.instance_id", "WORKER_INSTANCE_ID", "", 0, 0, NULL, 0,        \
+    "Kafka static membership (group.instance.id), e.g. the pod name: a restarted worker gets its partitions back without a rebalance") \
   X(worker_queue_prefix, STR, "worker.queue_prefix", "WORKER_QUEUE_PREFIX", "outboxd", 0, 0, NULL, 0, \
     "Prefix of the RabbitMQ names: <prefix>.retry exchange, <prefix>.retry.<delay> tiers, <prefix>.work, <prefix>.dlq") \
   X(worker_dlq_drain, BOOL, "worker.dlq_drain", "WORKER_DLQ_DRAIN", "true", 0, 0, NULL, 0,         \

@@ -1135,6 +1135,31 @@ static void *kafka_main(void *arg) {
   return NULL;
 }
 
+/* The consumer's guarantees are not configurable: offsets are committed by the worker, only after
+ * an event's outcome is in the inbox, and partitions are assigned eagerly by rebalance_cb. */
+static bool kafka_passthrough_allowed(const char *name, const char *value, obx_err_t *err) {
+  if ((strcmp(name, "enable.auto.commit") == 0 || strcmp(name, "enable.auto.offset.store") == 0) &&
+      strcmp(value, "false") != 0) {
+    obx_err_set(err, OBX_ERR_CONF, 0, false,
+                "kafka.%s=%s is refused: the worker commits an offset only once its event's outcome is in the inbox",
+                name, value);
+    return false;
+  }
+  if (strcmp(name, "partition.assignment.strategy") == 0 && strstr(value, "cooperative")) {
+    obx_err_set(err, OBX_ERR_CONF, 0, false,
+                "kafka.partition.assignment.strategy=%s is refused: the worker rebalances eagerly "
+                "(range or roundrobin); use worker.instance_id (static membership) to avoid rebalances on restart",
+                value);
+    return false;
+  }
+  if (strcmp(name, "group.id") == 0 || strcmp(name, "group.instance.id") == 0) {
+    obx_err_set(err, OBX_ERR_CONF, 0, false, "kafka.%s is refused: set %s (it also names the inbox consumer)", name,
+                strcmp(name, "group.id") == 0 ? "worker.group" : "worker.instance_id");
+    return false;
+  }
+  return true;
+}
+
 static bool kafka_start(obx_worker_t *w, obx_err_t *err) {
   char errstr[512];
   rd_kafka_conf_t *kc = rd_kafka_conf_new();
@@ -1147,9 +1172,16 @@ static bool kafka_start(obx_worker_t *w, obx_err_t *err) {
   };
   for (size_t i = 0; i < sizeof props / sizeof props[0]; i++)
     if (rd_kafka_conf_set(kc, props[i].k, props[i].v, errstr, sizeof errstr) != RD_KAFKA_CONF_OK) goto conf_fail;
+  if (w->conf->worker_instance_id[0] &&
+      rd_kafka_conf_set(kc, "group.instance.id", w->conf->worker_instance_id, errstr, sizeof errstr) != RD_KAFKA_CONF_OK)
+    goto conf_fail;
   for (int i = 0; i < w->conf->npassthrough; i++) {
     const char *key = w->conf->passthrough[i].key;
     if (strncmp(key, "kafka.", 6) != 0) continue;
+    if (!kafka_passthrough_allowed(key + 6, w->conf->passthrough[i].value, err)) {
+      rd_kafka_conf_destroy(kc);
+      return false;
+    }
     if (rd_kafka_conf_set(kc, key + 6, w->conf->passthrough[i].value, errstr, sizeof errstr) != RD_KAFKA_CONF_OK)
       goto conf_fail;
   }

@@ -8,7 +8,9 @@
  * non-UTF-8 id, key and body; and MongoDB unavailable for longer than the infrastructure
  * bounds. For each: the pipeline ran at most once, the event is in the DLQ with its failure
  * class (x-failure-class) and a reason naming the cause, the inbox says DEAD when it holds the
- * event, and an event of another key produced behind it still runs. */
+ * event, and an event of another key produced behind it still runs. And kafka.* passthrough
+ * cannot turn on auto-commit or auto offset store, cooperative assignment or another group: each
+ * is refused naming the key (worker.instance_id, static membership, gives a stable member). */
 #include <librdkafka/rdkafka.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -283,10 +285,54 @@ static void test_infra_retries_are_bounded(void **state) {
   obx_event_cleanup(&ev);
 }
 
+/* kafka.* passthrough cannot undo the consumer's guarantees; each refusal names the key. */
+static void test_passthrough_cannot_undo_guarantees(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  const struct {
+    const char *key, *value, *want;
+  } cases[] = {
+    {"kafka.enable.auto.commit", "true", "kafka.enable.auto.commit=true is refused"},
+    {"kafka.enable.auto.offset.store", "true", "kafka.enable.auto.offset.store=true is refused"},
+    {"kafka.partition.assignment.strategy", "cooperative-sticky", "cooperative-sticky is refused"},
+    {"kafka.group.id", "other", "set worker.group"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    obx_conf_t conf;
+    obx_conf_init(&conf);
+    obx_err_t err = OBX_ERR_INIT;
+    char *v;
+    const char *keys[] = {"mongo.uri", "kafka.brokers", "amqp.url", "worker.queue_prefix", "worker.group"};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+      v = obx_conf_get_string(&fx->conf, keys[k], true);
+      assert_true(obx_conf_set(&conf, keys[k], v, &err));
+      free(v);
+    }
+    assert_true(obx_conf_set(&conf, cases[i].key, cases[i].value, &err));
+    obx_worker_t *w = obx_worker_new(&conf, NULL, &err);
+    if (w) fail_msg("%s=%s: the worker started, want a refusal", cases[i].key, cases[i].value);
+    if (!strstr(err.msg, cases[i].want)) fail_msg("%s=%s: got '%s', want '%s'", cases[i].key, cases[i].value, err.msg, cases[i].want);
+    print_message("%s=%s: %s\n", cases[i].key, cases[i].value, err.msg);
+    obx_conf_cleanup(&conf);
+  }
+  /* Allowed: the same keys set to what the worker uses anyway, and an eager strategy. */
+  wt_conf_set(fx, "kafka.enable.auto.commit", "false");
+  wt_conf_set(fx, "kafka.partition.assignment.strategy", "roundrobin");
+  wt_conf_set(fx, "worker.instance_id", "wt-pod-0");
+  wt_start_worker(fx);
+  obx_event_t ev;
+  wt_event(&ev, "OrderConfirmed", "K-PT", "PT-1");
+  wt_route(fx, "PT-1", 200);
+  wt_produce(fx, &ev);
+  wt_wait_status(fx, ev.id, "DONE");
+  obx_event_cleanup(&ev);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_each_trigger_ends_in_the_dlq_once, setup, teardown),
     cmocka_unit_test_setup_teardown(test_infra_retries_are_bounded, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_passthrough_cannot_undo_guarantees, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
