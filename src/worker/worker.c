@@ -259,8 +259,6 @@ static void *lane_main(void *arg) {
   snprintf(name, sizeof name, "obx-lane-%d", lane->index);
   pthread_setname_np(pthread_self(), name);
   obx_log_set_role("worker");
-  while (!obx_schema_guard_wait(w->schema, 100))
-    if (atomic_load(&w->stop)) return NULL;
   for (;;) {
     pthread_mutex_lock(&lane->mu);
     while (!lane->head && !atomic_load(&w->stop)) pthread_cond_wait(&lane->nonempty, &lane->mu);
@@ -275,12 +273,21 @@ static void *lane_main(void *arg) {
     pthread_cond_signal(&lane->nonfull);
     pthread_mutex_unlock(&lane->mu);
 
-    /* worker_handle bounds its own retries: it returns WORKER_INFRA only when the event could
-     * be put nowhere (or the worker stops), and the source then gives it back. */
-    job->outcome = job->source == WORKER_SOURCE_KAFKA
-                     ? worker_handle(w, job->source, &job->msg, job->partition, job->offset)
-                     : worker_handle(w, job->source, &job->msg, -1, -1);
-    count_outcome(w, job->outcome);
+    /* Nothing runs before the worker's collections and indexes exist (the schema guard); an
+     * HTTP event is answered 503 meanwhile (the sender delivers again). worker_handle bounds its
+     * own retries: it returns WORKER_INFRA only when the event could be put nowhere (or the
+     * worker stops), and the source then gives it back. */
+    job->outcome = WORKER_INFRA;
+    bool ready;
+    while (!(ready = obx_schema_guard_wait(w->schema, 100)) && !atomic_load(&w->stop) &&
+           job->source != WORKER_SOURCE_HTTP) {
+    }
+    if (ready) {
+      job->outcome = job->source == WORKER_SOURCE_KAFKA
+                       ? worker_handle(w, job->source, &job->msg, job->partition, job->offset)
+                       : worker_handle(w, job->source, &job->msg, -1, -1);
+      count_outcome(w, job->outcome);
+    }
     complete(w, job);
   }
   return NULL;
