@@ -328,12 +328,43 @@ static void test_profiler_and_other_commands(void **state) {
   bson_destroy(m);
 }
 
+
+/* --plan-log with a filter holding a string that is not UTF-8 (the product may store such ids):
+ * the line is written with a placeholder and the server keeps serving (it crashed on it). */
+static void test_plan_log_non_utf8(void **state) {
+  char dir[512], args[600];
+  snprintf(dir, sizeof dir, "%s/planlog-%d", obx_test_tmpdir(), (int)getpid());
+  snprintf(args, sizeof args, "--plan-log %s", dir);
+  obx_test_mongo_t m;
+  assert_true(obx_test_mongo_start(&m, args));
+  mongoc_client_t *client = obx_test_mongo_client(&m, NULL, "plan-log-test");
+  mongoc_collection_t *c = mongoc_client_get_collection(client, "plan", "utf8");
+  bson_t doc = BSON_INITIALIZER, filter = BSON_INITIALIZER;
+  bson_append_utf8(&doc, "_id", 3, "\xff\xfe-id", 5);
+  bson_append_utf8(&filter, "_id", 3, "\xff\xfe-id", 5);
+  bson_error_t error;
+  assert_true(mongoc_collection_insert_one(c, &doc, NULL, NULL, &error));
+  for (int i = 0; i < 2; i++) { /* the second find needs the server alive after the first */
+    int64_t n = mongoc_collection_count_documents(c, &filter, NULL, NULL, NULL, &error);
+    if (n != 1) fail_msg("find by a non-UTF-8 _id with --plan-log: %s", error.message);
+  }
+  char path[700];
+  snprintf(path, sizeof path, "%s/devmongod-%d.jsonl", dir, (int)m.proc.pid);
+  assert_true(obx_test_file_contains(path, "not UTF-8", 5000));
+  bson_destroy(&doc);
+  bson_destroy(&filter);
+  mongoc_collection_destroy(c);
+  mongoc_client_destroy(client);
+  obx_test_mongo_stop(&m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_same_results_and_plans),
     cmocka_unit_test(test_indexes_follow_writes),
     cmocka_unit_test(test_transaction_reads_through_index),
     cmocka_unit_test(test_profiler_and_other_commands),
+    cmocka_unit_test(test_plan_log_non_utf8),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
