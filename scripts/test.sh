@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # test.sh - the test command: install deps, build, start services, run every test, stop services.
 #
-#   scripts/test.sh            full run: unit + integration, then unit tests again under ASan+UBSan
-#   scripts/test.sh --quick    one build, unit + integration, no sanitizer pass
+#   scripts/test.sh            full run: unit + integration + chaos, then unit tests again under ASan+UBSan
+#   scripts/test.sh --quick    one build, unit + integration + chaos, no sanitizer pass
 #
 # Exits non-zero on any failure. Services started here are stopped on every exit path.
 set -euo pipefail
@@ -88,6 +88,9 @@ export OBX_TEST_KAFKA_DIR=$OBX_KAFKA_DIR
 status=0
 run_group ctest --test-dir "$BUILD" -L unit --output-on-failure -j "$JOBS" || status=1
 run_group ctest --test-dir "$BUILD" -L integration --output-on-failure || status=1
+# The fault-injection scenarios, after the integration suite: they stop and start the run's
+# Kafka broker and RabbitMQ node (tests/chaos/chaos.py).
+run_group ctest --test-dir "$BUILD" -L chaos --output-on-failure -V || status=1   # -V: the ledger table
 rmq_stop   # the sanitizer pass runs unit tests only
 kafka_stop
 

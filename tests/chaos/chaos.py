@@ -755,7 +755,8 @@ def redrive_all(stack, work):
     def calls():
         return sum(1 for c in stack.endpoint.snapshot()[before:] if c["event"] in heads)
     r = stack.ctl("dlq", "redrive", "--all", check=False)
-    log(f"dlq redrive --all: exit {r.returncode}: {(r.stdout + r.stderr).strip()[:200]}")
+    said = " ".join((r.stdout + r.stderr).split())
+    log(f"dlq redrive --all: exit {r.returncode}: {said[-120:]}")
     # Each redriven head is called once more; wait for those calls, then for the events to settle.
     wait_for(lambda: calls() >= len(heads), stack.args.quiet_timeout, "one call per redriven dead letter", poll=0.2)
     quiesce(stack, work, stack.args.quiet_timeout, allow_parked=True)
