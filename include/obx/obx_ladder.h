@@ -16,7 +16,7 @@
  * AMQP headers (utf8 strings), the payload as the body, message-id = ce_id, plus x-key (the
  * record key), x-attempt (int), x-first-failure-at (RFC 3339), x-last-error, x-failure-class
  * (transient|terminal|malformed), x-history (JSON array of {attempt, at, class, error}),
- * x-reason (DLQ only), x-source ("topic/partition/offset") and x-replay (operator replays).
+ * x-reason (DLQ only), x-source ("topic/partition/offset") and x-replay (operator replays: the replay id).
  * Malformed records travel the same way with the headers they had and a generated message-id.
  *
  * Every publish uses publisher confirms (basic.ack/nack awaited with a deadline) and
@@ -83,7 +83,8 @@ typedef struct {
   char *reason;             /* why it is in the DLQ */
   char *history;            /* JSON array, NULL: [] */
   char *source;             /* "topic/partition/offset", optional */
-  bool replay;              /* operator replay: run again even when the inbox says DONE */
+  char *replay_id;          /* operator replay (x-replay: its id): run again even when the inbox says DONE;
+                             * NULL for every other message */
   /* Set on messages received from a queue. */
   uint64_t delivery_tag;
   bool redelivered;

@@ -101,6 +101,7 @@ typedef struct {
   const char *aggregate_type; /* the aggregate the run is about ("Order"); used by set-status */
   const char *aggregate_id;   /* and emit-event (aggregateId) */
   const char *partition_key;  /* key of emitted events; NULL: aggregate_id */
+  const char *replay_id;      /* the operator's replay that asked for this run; NULL otherwise */
   int32_t attempt;            /* 1-based; 0 is taken as 1 */
 } obx_pipeline_input_t;
 

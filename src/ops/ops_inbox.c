@@ -11,7 +11,7 @@
 #include "obx/obx_inbox.h"
 #include "ops/ops_int.h"
 
-bool ops_publish_entry(const obx_ops_t *ops, const bson_t *doc, bool replay, obx_err_t *err) {
+bool ops_publish_entry(const obx_ops_t *ops, const bson_t *doc, const char *replay_id, obx_err_t *err) {
   if (!ops_need_ladder(ops, err)) return false;
   obx_event_t ev;
   obx_event_init(&ev);
@@ -19,7 +19,7 @@ bool ops_publish_entry(const obx_ops_t *ops, const bson_t *doc, bool replay, obx
   obx_ladder_msg_init(&msg);
   bool ok = obx_inbox_entry_event(doc, &ev, err) && obx_ladder_msg_from_event(&msg, &ev, err);
   if (ok) {
-    msg.replay = replay;
+    msg.replay_id = replay_id ? strdup(replay_id) : NULL;
     ok = obx_ladder_publish_work(ops->ladder, &msg, err);
   }
   obx_ladder_msg_cleanup(&msg);
@@ -132,7 +132,7 @@ bool obx_ops_inbox_replay(const obx_ops_t *ops, const obx_ops_replay_filter_t *f
   mongoc_cursor_t *cursor = ok ? mongoc_collection_find_with_opts(c, &filter, opts, NULL) : NULL;
   const bson_t *doc;
   while (ok && mongoc_cursor_next(cursor, &doc)) {
-    if (!dry_run && !ops_publish_entry(ops, doc, true, err)) {
+    if (!dry_run && !ops_publish_entry(ops, doc, replay_id, err)) {
       ok = false;
       break;
     }

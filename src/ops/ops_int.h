@@ -32,6 +32,6 @@ bool ops_need_ladder(const obx_ops_t *ops, obx_err_t *err);
 void ops_time_range(bson_t *filter, const char *field, int64_t since_ms, int64_t until_ms);
 
 /* Publishes a stored inbox entry to the work queue (replay: run it even when DONE). */
-bool ops_publish_entry(const obx_ops_t *ops, const bson_t *entry, bool replay, obx_err_t *err);
+bool ops_publish_entry(const obx_ops_t *ops, const bson_t *entry, const char *replay_id, obx_err_t *err);
 
 #endif

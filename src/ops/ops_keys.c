@@ -113,7 +113,7 @@ bool obx_ops_key_release(const obx_ops_t *ops, const char *org, const char *key,
   bson_init(&r.next_doc);
   bool ok = (dry_run || ops_need_ladder(ops, err)) &&
             (dry_run ? release_txn(NULL, &r, err) : obx_mongo_transaction(ops->mongo, release_txn, &r, err)) &&
-            (dry_run || !r.found || ops_publish_entry(ops, &r.next_doc, false, err));
+            (dry_run || !r.found || ops_publish_entry(ops, &r.next_doc, NULL, err));
   if (ok) {
     BSON_APPEND_UTF8(out, "key", key);
     BSON_APPEND_BOOL(out, "dryRun", dry_run);

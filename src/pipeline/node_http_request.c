@@ -1,8 +1,12 @@
 /* node_http_request.c - calls an external HTTP endpoint under the egress guard
  *
  * DESIGN: config { url, method (POST with a body, GET without), headers { name: value },
- * body (any JSON value, sent as JSON), timeoutMs (shorter than HTTP_TIMEOUT_MS only) }, all
- * templated. The call goes through
+ * body (any JSON value, sent as JSON), timeoutMs (shorter than HTTP_TIMEOUT_MS only),
+ * idempotencyHeader (default "Idempotency-Key"; false: none) }, all templated. Every call of an
+ * event run sends `<idempotencyHeader>: <eventId>:<nodeId>` (`<eventId>:<nodeId>:<replayId>` when
+ * an operator's replay asked for the run), the same on every retry, redelivery and redrive of the
+ * event, so the endpoint can apply the effect once; a header of that name in `headers` wins.
+ * order.pre runs (no event yet) send none. The call goes through
  * obx_egress_request (egress.c). Outcome "success" on 2xx with output { status, body } (the
  * body parsed when it is JSON, else text). Failures: 3xx (redirects are not followed) and
  * 4xx other than 408/429 are terminal; 5xx, 408, 429, network and timeouts transient;
@@ -79,6 +83,12 @@ static bool http_validate(const bson_t *config, obx_err_t *err) {
     obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "config.timeoutMs: an integer from 1 to 300000");
     return false;
   }
+  if (bson_iter_init_find(&it, config, "idempotencyHeader") &&
+      !(BSON_ITER_HOLDS_BOOL(&it) && !bson_iter_bool(&it)) &&
+      !(BSON_ITER_HOLDS_UTF8(&it) && header_name_valid(bson_iter_utf8(&it, NULL)))) {
+    obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "config.idempotencyHeader: a header name, or false for none");
+    return false;
+  }
   if (bson_iter_init_find(&it, config, "headers")) {
     bson_iter_t h;
     if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &h)) {
@@ -94,6 +104,13 @@ static bool http_validate(const bson_t *config, obx_err_t *err) {
     }
   }
   return true;
+}
+
+/* The name of the idempotency header of a call, NULL when the node has none. */
+static const char *idempotency_header(const bson_t *config) {
+  bson_iter_t it;
+  if (!bson_iter_init_find(&it, config, "idempotencyHeader")) return "Idempotency-Key";
+  return BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : NULL;
 }
 
 /* Appends the response body to output: parsed when it is JSON, else as (UTF-8) text. */
@@ -142,7 +159,7 @@ static bool http_run(obx_node_ctx_t *ctx, const bson_t *config, bson_t *output, 
     bson_iter_recurse(&it, &h);
     uint32_t count = 0;
     while (bson_iter_next(&h)) count++;
-    headers = bson_malloc0((count + 3) * sizeof *headers);
+    headers = bson_malloc0((count + 4) * sizeof *headers);
     bson_iter_recurse(&it, &h);
     while (bson_iter_next(&h)) {
       if (strcasecmp(bson_iter_key(&h), "traceparent") == 0 || strcasecmp(bson_iter_key(&h), "tracestate") == 0)
@@ -156,7 +173,16 @@ static bool http_run(obx_node_ctx_t *ctx, const bson_t *config, bson_t *output, 
       headers[nheaders++] = bson_strdup_printf("%s: %s", bson_iter_key(&h), value);
     }
   }
-  if (!headers) headers = bson_malloc0(3 * sizeof *headers);
+  if (!headers) headers = bson_malloc0(4 * sizeof *headers);
+  const char *ikey = idempotency_header(config);
+  bool named = false;
+  for (int i = 0; ikey && i < nheaders; i++)
+    named = named || (strncasecmp(headers[i], ikey, strlen(ikey)) == 0 && headers[i][strlen(ikey)] == ':');
+  if (ikey && !named && ctx->input->event_id) {
+    const char *replay = ctx->input->replay_id;
+    headers[nheaders++] = bson_strdup_printf("%s: %s:%s%s%s", ikey, ctx->input->event_id, ctx->node->id,
+                                             replay ? ":" : "", replay ? replay : "");
+  }
   span = client_span(method, url);
   char traceparent[OBX_TRACEPARENT_LEN + 1];
   obx_trace_format(obx_span_ctx(span), traceparent);

@@ -56,6 +56,7 @@ void obx_ladder_msg_cleanup(obx_ladder_msg_t *msg) {
   free(msg->reason);
   free(msg->history);
   free(msg->source);
+  free(msg->replay_id);
   memset(msg, 0, sizeof *msg);
 }
 
@@ -386,7 +387,8 @@ static void msg_from_amqp(obx_ladder_msg_t *msg, const amqp_basic_properties_t *
     } else if (strcmp(name, "x-source") == 0) {
       msg->source = field_text(v);
     } else if (strcmp(name, "x-replay") == 0) {
-      msg->replay = v->kind == AMQP_FIELD_KIND_BOOLEAN ? v->value.boolean != 0 : field_int(v) != 0;
+      free(msg->replay_id);
+      msg->replay_id = field_text(v);
     } else if (strcmp(name, "x-key") == 0) {
       if (field_is_text(v)) {
         msg->key = dup_bytes(v->value.bytes.bytes, v->value.bytes.len);
@@ -469,11 +471,7 @@ static bool publish_confirmed(conn_t *c, const names_t *n, const char *exchange,
   if (msg->history) h[nh++] = hdr_text("x-history", msg->history);
   if (msg->source) h[nh++] = hdr_text("x-source", msg->source);
   if (redriven_at) h[nh++] = arg_str("x-redriven-at", redriven_at);
-  if (msg->replay) {
-    h[nh].key = amqp_cstring_bytes("x-replay");
-    h[nh].value.kind = AMQP_FIELD_KIND_BOOLEAN;
-    h[nh++].value.value.boolean = 1;
-  }
+  if (msg->replay_id) h[nh++] = hdr_text("x-replay", msg->replay_id);
 
   amqp_basic_properties_t props;
   memset(&props, 0, sizeof props);

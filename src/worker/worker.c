@@ -485,13 +485,13 @@ static obx_span_t *consume_span(obx_worker_t *w, worker_source_t source, const o
   obx_trace_ctx_t origin;
   obx_trace_parse(ev->traceparent, ev->traceparent ? strlen(ev->traceparent) : 0, ev->tracestate,
                   ev->tracestate ? strlen(ev->tracestate) : 0, &origin);
-  bool relinked = source == WORKER_SOURCE_WORK && (msg->replay || (msg->attempt == 0 && msg->history));
+  bool relinked = source == WORKER_SOURCE_WORK && (msg->replay_id || (msg->attempt == 0 && msg->history));
   const char *dest = source == WORKER_SOURCE_KAFKA ? w->conf->kafka_topic
                      : source == WORKER_SOURCE_WORK ? obx_ladder_work_queue(w->ladder) : "http";
   char name[300];
   snprintf(name, sizeof name, "process %s", dest);
   obx_span_t *span = obx_span_start(name, OBX_SPAN_CONSUMER, relinked ? NULL : &origin);
-  if (relinked) obx_span_add_link(span, &origin, msg->replay ? "replay" : "redrive");
+  if (relinked) obx_span_add_link(span, &origin, msg->replay_id ? "replay" : "redrive");
   if (source != WORKER_SOURCE_HTTP)
     obx_span_set_str(span, "messaging.system", source == WORKER_SOURCE_KAFKA ? "kafka" : "rabbitmq");
   obx_span_set_str(span, "messaging.operation.type", "process");
@@ -606,6 +606,7 @@ static worker_outcome_t run_event(event_t *e) {
     obx_pipeline_input_t in = {.context = &ctx, .org_id = ev->org_id, .trigger = e->trigger, .event_id = ev->id,
                                .correlation_id = ev->correlation_id, .aggregate_type = ev->aggregate_type,
                                .aggregate_id = ev->aggregate_id, .partition_key = ev->partition_key,
+                               .replay_id = e->source == WORKER_SOURCE_WORK ? msg->replay_id : NULL,
                                .attempt = attempt};
     run = obx_pipeline_execute(e->pipeline, &in, &w->egress);
     t.run = run;
@@ -976,7 +977,7 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
     /* From Kafka or HTTP, an event the ladder, the DLQ or its key already owns is a duplicate
      * too; from the work queue those are exactly the events to run again. */
     bool owned = e.existing == OBX_INBOX_RETRYING || e.existing == OBX_INBOX_DEAD || e.existing == OBX_INBOX_BLOCKED;
-    bool replay = source == WORKER_SOURCE_WORK && msg->replay;
+    bool replay = source == WORKER_SOURCE_WORK && msg->replay_id;
     if ((finished && !replay) || (source != WORKER_SOURCE_WORK && owned)) {
       obx_log_event(OBX_LOG_DEBUG, e.ev.id, e.ev.correlation_id, "duplicate (%s): skipped",
                     obx_inbox_status_name(e.existing));

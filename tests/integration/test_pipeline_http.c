@@ -190,6 +190,65 @@ static void test_methods(void **state) {
   obx_egress_cleanup(&egress);
 }
 
+/* Every call of an event run carries <eventId>:<nodeId> (plus :<replayId> for an operator's
+ * replay) in Idempotency-Key, under the node's own header name if it gives one, never with
+ * idempotencyHeader false or without an event (order.pre); a header the node sets itself wins. */
+static void test_idempotency_key(void **state) {
+  static const struct {
+    const char *extra;      /* config members after url */
+    const char *event_id, *replay_id;
+    const char *header;     /* lower-case name looked for */
+    const char *want;       /* NULL: absent */
+  } cases[] = {
+    {"", "ev-1", NULL, "idempotency-key", "ev-1:c"},
+    {"", "ev-1", "rp-9", "idempotency-key", "ev-1:c:rp-9"},
+    {", \"idempotencyHeader\": \"X-Request-Id\"", "ev-2", NULL, "x-request-id", "ev-2:c"},
+    {", \"idempotencyHeader\": \"X-Request-Id\"", "ev-2", NULL, "idempotency-key", NULL},
+    {", \"idempotencyHeader\": false", "ev-3", NULL, "idempotency-key", NULL},
+    {", \"headers\": {\"idempotency-key\": \"mine-{{orderNumber}}\"}", "ev-4", NULL, "idempotency-key", "mine-A-1"},
+    {"", NULL, NULL, "idempotency-key", NULL},
+  };
+  obx_test_httpd_route_t route = {.path = "/idem", .body = "{}"};
+  obx_test_httpd_route(httpd, &route);
+  obx_egress_t egress;
+  assert_true(obx_egress_init(&egress, "", "127.0.0.0/8", 1000, TIMEOUT_MS, MAX_BYTES, NULL));
+  bson_t *ctx = order_context();
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"nodes\": [{\"id\": \"start\", \"type\": \"start\"}, {\"id\": \"c\", \"type\": \"http-request\","
+             " \"config\": {\"url\": \"%s\"%s}}], \"edges\": [{\"from\": \"start\", \"to\": \"c\"}]}",
+             obx_test_httpd_url(httpd, "/idem"), cases[i].extra);
+    obx_pipeline_t *pipeline = NULL;
+    obx_err_t err = OBX_ERR_INIT;
+    if (!obx_pipeline_parse_json(json, &pipeline, &err)) fail_msg("case %zu: %s", i, err.msg);
+    obx_pipeline_input_t in = {.context = ctx, .org_id = "o", .event_id = cases[i].event_id,
+                               .replay_id = cases[i].replay_id};
+    int before = obx_test_httpd_nrequests(httpd);
+    obx_pipeline_run_t *run = obx_pipeline_execute(pipeline, &in, &egress);
+    assert_int_equal(obx_pipeline_run_status(run), OBX_PIPELINE_SUCCEEDED);
+    obx_test_httpd_request_t req;
+    assert_true(obx_test_httpd_request(httpd, before, &req));
+    const char *got = obx_test_httpd_request_header(&req, cases[i].header);
+    if (cases[i].want ? !got || strcmp(got, cases[i].want) != 0 : got != NULL)
+      fail_msg("case %zu: %s: got %s, want %s", i, cases[i].header, got ? got : "(none)",
+               cases[i].want ? cases[i].want : "(none)");
+    obx_test_httpd_request_cleanup(&req);
+    obx_pipeline_run_destroy(run);
+    obx_pipeline_destroy(pipeline);
+  }
+  /* a header name that is not one is refused when the pipeline is saved */
+  obx_pipeline_t *pipeline = NULL;
+  obx_err_t err = OBX_ERR_INIT;
+  assert_false(obx_pipeline_parse_json(
+    "{\"nodes\": [{\"id\": \"start\", \"type\": \"start\"}, {\"id\": \"c\", \"type\": \"http-request\","
+    " \"config\": {\"url\": \"http://127.0.0.1/x\", \"idempotencyHeader\": \"bad name\"}}],"
+    " \"edges\": [{\"from\": \"start\", \"to\": \"c\"}]}", &pipeline, &err));
+  assert_non_null(strstr(err.msg, "config.idempotencyHeader"));
+  bson_destroy(ctx);
+  obx_egress_cleanup(&egress);
+}
+
 /* timeoutMs shortens the policy's total timeout, never lengthens it. */
 static void test_node_timeout(void **state) {
   static const struct {
@@ -350,6 +409,7 @@ int main(void) {
     cmocka_unit_test(test_success),
     cmocka_unit_test(test_failure_table),
     cmocka_unit_test(test_methods),
+    cmocka_unit_test(test_idempotency_key),
     cmocka_unit_test(test_node_timeout),
     cmocka_unit_test(test_redirect_not_followed),
     cmocka_unit_test(test_loopback_refused_without_allowance),

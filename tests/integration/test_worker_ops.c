@@ -337,6 +337,26 @@ static void test_inbox_show_and_replay(void **state) {
   snprintf(cmd, sizeof cmd, "inbox replay %s", ev[0].id);
   ctl_ok(fx, out, sizeof out, cmd);
   wt_wait_calls(fx, "R-1", 2);
+  /* The first run's call carried <eventId>:<nodeId>; the replay's carries its own replay id, so
+   * the ERP tells a deliberate re-run from a redelivered copy of the first. */
+  const char *rp = strstr(out, "(replay ");
+  assert_non_null(rp);
+  char want[3][160];
+  snprintf(want[0], sizeof want[0], "%s:notify", ev[0].id);
+  snprintf(want[1], sizeof want[1], "%s:notify:%.*s", ev[0].id, (int)strcspn(rp + 8, ")"), rp + 8);
+  int seen = 0;
+  for (int i = 0; i < obx_test_httpd_nrequests(fx->httpd) && seen < 2; i++) {
+    obx_test_httpd_request_t req;
+    if (!obx_test_httpd_request(fx->httpd, i, &req)) continue;
+    if (strcmp(req.path, "/erp/R-1") == 0) {
+      const char *got = obx_test_httpd_request_header(&req, "idempotency-key");
+      if (!got || strcmp(got, want[seen]) != 0)
+        fail_msg("call %d to R-1: Idempotency-Key got %s, want %s", seen + 1, got ? got : "(none)", want[seen]);
+      seen++;
+    }
+    obx_test_httpd_request_cleanup(&req);
+  }
+  assert_int_equal(seen, 2);
   int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
   while (wt_executions(fx, ev[0].id) < 2 && obx_test_now_ms() < deadline) usleep(20000);
   assert_int_equal(wt_executions(fx, ev[0].id), 2);
