@@ -41,6 +41,7 @@ static const obx_schema_index_t outbox_indexes[] = {
    OBX_SCHEMA_TTL_NONE},
   {"outbox_org_occurred_id", "{\"orgId\": 1, \"occurredAt\": -1, \"_id\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
   {"outbox_status_occurred_id", "{\"status\": 1, \"occurredAt\": -1, \"_id\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
+  {"outbox_occurred_id", "{\"occurredAt\": -1, \"_id\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
   /* PUBLISHED events expire after outbox.retention */
   {"outbox_published_ttl", "{\"publishedAt\": 1}", "{\"partialFilterExpression\": {\"status\": \"PUBLISHED\"}}",
    OBX_SCHEMA_TTL_OUTBOX},
@@ -61,6 +62,8 @@ static const obx_schema_index_t inbox_indexes[] = {
   {"inbox_consumer_type_arrival", "{\"_id.consumer\": 1, \"eventType\": 1, \"receivedAt\": 1, \"seq\": 1}", NULL,
    OBX_SCHEMA_TTL_NONE},
   {"inbox_consumer_key_arrival", "{\"_id.consumer\": 1, \"partitionKey\": 1, \"receivedAt\": 1, \"seq\": 1}", NULL,
+   OBX_SCHEMA_TTL_NONE},
+  {"inbox_consumer_newest", "{\"_id.consumer\": 1, \"receivedAt\": -1, \"_id.eventId\": -1}", NULL,
    OBX_SCHEMA_TTL_NONE},
   {"inbox_event", "{\"_id.eventId\": 1, \"_id.consumer\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
 };
