@@ -13,6 +13,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -129,8 +130,11 @@ amqp_connection_state_t obx_amqp_open(const obx_amqp_target_t *target, const cha
   if (timeout_ms <= 0) timeout_ms = 5000;
   struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
   int rc = amqp_socket_open_noblock(sock, target->host, target->port, &tv);
+  char where[320]; /* every connection error names the broker it tried */
+  snprintf(where, sizeof where, "connecting to RabbitMQ at %s:%d%s", target->host, target->port,
+           target->tls ? " over TLS" : "");
   if (rc != AMQP_STATUS_OK) {
-    obx_err_from_amqp_status(err, rc, target->tls ? "connecting to RabbitMQ over TLS" : "connecting to RabbitMQ");
+    obx_err_from_amqp_status(err, rc, where);
     /* a refused certificate is a connection problem like any other: the broker's certificate
      * or the mounted CA may change, and nothing about the message is wrong */
     if (err) err->retriable = true;
@@ -146,7 +150,8 @@ amqp_connection_state_t obx_amqp_open(const obx_amqp_target_t *target, const cha
   amqp_rpc_reply_t r = amqp_login_with_properties(conn, target->vhost, 0, FRAME_MAX, target->heartbeat_s, &ptable,
                                                   AMQP_SASL_METHOD_PLAIN, target->user, target->password);
   if (r.reply_type != AMQP_RESPONSE_NORMAL) {
-    obx_err_from_amqp(err, &r, "RabbitMQ login");
+    snprintf(where, sizeof where, "RabbitMQ login at %s:%d (vhost %s)", target->host, target->port, target->vhost);
+    obx_err_from_amqp(err, &r, where);
     goto done;
   }
   ok = true;

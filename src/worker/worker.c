@@ -76,6 +76,7 @@ struct obx_worker {
   lane_t *lanes;
   int nlanes;
   atomic_bool stop;
+  atomic_int assigned;      /* partitions of the last assignment; -1 until the group is joined */
 
   rd_kafka_t *rk;
   pthread_t kafka_thread;
@@ -1062,10 +1063,25 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t rerr, rd_kafka_topi
     worker_offsets_clear(&w->offsets);
     w->generation++;
     rd_kafka_assign(rk, parts);
+    atomic_store(&w->assigned, parts->cnt);
     obx_info("partitions assigned (%d)", parts->cnt);
   } else {
     rd_kafka_assign(rk, NULL);
   }
+}
+
+/* /readyz "worker": the consumer group is joined (Kafka source) and RabbitMQ is connected. */
+static bool worker_ready(void *ctx, obx_err_t *err) {
+  obx_worker_t *w = ctx;
+  if (strcmp(w->conf->worker_source, "kafka") == 0 && atomic_load(&w->assigned) < 0) {
+    obx_err_set(err, OBX_ERR_KAFKA, 0, true, "no partition assignment yet from consumer group %s", w->consumer);
+    return false;
+  }
+  if (!obx_ladder_connected(w->ladder)) {
+    obx_err_set(err, OBX_ERR_AMQP, 0, true, "not connected to RabbitMQ (%s)", obx_ladder_work_queue(w->ladder));
+    return false;
+  }
+  return true;
 }
 
 static void kafka_update_lag(obx_worker_t *w) {
@@ -1340,6 +1356,8 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
     goto fail;
   }
   w->wq_running = true;
+  atomic_store(&w->assigned, -1);
+  if (http) obx_http_add_ready_check(http, "worker", worker_ready, w);
   if (http_mode) {
     if (!(w->sink = worker_sink_start(w, conf, w->mongo, err))) goto fail;
   } else if (!kafka_start(w, err)) {
