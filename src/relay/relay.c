@@ -54,9 +54,43 @@ void relay_list_remove(relay_list_t *list, obx_relay_msg_t *msg) {
 
 static bool list_has(const relay_list_t *list, const char *id) {
   for (const obx_relay_msg_t *msg = list->head; msg; msg = msg->next)
-    if (strcmp(msg->id, id) == 0) return true;
+    if (msg->id && strcmp(msg->id, id) == 0) return true;
   return false;
 }
+
+char *relay_id_key(const bson_t *doc) {
+  bson_iter_t it;
+  if (!bson_iter_init_find(&it, doc, "_id")) return NULL;
+  if (BSON_ITER_HOLDS_UTF8(&it)) {
+    uint32_t len;
+    const char *s = bson_iter_utf8(&it, &len);
+    char *key = malloc(len + 2);
+    if (!key) abort();
+    key[0] = 's';
+    memcpy(key + 1, s, len + 1);
+    return key;
+  }
+  bson_t wrap = BSON_INITIALIZER;
+  bson_append_iter(&wrap, "_id", 3, &it);
+  char *json = bson_as_canonical_extended_json(&wrap, NULL);
+  bson_destroy(&wrap);
+  size_t len = strlen(json);
+  char *key = malloc(len + 2);
+  if (!key) abort();
+  key[0] = (char)('a' + (int)bson_iter_type(&it) % 26);
+  memcpy(key + 1, json, len + 1);
+  bson_free(json);
+  return key;
+}
+
+void relay_msg_free(obx_relay_msg_t *msg) {
+  if (!msg) return;
+  free(msg->id);
+  if (msg->idv.value_type) bson_value_destroy(&msg->idv);
+  free(msg);
+}
+
+static const char *msg_name(const obx_relay_msg_t *msg) { return msg->id ? msg->id + 1 : "(no _id)"; }
 
 bool relay_inflight_has(const obx_relay_t *relay, const char *id, bool stream_too) {
   return list_has(&relay->inflight_sweep, id) || list_has(&relay->reported, id) ||
@@ -105,7 +139,7 @@ static void relay_on_ack(const obx_relay_ack_t *ack, void *ctx) {
     msg->purged = ack->err.code == RD_KAFKA_RESP_ERR__PURGE_QUEUE || ack->err.code == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT;
     if (!msg->purged) {
       relay_metrics_count(relay, RELAY_COUNT_PUBLISH_ERROR);
-      obx_log_event(OBX_LOG_WARN, msg->id, NULL, "publish failed: %s", msg->error);
+      obx_log_event(OBX_LOG_WARN, msg_name(msg), NULL, "publish failed: %s", msg->error);
     }
   }
   if (!relay->reported.n) relay->first_report_ms = obx_time_now_ms();
@@ -115,7 +149,9 @@ static void relay_on_ack(const obx_relay_ack_t *ack, void *ctx) {
 /* The outbox update for one report, appended to bulk. */
 static void relay_report_update(obx_relay_t *relay, mongoc_bulk_operation_t *bulk,
                                 const obx_relay_msg_t *msg, int64_t now) {
-  bson_t *selector = BCON_NEW("_id", BCON_UTF8(msg->id), "status", BCON_UTF8("PENDING"));
+  bson_t *selector = bson_new();
+  BSON_APPEND_VALUE(selector, "_id", &msg->idv);
+  BSON_APPEND_UTF8(selector, "status", "PENDING");
   bson_t update = BSON_INITIALIZER, set, unset;
   bson_append_document_begin(&update, "$set", -1, &set);
   if (msg->ok) {
@@ -143,50 +179,97 @@ static void relay_report_update(obx_relay_t *relay, mongoc_bulk_operation_t *bul
   bson_append_document_end(&update, &unset);
   bson_error_t berr;
   if (!mongoc_bulk_operation_update_one_with_opts(bulk, selector, &update, NULL, &berr))
-    obx_error("outbox update for %s: %s", msg->id, berr.message); /* a malformed update is a bug */
+    obx_error("outbox update for %s: %s", msg_name(msg), berr.message); /* a malformed update is a bug */
   bson_destroy(&update);
   bson_destroy(selector);
 }
 
+/* The update of one document was refused (a write error of the bulk: a DBA's validator or
+ * unique index, ...): that document alone becomes FAILED with the reason, so it cannot stall
+ * the others nor be published again and again. */
+static void relay_report_refused(obx_relay_t *relay, obx_relay_msg_t *msg, int code, const char *why) {
+  char reason[512];
+  msg->refused = true;
+  if (msg->ok)
+    snprintf(reason, sizeof reason, "published to %s partition %d offset %lld, but the outbox update was refused (%d): %s",
+             relay->conf->kafka_topic, msg->partition, (long long)msg->offset, code, why);
+  else
+    snprintf(reason, sizeof reason, "the outbox update after a failed publish (%s) was refused (%d): %s", msg->error, code, why);
+  bson_t *selector = bson_new();
+  BSON_APPEND_VALUE(selector, "_id", &msg->idv);
+  BSON_APPEND_UTF8(selector, "status", "PENDING");
+  bson_t *update = BCON_NEW("$set", "{", "status", "FAILED", "lastError", BCON_UTF8(reason), "}", "$unset", "{",
+                            "claimedBy", "", "claimedUntil", "", "}");
+  bson_error_t berr;
+  bool ok = mongoc_collection_update_one(relay->outbox, selector, update, NULL, NULL, &berr);
+  relay_metrics_count(relay, RELAY_COUNT_FAILED);
+  obx_log_event(OBX_LOG_ERROR, msg_name(msg), NULL, "event FAILED: %s%s%s", reason, ok ? "" : "; and marking it FAILED: ",
+                ok ? "" : berr.message);
+  bson_destroy(update);
+  bson_destroy(selector);
+}
+
 /* Writes the outbox updates of every report in one unordered bulk; on success the messages
- * are done (their window slots too). A MongoDB error keeps them for the next call. */
+ * are done (their window slots too). A write error touches only its own document
+ * (relay_report_refused); any other MongoDB error keeps them all for the next call. */
 static bool relay_write_reports(obx_relay_t *relay) {
   if (!relay->reported.n) return true;
   bson_t *opts = BCON_NEW("ordered", BCON_BOOL(false));
   mongoc_bulk_operation_t *bulk = mongoc_collection_create_bulk_operation_with_opts(relay->outbox, opts);
   int64_t now = obx_time_now_ms();
   int updates = 0;
+  obx_relay_msg_t **sent = malloc((size_t)relay->reported.n * sizeof *sent);
+  if (!sent) abort();
   for (obx_relay_msg_t *msg = relay->reported.head; msg; msg = msg->next) {
     if (msg->purged) continue;
     relay_report_update(relay, bulk, msg, now);
-    updates++;
+    sent[updates++] = msg;
   }
   bool ok = true;
   if (updates) {
     bson_t reply;
     bson_error_t berr;
+    bson_iter_t it, errs;
     ok = mongoc_bulk_operation_execute(bulk, &reply, &berr) != 0;
-    if (!ok) {
+    bool write_errors = !ok && bson_iter_init_find(&it, &reply, "writeErrors") && BSON_ITER_HOLDS_ARRAY(&it) &&
+                        bson_iter_recurse(&it, &errs) && !bson_iter_init_find(&it, &reply, "writeConcernErrors");
+    if (write_errors) {
+      /* the bulk ran (unordered): the refused updates are listed, every other one is written */
+      while (bson_iter_next(&errs)) {
+        bson_iter_t e;
+        int index = -1, code = 0;
+        const char *why = "?";
+        if (!BSON_ITER_HOLDS_DOCUMENT(&errs) || !bson_iter_recurse(&errs, &e)) continue;
+        while (bson_iter_next(&e)) {
+          if (!strcmp(bson_iter_key(&e), "index")) index = (int)bson_iter_as_int64(&e);
+          else if (!strcmp(bson_iter_key(&e), "code")) code = (int)bson_iter_as_int64(&e);
+          else if (!strcmp(bson_iter_key(&e), "errmsg") && BSON_ITER_HOLDS_UTF8(&e)) why = bson_iter_utf8(&e, NULL);
+        }
+        if (index >= 0 && index < updates) relay_report_refused(relay, sent[index], code, why);
+      }
+      ok = true;
+    } else if (!ok) {
       obx_err_t err = OBX_ERR_INIT;
       obx_err_from_bson(&err, &berr, &reply);
       obx_warn("outbox updates after %d delivery reports: %s (will retry)", updates, err.msg);
     }
     bson_destroy(&reply);
   }
+  free(sent);
   mongoc_bulk_operation_destroy(bulk);
   bson_destroy(opts);
   if (!ok) return false;
   while (relay->reported.head) {
     obx_relay_msg_t *msg = relay->reported.head;
     relay_list_remove(&relay->reported, msg);
-    if (!msg->ok && !msg->purged && (msg->terminal || msg->attempts + 1 >= relay->conf->outbox_max_attempts)) {
+    if (!msg->ok && !msg->purged && !msg->refused && (msg->terminal || msg->attempts + 1 >= relay->conf->outbox_max_attempts)) {
       relay_metrics_count(relay, RELAY_COUNT_FAILED);
       relay_trace_current(msg->traceparent);
-      obx_log_event(OBX_LOG_ERROR, msg->id, NULL, "event FAILED after %d attempts: %s", msg->attempts + 1, msg->error);
+      obx_log_event(OBX_LOG_ERROR, msg_name(msg), NULL, "event FAILED after %d attempts: %s", msg->attempts + 1, msg->error);
       obx_trace_set_current(NULL);
     }
     if (msg->from == RELAY_FROM_STREAM) relay_window_done(relay, msg->seq);
-    free(msg);
+    relay_msg_free(msg);
   }
   return true;
 }
@@ -373,8 +456,8 @@ void relay_publish(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg) 
   bson_iter_t it;
   obx_event_init(&ev);
   memset(&rec, 0, sizeof rec);
-  if (bson_iter_init_find(&it, doc, "_id") && BSON_ITER_HOLDS_UTF8(&it))
-    snprintf(msg->id, sizeof msg->id, "%s", bson_iter_utf8(&it, NULL));
+  msg->id = relay_id_key(doc);
+  if (bson_iter_init_find(&it, doc, "_id")) bson_value_copy(bson_iter_value(&it), &msg->idv);
   if (bson_iter_init_find(&it, doc, "attempts") && BSON_ITER_HOLDS_NUMBER(&it))
     msg->attempts = (int32_t)bson_iter_as_int64(&it);
   msg->occurred_ms = obx_time_now_ms();
@@ -390,7 +473,7 @@ void relay_publish(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg) 
 
 failed:
   relay_trace_current(ev.traceparent); /* the context the event was written under, when it decoded */
-  obx_log_event(OBX_LOG_WARN, msg->id, ev.correlation_id, "cannot publish: %s", err.msg);
+  obx_log_event(OBX_LOG_WARN, msg_name(msg), ev.correlation_id, "cannot publish: %s", err.msg);
   obx_trace_set_current(NULL);
   snprintf(msg->error, sizeof msg->error, "%s", err.msg);
   relay_metrics_count(relay, RELAY_COUNT_PUBLISH_ERROR);
@@ -534,7 +617,7 @@ static void relay_destroy(obx_relay_t *relay) {
   while (relay->reported.head) {
     obx_relay_msg_t *msg = relay->reported.head;
     relay_list_remove(&relay->reported, msg);
-    free(msg);
+    relay_msg_free(msg);
   }
   if (relay->client) obx_mongo_push(relay->mongo, relay->client);
   obx_mongo_destroy(relay->mongo);

@@ -26,7 +26,8 @@
 typedef enum { RELAY_FROM_STREAM, RELAY_FROM_SWEEP } relay_from_t;
 
 typedef struct obx_relay_msg {
-  char id[OBX_UUID_LEN + 1];
+  char *id;             /* relay_id_key of the document's _id (owned; NULL without one) */
+  bson_value_t idv;     /* the _id itself, whatever its BSON type (owned copy) */
   relay_from_t from;
   uint64_t seq;         /* stream: window slot */
   int32_t attempts;     /* attempts recorded before this publish */
@@ -34,6 +35,7 @@ typedef struct obx_relay_msg {
   bool ok;              /* the delivery report's verdict */
   bool terminal;        /* malformed: FAILED at once */
   bool purged;          /* dropped by a purge (shutdown, step-down): not an attempt */
+  bool refused;         /* its outbox update was refused: FAILED by relay_report_refused */
   int32_t partition;
   int64_t offset;
   char error[256];
@@ -138,6 +140,10 @@ bool relay_ensure_schema(obx_relay_t *relay);
 void relay_list_push(relay_list_t *list, obx_relay_msg_t *msg);
 void relay_list_remove(relay_list_t *list, obx_relay_msg_t *msg);
 bool relay_inflight_has(const obx_relay_t *relay, const char *id, bool stream_too);
+/* The comparison key of doc's _id, any BSON type: 's' + the string, or the type's letter +
+ * its canonical extended JSON; NULL when doc has no _id. Owned (free). For logs use key + 1. */
+char *relay_id_key(const bson_t *doc);
+void relay_msg_free(obx_relay_msg_t *msg);
 /* findAndModify returning the new document (sort and extra options, e.g. a write concern, may
  * be NULL): *value (caller-initialised) receives a copy of it, or stays empty when nothing
  * matched. False with err set on a MongoDB error. */

@@ -45,7 +45,6 @@ int relay_sweep(obx_relay_t *relay, int64_t grace_ms) {
   while (claimed < relay->conf->outbox_batch_size && !relay->stopping &&
          relay_pending(relay) < relay->conf->relay_max_inflight) {
     bson_t doc = BSON_INITIALIZER;
-    bson_iter_t it;
     if (!relay_claim(relay, grace_ms, &doc)) {
       bson_destroy(&doc);
       return -1;
@@ -55,13 +54,14 @@ int relay_sweep(obx_relay_t *relay, int64_t grace_ms) {
       break;
     }
     claimed++;
-    if (!(bson_iter_init_find(&it, &doc, "_id") && BSON_ITER_HOLDS_UTF8(&it) &&
-          relay_inflight_has(relay, bson_iter_utf8(&it, NULL), true))) {
+    char *key = relay_id_key(&doc);
+    if (key && !relay_inflight_has(relay, key, true)) {
       obx_relay_msg_t *msg = calloc(1, sizeof *msg);
       if (!msg) abort();
       msg->from = RELAY_FROM_SWEEP;
       relay_publish(relay, &doc, msg);
     }
+    free(key);
     bson_destroy(&doc);
   }
   if (claimed) obx_debug("sweeper claimed %d events", claimed);

@@ -686,6 +686,75 @@ static void test_stream_errors_restart_from_now(void **state) {
   ctx_cleanup(&ctx);
 }
 
+/* Every outbox document gets an answer: _ids of other BSON types (ObjectId, int, document:
+ * what a third-party writer may insert) are FAILED with the reason, once, not re-claimed
+ * forever; an outbox update refused for one document (a DBA's unique index on kafka.offset,
+ * which offsets of different partitions break) makes that one FAILED with the reason while the
+ * rest of its bulk is written and publishing goes on. */
+static void test_every_document_gets_an_answer(void **state) {
+  ctx_t ctx;
+  ctx_init(&ctx, "answer", &g_mongo, NULL);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "topic %s 3", ctx.topic);
+  assert_true(obx_test_kafka_cmd(&g_kafka, cmd));
+  obx_relay_t *relay = relay_start(&ctx);
+  leader_wait_t lw = {relay};
+  assert_true(obx_test_wait_for(is_leader, &lw, 20000, 50));
+
+  /* three documents with non-string _ids, through the stream */
+  for (int i = 0; i < 3; i++) {
+    obx_event_t ev;
+    obx_event_init(&ev);
+    ev.event_type = strdup("OrderConfirmed");
+    ev.org_id = strdup("org-1");
+    ev.aggregate_type = strdup("Order");
+    ev.aggregate_id = strdup("ORD-X");
+    obx_err_t err = OBX_ERR_INIT;
+    bson_t doc = BSON_INITIALIZER, other = BSON_INITIALIZER;
+    if (!obx_event_finalize(&ev, &err) || !obx_event_to_outbox(&ev, &doc, &err)) fail_msg("event: %s", err.msg);
+    bson_oid_t oid;
+    bson_oid_init(&oid, NULL);
+    if (i == 0) BSON_APPEND_OID(&other, "_id", &oid);
+    else if (i == 1) BSON_APPEND_INT64(&other, "_id", 4242);
+    else {
+      bson_t sub;
+      BSON_APPEND_DOCUMENT_BEGIN(&other, "_id", &sub);
+      BSON_APPEND_UTF8(&sub, "writer", "legacy");
+      bson_append_document_end(&other, &sub);
+    }
+    bson_copy_to_excluding_noinit(&doc, &other, "_id", NULL);
+    bson_error_t berr;
+    if (!mongoc_collection_insert_one(ctx.outbox, &other, NULL, NULL, &berr)) fail_msg("insert: %s", berr.message);
+    bson_destroy(&other);
+    bson_destroy(&doc);
+    obx_event_cleanup(&ev);
+  }
+  count_wait_t odd = {&ctx, "{\"status\": \"FAILED\", \"attempts\": 1, \"lastError\": {\"$regex\": \"_id\"}}", 3};
+  if (!obx_test_wait_for(count_reached, &odd, 20000, 50))
+    fail_msg("non-string _ids: got %lld FAILED with the reason want 3", (long long)count_docs(ctx.outbox, odd.filter));
+
+  /* a unique index the relay's updates break: only the refused documents fail */
+  bson_t *create = BCON_NEW("createIndexes", "outbox", "indexes", "[", "{", "key", "{", "kafka.offset", BCON_INT32(1), "}",
+                         "name", "dba_offset", "unique", BCON_BOOL(true), "partialFilterExpression", "{", "kafka.offset",
+                         "{", "$exists", BCON_BOOL(true), "}", "}", "}", "]");
+  mongoc_database_t *db = mongoc_client_get_database(ctx.client, ctx.db);
+  bson_error_t berr;
+  if (!mongoc_database_write_command_with_opts(db, create, NULL, NULL, &berr)) fail_msg("index: %s", berr.message);
+  mongoc_database_destroy(db);
+  bson_destroy(create);
+  insert_events(&ctx, 30, 10);
+  count_wait_t answered = {&ctx, "{\"status\": {\"$in\": [\"PUBLISHED\", \"FAILED\"]}}", 33};
+  if (!obx_test_wait_for(count_reached, &answered, 30000, 50))
+    fail_msg("answered: got %lld want 33", (long long)count_docs(ctx.outbox, answered.filter));
+  int64_t refused = count_docs(ctx.outbox, "{\"status\": \"FAILED\", \"lastError\": {\"$regex\": \"outbox update was refused\"}}");
+  int64_t published = count_docs(ctx.outbox, "{\"status\": \"PUBLISHED\"}");
+  if (refused < 1 || published < 1 || refused + published != 30)
+    fail_msg("after refused updates: got %lld refused + %lld published want 30 with both > 0", (long long)refused,
+             (long long)published);
+  obx_relay_stop(relay);
+  ctx_cleanup(&ctx);
+}
+
 static bool has_leader(void *arg) {
   ctx_t *ctx = arg;
   mongoc_collection_t *leases = mongoc_client_get_collection(ctx->client, ctx->db, "leases");
@@ -895,7 +964,9 @@ static void sweeper_init(sweeper_t *s, ctx_t *ctx, const char *owner) {
 
 /* Whether the sweeper claimed (and so holds a message for) event id. */
 static bool sweeper_has(const sweeper_t *s, const char *id) {
-  return relay_inflight_has(&s->relay, id, true);
+  char key[OBX_UUID_LEN + 2];
+  snprintf(key, sizeof key, "s%s", id); /* relay_id_key of a string _id */
+  return relay_inflight_has(&s->relay, key, true);
 }
 
 static int sweeper_held(const sweeper_t *s) {
@@ -1056,6 +1127,7 @@ int main(void) {
     cmocka_unit_test(test_getmore_faults),
     cmocka_unit_test(test_history_lost_recovers_everything),
     cmocka_unit_test(test_stream_errors_restart_from_now),
+    cmocka_unit_test(test_every_document_gets_an_answer),
     cmocka_unit_test(test_kafka_down_20s_backpressure),
     cmocka_unit_test(test_kill_9_mid_run_loses_nothing),
     cmocka_unit_test(test_checkpoint_fenced_while_lease_held),
