@@ -92,6 +92,12 @@ bool obx_ops_counts(const obx_ops_t *ops, obx_ops_store_t store, const char *org
 bool obx_ops_outbox_reprocess(const obx_ops_t *ops, const char *org, const char *id, bool dry_run, bson_t *out,
                               obx_err_t *err);
 
+/* Skips a FAILED event for good (FAILED -> SKIPPED, history entry "skip", audit_log
+ * "outbox.skip"): the relay releases its key, whose later events were held behind it. Same
+ * dry run, errors and out as obx_ops_outbox_reprocess. */
+bool obx_ops_outbox_skip(const obx_ops_t *ops, const char *org, const char *id, bool dry_run, bson_t *out,
+                         obx_err_t *err);
+
 /* ---- inbox and replays (ops_inbox.c) ------------------------------------------------------------ */
 
 /* One inbox entry with its executions: out receives {entry: {...}, executions: [{_id, status,

@@ -10,6 +10,7 @@
  *   GET  /api/status                     status:read       obx_ops_status
  *   GET  /api/outbox?status=&limit=&after=  outbox:read    obx_ops_list
  *   POST /api/outbox/:id/reprocess       outbox:reprocess  obx_ops_outbox_reprocess
+ *   POST /api/outbox/:id/skip            outbox:reprocess  obx_ops_outbox_skip
  *   GET  /api/inbox?status=&limit=&after=   inbox:read     obx_ops_list
  *   GET  /api/inbox/:id                  inbox:read        obx_ops_inbox_get
  *   POST /api/inbox/:id/replay           inbox:replay      obx_ops_inbox_replay (202)
@@ -138,7 +139,11 @@ static void list_store(obx_http_req_t *req, obx_http_resp_t *resp, const ops_api
 static void outbox_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) { list_store(req, resp, ctx, OBX_OPS_OUTBOX); }
 static void inbox_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) { list_store(req, resp, ctx, OBX_OPS_INBOX); }
 
-static void outbox_reprocess(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
+typedef bool (*outbox_action_fn)(const obx_ops_t *ops, const char *org, const char *id, bool dry_run, bson_t *out,
+                                  obx_err_t *err);
+
+/* reprocess and skip: one FAILED event moved by fn, optional {"dryRun": true}. */
+static void outbox_action(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx, outbox_action_fn fn) {
   bson_t *body = json_body(req, resp);
   bool dry_run;
   if (body && body_bool(body, resp, "dryRun", &dry_run)) {
@@ -146,10 +151,18 @@ static void outbox_reprocess(obx_http_req_t *req, obx_http_resp_t *resp, void *c
     obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
     obx_err_t err = OBX_ERR_INIT;
     bson_t out = BSON_INITIALIZER;
-    bool ok = obx_ops_outbox_reprocess(&ops, obx_http_req_org(req), obx_http_req_param(req, "id"), dry_run, &out, &err);
+    bool ok = fn(&ops, obx_http_req_org(req), obx_http_req_param(req, "id"), dry_run, &out, &err);
     reply(resp, ok, 200, &out, &err);
   }
   bson_destroy(body);
+}
+
+static void outbox_reprocess(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
+  outbox_action(req, resp, ctx, obx_ops_outbox_reprocess);
+}
+
+static void outbox_skip(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
+  outbox_action(req, resp, ctx, obx_ops_outbox_skip);
 }
 
 static void inbox_get(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
@@ -356,6 +369,7 @@ void *obx_ops_api_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err
   obx_http_route(http, "GET", "/api/status", "status:read", status_get, api);
   obx_http_route(http, "GET", "/api/outbox", "outbox:read", outbox_list, api);
   obx_http_route(http, "POST", "/api/outbox/:id/reprocess", "outbox:reprocess", outbox_reprocess, api);
+  obx_http_route(http, "POST", "/api/outbox/:id/skip", "outbox:reprocess", outbox_skip, api);
   obx_http_route(http, "GET", "/api/inbox", "inbox:read", inbox_list, api);
   obx_http_route(http, "POST", "/api/inbox/replay", "inbox:replay", inbox_replay, api);
   obx_http_route(http, "GET", "/api/inbox/:id", "inbox:read", inbox_get, api);

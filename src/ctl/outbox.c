@@ -7,7 +7,11 @@
  *       Events by status.
  *   outboxctl outbox reprocess ID [--dry-run] [--who NAME]
  *       Sends a FAILED event back to PENDING (attempts reset, available now, the last error kept
- *       in the event's history); the relay publishes it again. Recorded in audit_log.
+ *       in the event's history); the relay publishes it again, then the later events of its key
+ *       held behind it. Recorded in audit_log.
+ *   outboxctl outbox skip ID [--dry-run] [--who NAME]
+ *       Gives up on a FAILED event (SKIPPED, never published); the relay publishes the later
+ *       events of its key held behind it. Recorded in audit_log.
  *
  * DESIGN: the operations are obx_ops_* (src/ops/ops_outbox.c), the same ones the HTTP API runs;
  * options and service access are ops_ctl.h's. */
@@ -72,25 +76,25 @@ done_args:
   return rc;
 }
 
-static int outbox_reprocess(int argc, char **argv) {
+/* reprocess and skip: one FAILED event moved by fn (what: the command, to: its new status). */
+static int outbox_move(int argc, char **argv, const char *usage, const char *what, const char *to,
+                       bool (*fn)(const obx_ops_t *, const char *, const char *, bool, bson_t *, obx_err_t *)) {
   ops_ctl_args_t args;
-  int rc = ops_ctl_parse(&args, argc, argv,
-                            "usage: outboxctl outbox reprocess ID [--dry-run] [--who NAME] [--json]\n\n"
-                            "Sends a FAILED event back to PENDING; the relay publishes it again.\n");
+  int rc = ops_ctl_parse(&args, argc, argv, usage);
   if (rc >= 0) goto done_args;
   rc = OBX_CTL_USAGE;
   if (args.npos != 1) {
-    obx_ctl_errorf("outbox reprocess: wants one event id");
+    obx_ctl_errorf("%s: wants one event id", what);
     goto done_args;
   }
   ops_ctl_t ctl;
   if ((rc = ops_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
     bson_t out = BSON_INITIALIZER;
     obx_err_t err = OBX_ERR_INIT;
-    if (!obx_ops_outbox_reprocess(&ctl.ops, args.org, args.pos[0], args.dry_run, &out, &err))
-      rc = ops_ctl_fail(&ctl, "outbox reprocess", &err);
+    if (!fn(&ctl.ops, args.org, args.pos[0], args.dry_run, &out, &err))
+      rc = ops_ctl_fail(&ctl, what, &err);
     else if (args.json) obx_ctl_print_json(&out);
-    else printf("%s: FAILED -> PENDING%s; %s\n", args.pos[0], args.dry_run ? " (dry run: nothing changed)" : "", ctl.target);
+    else printf("%s: FAILED -> %s%s; %s\n", args.pos[0], to, args.dry_run ? " (dry run: nothing changed)" : "", ctl.target);
     bson_destroy(&out);
   }
   ops_ctl_close(&ctl);
@@ -99,11 +103,28 @@ done_args:
   return rc;
 }
 
+static int outbox_reprocess(int argc, char **argv) {
+  return outbox_move(argc, argv,
+                     "usage: outboxctl outbox reprocess ID [--dry-run] [--who NAME] [--json]\n\n"
+                     "Sends a FAILED event back to PENDING; the relay publishes it again (then the later events\n"
+                     "of its key, held behind it). To fix an event first, correct its document, then reprocess.\n",
+                     "outbox reprocess", "PENDING", obx_ops_outbox_reprocess);
+}
+
+static int outbox_skip(int argc, char **argv) {
+  return outbox_move(argc, argv,
+                     "usage: outboxctl outbox skip ID [--dry-run] [--who NAME] [--json]\n\n"
+                     "Gives up on a FAILED event (SKIPPED, never published); the relay publishes the later events\n"
+                     "of its key, held behind it.\n",
+                     "outbox skip", "SKIPPED", obx_ops_outbox_skip);
+}
+
 int obx_ctl_outbox(int argc, char **argv) {
   static const obx_ctl_sub_t subs[] = {
     {"list", "[STATUS] [--limit N] [--json]", "List the newest events, optionally of one status", outbox_list},
     {"counts", "[--json]", "Count events by status", outbox_counts},
     {"reprocess", "ID [--dry-run] [--who NAME]", "Send a FAILED event back to PENDING (recorded in audit_log)", outbox_reprocess},
+    {"skip", "ID [--dry-run] [--who NAME]", "Give up on a FAILED event, releasing its key (recorded in audit_log)", outbox_skip},
   };
   return obx_ctl_dispatch("the relay's outbox", subs, (int)(sizeof subs / sizeof subs[0]), argc, argv);
 }

@@ -62,6 +62,8 @@ static void print_text(const bson_t *status) {
     else printf("%-12s no checkpoint\n", "");
     printf("%-12s lag %.1f s (%lld pending, oldest due %s)\n", "", (double)int_field(&relay, "lagMs", 0) / 1000.0,
            int_field(&relay, "pending", 0), date_field(&relay, "oldestPendingAt", b));
+    printf("%-12s %lld held keys (later events wait behind a FAILED one: outbox reprocess or skip)\n", "",
+           int_field(&relay, "heldKeys", 0));
   }
   print_counts("outbox", status);
   print_counts("inbox", status);

@@ -1,4 +1,4 @@
-/* ops_outbox.c - the outbox and inbox listings and counts, and outbox reprocess
+/* ops_outbox.c - the outbox and inbox listings and counts, and outbox reprocess and skip
  *
  * DESIGN: see obx_ops.h. Reads MongoDB through ops->mongo (one client popped per call).
  * Reprocess is one transaction that updates the event and appends its audit_log entry; its
@@ -10,7 +10,7 @@
 #include "obx/obx_inbox.h"
 #include "ops/ops_int.h"
 
-static const char *const outbox_statuses[] = {"PENDING", "PUBLISHED", "FAILED"};
+static const char *const outbox_statuses[] = {"PENDING", "PUBLISHED", "FAILED", "SKIPPED"};
 #define NOUTBOX_STATUSES ((int)(sizeof outbox_statuses / sizeof outbox_statuses[0]))
 #define NINBOX_STATUSES ((int)OBX_INBOX_SKIPPED + 1)
 
@@ -101,6 +101,7 @@ typedef struct {
   const char *org, *id;
   bool dry_run;
   bson_t *out;
+  bool skip;   /* FAILED -> SKIPPED (the relay releases its key) instead of -> PENDING */
 } reprocess_t;
 
 static bool reprocess_txn(mongoc_client_session_t *session, void *p, obx_err_t *err) {
@@ -124,8 +125,8 @@ static bool reprocess_txn(mongoc_client_session_t *session, void *p, obx_err_t *
   }
   const char *status = obx_mongo_doc_str(&doc, "status");
   if (!status || strcmp(status, "FAILED") != 0) {
-    obx_err_set(err, OBX_ERR_CONFLICT, 0, false, "outbox event %s is %s, only FAILED events are reprocessed", r->id,
-                status ? status : "without status");
+    obx_err_set(err, OBX_ERR_CONFLICT, 0, false, "outbox event %s is %s, only FAILED events are %s", r->id,
+                status ? status : "without status", r->skip ? "skipped" : "reprocessed");
     goto done;
   }
   bson_iter_t it;
@@ -141,15 +142,19 @@ static bool reprocess_txn(mongoc_client_session_t *session, void *p, obx_err_t *
   }
 
   BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &set);
-  BSON_APPEND_UTF8(&set, "status", "PENDING");
-  BSON_APPEND_INT32(&set, "attempts", 0);
-  BSON_APPEND_DATE_TIME(&set, "availableAt", now);
-  BSON_APPEND_NULL(&set, "lastError");
+  if (r->skip) {
+    BSON_APPEND_UTF8(&set, "status", "SKIPPED");
+  } else {
+    BSON_APPEND_UTF8(&set, "status", "PENDING");
+    BSON_APPEND_INT32(&set, "attempts", 0);
+    BSON_APPEND_DATE_TIME(&set, "availableAt", now);
+    BSON_APPEND_NULL(&set, "lastError");
+  }
   bson_append_document_end(&update, &set);
   BSON_APPEND_DOCUMENT_BEGIN(&update, "$push", &push);
   BSON_APPEND_DOCUMENT_BEGIN(&push, "history", &hist);
   BSON_APPEND_DATE_TIME(&hist, "at", now);
-  BSON_APPEND_UTF8(&hist, "action", "reprocess");
+  BSON_APPEND_UTF8(&hist, "action", r->skip ? "skip" : "reprocess");
   BSON_APPEND_INT64(&hist, "attempts", attempts);
   if (last_error) BSON_APPEND_UTF8(&hist, "lastError", last_error);
   else BSON_APPEND_NULL(&hist, "lastError");
@@ -166,7 +171,7 @@ static bool reprocess_txn(mongoc_client_session_t *session, void *p, obx_err_t *
   BSON_APPEND_UTF8(&details, "previousStatus", "FAILED");
   BSON_APPEND_INT64(&details, "attempts", attempts);
   if (last_error) BSON_APPEND_UTF8(&details, "lastError", last_error);
-  if (!obx_ops_audit(ops, session, "outbox.reprocess", r->id, obx_mongo_doc_str(&doc, "orgId"), &details, err))
+  if (!obx_ops_audit(ops, session, r->skip ? "outbox.skip" : "outbox.reprocess", r->id, obx_mongo_doc_str(&doc, "orgId"), &details, err))
     goto done;
   if (r->out) {
     bson_reinit(r->out);
@@ -190,7 +195,13 @@ done:
 
 bool obx_ops_outbox_reprocess(const obx_ops_t *ops, const char *org, const char *id, bool dry_run, bson_t *out,
                               obx_err_t *err) {
-  reprocess_t r = {ops, org, id, dry_run, out};
+  reprocess_t r = {ops, org, id, dry_run, out, false};
+  return obx_mongo_transaction(ops->mongo, reprocess_txn, &r, err);
+}
+
+bool obx_ops_outbox_skip(const obx_ops_t *ops, const char *org, const char *id, bool dry_run, bson_t *out,
+                         obx_err_t *err) {
+  reprocess_t r = {ops, org, id, dry_run, out, true};
   return obx_mongo_transaction(ops->mongo, reprocess_txn, &r, err);
 }
 

@@ -27,6 +27,23 @@ static void append_age(bson_t *out, const char *at_field, const char *age_field,
   }
 }
 
+/* How many partition keys have a FAILED event: the relay holds their later events (src/relay/keys.c). */
+static bool count_held_keys(mongoc_collection_t *outbox, int64_t *n, obx_err_t *err) {
+  bson_t *cmd = BCON_NEW("distinct", BCON_UTF8(mongoc_collection_get_name(outbox)), "key", "partitionKey", "query", "{",
+                         "status", "FAILED", "}");
+  bson_t reply;
+  bson_error_t berr;
+  bson_iter_t it, values;
+  bool ok = mongoc_collection_read_command_with_opts(outbox, cmd, NULL, NULL, &reply, &berr);
+  *n = 0;
+  if (ok && bson_iter_init_find(&it, &reply, "values") && bson_iter_recurse(&it, &values))
+    while (bson_iter_next(&values)) (*n)++;
+  if (!ok) obx_err_from_bson(err, &berr, &reply);
+  bson_destroy(&reply);
+  bson_destroy(cmd);
+  return ok;
+}
+
 static bool status_relay(const obx_ops_t *ops, mongoc_client_t *client, bson_t *relay, obx_err_t *err) {
   int64_t now = obx_time_now_ms();
   bson_t lease = BSON_INITIALIZER, ckpt = BSON_INITIALIZER, oldest = BSON_INITIALIZER;
@@ -43,11 +60,12 @@ static bool status_relay(const obx_ops_t *ops, mongoc_client_t *client, bson_t *
   bool ok = obx_mongo_find_one(leases, lease_q, NULL, NULL, &lease, &has_lease, err) &&
             obx_mongo_find_one(ckpts, ckpt_q, NULL, NULL, &ckpt, &has_ckpt, err) &&
             obx_mongo_find_one(outbox, due_q, sort, NULL, &oldest, &has_oldest, err);
-  int64_t pending = ok ? mongoc_collection_count_documents(outbox, pending_q, NULL, NULL, NULL, &berr) : 0;
+  int64_t pending = ok ? mongoc_collection_count_documents(outbox, pending_q, NULL, NULL, NULL, &berr) : 0, held = 0;
   if (ok && pending < 0) {
     obx_err_from_bson(err, &berr, NULL);
     ok = false;
   }
+  ok = ok && count_held_keys(outbox, &held, err);
   if (ok) {
     const char *owner = has_lease ? obx_mongo_doc_str(&lease, "owner") : NULL;
     bson_iter_t it;
@@ -60,6 +78,7 @@ static bool status_relay(const obx_ops_t *ops, mongoc_client_t *client, bson_t *
     append_age(relay, "leaseExpiresAt", NULL, &lease, "expiresAt", now);
     append_age(relay, "checkpointAt", "checkpointAgeMs", &ckpt, "updatedAt", now);
     BSON_APPEND_INT64(relay, "pending", pending);
+    BSON_APPEND_INT64(relay, "heldKeys", held);
     if (has_oldest) {
       append_age(relay, "oldestPendingAt", "lagMs", &oldest, "occurredAt", now);
     } else {

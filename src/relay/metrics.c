@@ -14,7 +14,7 @@ static const double latency_buckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 
 static struct {
   obx_counter_t *published, *publish_errors, *failed, *stream_restarts;
-  obx_gauge_t *inflight, *lag, *leader, *stream_up;
+  obx_gauge_t *inflight, *lag, *leader, *stream_up, *held_keys;
   obx_histogram_t *latency;
 } m;
 
@@ -27,6 +27,9 @@ void relay_metrics_register(void) {
                                           "Change stream errors it could not resume from, by cause (history_lost 286, fatal_error 280, "
                                           "invalid_resume_token 260, invalidate, reopen_failed): each reopened the stream from now "
                                           "and published every PENDING event", "cause");
+  m.held_keys = obx_metrics_gauge("outboxd_relay_held_keys",
+                                  "Partition keys whose later events wait behind an event Kafka refused (FAILED or retrying): "
+                                  "reprocess, fix or skip the head", NULL);
   m.stream_up = obx_metrics_gauge("outboxd_relay_stream_up", "1 while the leader's change stream is open (0 on a standby and in poll mode)", NULL);
   m.inflight = obx_metrics_gauge("outboxd_relay_inflight", "Events produced and not yet recorded after their delivery report", NULL);
   m.lag = obx_metrics_gauge("outboxd_relay_lag_seconds",
@@ -71,6 +74,8 @@ void relay_metrics_gauges(obx_relay_t *relay) {
   if (!relay->leader) relay->counters.lag_ms = 0; /* a standby's lag is the leader's to report */
   relay->counters.inflight = relay_pending(relay);
   relay->counters.stream_up = relay->stream != NULL;
+  relay->counters.held_keys = relay->nheld;
+  obx_gauge_set(m.held_keys, relay->nheld);
   obx_gauge_set(m.stream_up, relay->counters.stream_up);
   obx_gauge_set(m.leader, relay->leader ? 1 : 0);
   obx_gauge_set(m.inflight, relay->counters.inflight);

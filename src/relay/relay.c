@@ -4,7 +4,8 @@
  * every message; delivery reports are served on it by relay_serve, so no state is locked.
  * The loop: renew or acquire the lease (stream mode) -> read the change stream up to the
  * in-flight bound (stream.c) -> serve reports and write their outbox updates in one unordered
- * bulk -> sweep PENDING events the stream missed (sweeper.c) -> write the checkpoint.
+ * bulk -> sweep PENDING events the stream missed (sweeper.c) -> write the checkpoint. Every
+ * event goes through keys.c: one in flight per partition key, and a refused one holds its key.
  *
  * Leadership (both modes): `leases` {_id:"relay", owner, epoch, expiresAt}. A standby takes the
  * lease with findAndModify once it expired (the epoch goes up by one); the leader renews every
@@ -83,9 +84,17 @@ char *relay_id_key(const bson_t *doc) {
   return key;
 }
 
+void relay_msg_set_id(obx_relay_msg_t *msg, const bson_t *doc) {
+  bson_iter_t it;
+  if (msg->id) return;
+  msg->id = relay_id_key(doc);
+  if (bson_iter_init_find(&it, doc, "_id")) bson_value_copy(bson_iter_value(&it), &msg->idv);
+}
+
 void relay_msg_free(obx_relay_msg_t *msg) {
   if (!msg) return;
   free(msg->id);
+  free(msg->pkey);
   if (msg->idv.value_type) bson_value_destroy(&msg->idv);
   free(msg);
 }
@@ -98,7 +107,7 @@ bool relay_inflight_has(const obx_relay_t *relay, const char *id, bool stream_to
 }
 
 int relay_pending(const obx_relay_t *relay) {
-  return relay->inflight_stream.n + relay->inflight_sweep.n + relay->reported.n;
+  return relay->inflight_stream.n + relay->inflight_sweep.n + relay->reported.n + relay->nqueued;
 }
 
 int64_t relay_backoff_ms(int32_t attempts) {
@@ -135,8 +144,11 @@ static void relay_on_ack(const obx_relay_ack_t *ack, void *ctx) {
     relay_metrics_observe_ack(relay, obx_time_now_ms() - msg->occurred_ms);
   } else {
     snprintf(msg->error, sizeof msg->error, "%s", ack->err.msg);
-    /* A purge (shutdown, stepping down) is not an attempt: the event stays as it was. */
-    msg->purged = ack->err.code == RD_KAFKA_RESP_ERR__PURGE_QUEUE || ack->err.code == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT;
+    /* A purge (shutdown, stepping down) is not an attempt, nor a failure of a producer that hit
+     * a fatal error (it is replaced, and the event published again from the checkpoint). */
+    msg->purged = ack->err.code == RD_KAFKA_RESP_ERR__PURGE_QUEUE || ack->err.code == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT ||
+                  obx_relay_producer_fatal(relay->producer);
+    msg->permanent = !ack->err.retriable;
     if (!msg->purged) {
       relay_metrics_count(relay, RELAY_COUNT_PUBLISH_ERROR);
       obx_log_event(OBX_LOG_WARN, msg_name(msg), NULL, "publish failed: %s", msg->error);
@@ -144,6 +156,7 @@ static void relay_on_ack(const obx_relay_ack_t *ack, void *ctx) {
   }
   if (!relay->reported.n) relay->first_report_ms = obx_time_now_ms();
   relay_list_push(&relay->reported, msg);
+  relay_keys_acked(relay, msg); /* the key's next event, or its hold */
 }
 
 /* The outbox update for one report, appended to bulk. */
@@ -170,7 +183,8 @@ static void relay_report_update(obx_relay_t *relay, mongoc_bulk_operation_t *bul
     BSON_APPEND_DATE_TIME(&set, "availableAt", now + relay_backoff_ms(attempts));
     /* status is written only when it changes: an update that names status PENDING would be
      * picked up by the change stream at once, defeating the backoff. */
-    if (msg->terminal || attempts >= relay->conf->outbox_max_attempts) BSON_APPEND_UTF8(&set, "status", "FAILED");
+    if (msg->terminal || msg->permanent || attempts >= relay->conf->outbox_max_attempts)
+      BSON_APPEND_UTF8(&set, "status", "FAILED");
   }
   bson_append_document_end(&update, &set);
   bson_append_document_begin(&update, "$unset", -1, &unset);
@@ -262,13 +276,14 @@ static bool relay_write_reports(obx_relay_t *relay) {
   while (relay->reported.head) {
     obx_relay_msg_t *msg = relay->reported.head;
     relay_list_remove(&relay->reported, msg);
-    if (!msg->ok && !msg->purged && !msg->refused && (msg->terminal || msg->attempts + 1 >= relay->conf->outbox_max_attempts)) {
+    if (!msg->ok && !msg->purged && !msg->refused && (msg->terminal || msg->permanent || msg->attempts + 1 >= relay->conf->outbox_max_attempts)) {
       relay_metrics_count(relay, RELAY_COUNT_FAILED);
       relay_trace_current(msg->traceparent);
       obx_log_event(OBX_LOG_ERROR, msg_name(msg), NULL, "event FAILED after %d attempts: %s", msg->attempts + 1, msg->error);
       obx_trace_set_current(NULL);
     }
-    if (msg->from == RELAY_FROM_STREAM) relay_window_done(relay, msg->seq);
+    /* a purged event was not handled: the checkpoint must not pass it (it is read again) */
+    if (msg->from == RELAY_FROM_STREAM && !msg->purged) relay_window_done(relay, msg->seq);
     relay_msg_free(msg);
   }
   return true;
@@ -376,6 +391,7 @@ static void relay_lease_step_down(obx_relay_t *relay, const char *why) {
   obx_relay_producer_flush(relay->producer, 2000);
   relay_write_reports(relay);
   relay_window_reset(relay);
+  relay_keys_reset(relay);
 }
 
 static void relay_lease_tick(obx_relay_t *relay) {
@@ -456,8 +472,7 @@ void relay_publish(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg) 
   bson_iter_t it;
   obx_event_init(&ev);
   memset(&rec, 0, sizeof rec);
-  msg->id = relay_id_key(doc);
-  if (bson_iter_init_find(&it, doc, "_id")) bson_value_copy(bson_iter_value(&it), &msg->idv);
+  relay_msg_set_id(msg, doc);
   if (bson_iter_init_find(&it, doc, "attempts") && BSON_ITER_HOLDS_NUMBER(&it))
     msg->attempts = (int32_t)bson_iter_as_int64(&it);
   msg->occurred_ms = obx_time_now_ms();
@@ -472,13 +487,19 @@ void relay_publish(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg) 
   goto done;
 
 failed:
-  relay_trace_current(ev.traceparent); /* the context the event was written under, when it decoded */
-  obx_log_event(OBX_LOG_WARN, msg_name(msg), ev.correlation_id, "cannot publish: %s", err.msg);
-  obx_trace_set_current(NULL);
   snprintf(msg->error, sizeof msg->error, "%s", err.msg);
-  relay_metrics_count(relay, RELAY_COUNT_PUBLISH_ERROR);
+  msg->permanent = !err.retriable;
+  /* a producer that hit a fatal error refuses everything: it is replaced, this is no attempt */
+  msg->purged = !msg->terminal && obx_relay_producer_fatal(relay->producer);
+  if (!msg->purged) {
+    relay_trace_current(ev.traceparent); /* the context the event was written under, when it decoded */
+    obx_log_event(OBX_LOG_WARN, msg_name(msg), ev.correlation_id, "cannot publish: %s", err.msg);
+    obx_trace_set_current(NULL);
+    relay_metrics_count(relay, RELAY_COUNT_PUBLISH_ERROR);
+  }
   if (!relay->reported.n) relay->first_report_ms = obx_time_now_ms();
   relay_list_push(&relay->reported, msg);
+  relay_keys_acked(relay, msg); /* the key is held behind it */
 done:
   obx_kafka_record_cleanup(&rec);
   obx_event_cleanup(&ev);
@@ -518,10 +539,14 @@ static bool relay_ready(void *ctx, obx_err_t *err) {
   return ready;
 }
 
-/* Becoming the leader: resume from the checkpoint, or (none yet) start from now and publish
- * every PENDING event first. False when the checkpoint could not be read (try again later: a
- * missing checkpoint must not be mistaken for an unreadable one). */
+/* Becoming the leader: the held keys from the outbox; then (stream mode) resume from the
+ * checkpoint, or (none yet) start from now and publish every PENDING event first. False when
+ * the outbox or the checkpoint could not be read (try again later: a missing checkpoint must
+ * not be mistaken for an unreadable one). */
 static bool relay_lead_begin(obx_relay_t *relay) {
+  relay_keys_reset(relay);
+  if (!relay_keys_load(relay)) return false;
+  if (relay->poll_mode) return true;
   if (!relay_checkpoint_load(relay)) return false;
   bson_destroy(relay->read_token);
   relay->read_token = relay->ckpt_token ? bson_copy(relay->ckpt_token) : NULL;
@@ -573,7 +598,7 @@ static void *relay_main(void *arg) {
       relay_serve(relay, 50, true); /* reports of what was in flight when we stepped down */
       continue;
     }
-    if (!relay->poll_mode && !relay->led) {
+    if (!relay->led) {
       relay->led = relay_lead_begin(relay) && relay->leader; /* it may have stepped down meanwhile */
       if (!relay->led) relay_serve(relay, 1000, false);
       continue;
@@ -581,10 +606,12 @@ static void *relay_main(void *arg) {
 
     bool busy = !relay->poll_mode && relay_stream_step(relay);
     relay_serve(relay, busy ? 0 : 20, false);
+    relay_keys_tick(relay);
 
     int64_t now = obx_time_now_ms();
     bool stream_behind = relay->stream && !relay->caught_up;
     if (now >= relay->next_sweep_ms && !stream_behind && relay_pending(relay) < conf->relay_max_inflight) {
+      relay_keys_check(relay);
       int claimed = relay_sweep(relay, relay->poll_mode ? 0 : conf->outbox_poll_interval);
       bool more = relay->poll_mode && claimed == conf->outbox_batch_size;
       relay->next_sweep_ms = more ? now : now + conf->outbox_poll_interval;
@@ -626,6 +653,8 @@ static void relay_destroy(obx_relay_t *relay) {
   bson_destroy(relay->read_token);
   bson_destroy(relay->ckpt_token);
   bson_destroy(relay->start_after);
+  relay_keys_reset(relay);
+  free(relay->keys);
   free(relay);
 }
 

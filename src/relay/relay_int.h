@@ -36,6 +36,8 @@ typedef struct obx_relay_msg {
   bool terminal;        /* malformed: FAILED at once */
   bool purged;          /* dropped by a purge (shutdown, step-down): not an attempt */
   bool refused;         /* its outbox update was refused: FAILED by relay_report_refused */
+  bool permanent;       /* the error will not go away by retrying: FAILED at once */
+  char *pkey;           /* its partition key while keys.c tracks it (owned) */
   int32_t partition;
   int64_t offset;
   char error[256];
@@ -47,6 +49,8 @@ typedef struct {
   obx_relay_msg_t *head, *tail;
   int n;
 } relay_list_t;
+
+typedef struct relay_key relay_key_t; /* keys.c */
 
 typedef enum { SLOT_INFLIGHT, SLOT_DONE } relay_slot_state_t;
 
@@ -78,7 +82,7 @@ typedef struct {
 typedef struct {
   atomic_uint_fast64_t published, publish_errors, failed;
   atomic_uint_fast64_t recoveries[RELAY_STREAM_NCAUSES]; /* change stream restarts by cause */
-  atomic_int stream_up;
+  atomic_int stream_up, held_keys;
   atomic_int inflight;
   atomic_int leader;
   atomic_int_fast64_t lag_ms;
@@ -128,6 +132,11 @@ typedef struct obx_relay {
   int64_t next_sweep_ms;
   relay_counters_t counters;
 
+  /* per-key order (keys.c) */
+  relay_key_t **keys;       /* hash table by partition key */
+  int nheld, nqueued;
+  bool release_due;
+
   /* readiness (GET /readyz runs on an HTTP thread) */
   pthread_mutex_t ready_mu;
   bool schema_ready;
@@ -144,6 +153,8 @@ bool relay_inflight_has(const obx_relay_t *relay, const char *id, bool stream_to
  * its canonical extended JSON; NULL when doc has no _id. Owned (free). For logs use key + 1. */
 char *relay_id_key(const bson_t *doc);
 void relay_msg_free(obx_relay_msg_t *msg);
+/* Sets msg->id and msg->idv from doc's _id (once). */
+void relay_msg_set_id(obx_relay_msg_t *msg, const bson_t *doc);
 /* findAndModify returning the new document (sort and extra options, e.g. a write concern, may
  * be NULL): *value (caller-initialised) receives a copy of it, or stays empty when nothing
  * matched. False with err set on a MongoDB error. */
@@ -157,6 +168,29 @@ void relay_publish(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg);
 void relay_serve(obx_relay_t *relay, int timeout_ms, bool force);
 int relay_pending(const obx_relay_t *relay);
 int64_t relay_backoff_ms(int32_t attempts);
+
+/* keys.c */
+/* The partition key of an outbox document (partitionKey, else aggregateId); borrowed; NULL. */
+const char *relay_doc_key(const bson_t *doc);
+/* Publishes doc now, queues it behind its key's event in flight, or (its key held by another
+ * event) leaves it PENDING; takes msg. */
+void relay_keys_submit(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg);
+/* msg's delivery report: produces the key's next event, or holds the key (a failure). */
+void relay_keys_acked(obx_relay_t *relay, obx_relay_msg_t *msg);
+/* Publishes the events of released keys (from the loop). */
+void relay_keys_tick(obx_relay_t *relay);
+/* Releases the keys whose head was skipped or removed (every sweep interval). */
+void relay_keys_check(obx_relay_t *relay);
+/* Rebuilds the holds from the outbox (becoming the leader); false on a MongoDB error. */
+bool relay_keys_load(obx_relay_t *relay);
+/* Adds to a sweeper query: not the events of held keys, except their heads. */
+void relay_keys_filter(obx_relay_t *relay, bson_t *query);
+/* Forgets every key (stepping down): queued events stay PENDING. */
+void relay_keys_reset(obx_relay_t *relay);
+/* Whether an event of that id waits in the queue of key pkey (NULL: of any key). */
+bool relay_keys_queued_has(const obx_relay_t *relay, const char *pkey, const char *id);
+/* Whether doc is in flight, reported or queued (stream_too: also what the stream sent). */
+bool relay_doc_inflight(const obx_relay_t *relay, const bson_t *doc, bool stream_too);
 
 /* stream.c */
 void relay_window_init(relay_window_t *window, size_t cap);

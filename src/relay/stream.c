@@ -238,12 +238,10 @@ static void relay_stream_handle(obx_relay_t *relay, const bson_t *change) {
   bool pending = false;
   if (bson_iter_init_find(&it, change, "fullDocument") && BSON_ITER_HOLDS_DOCUMENT(&it)) {
     bson_iter_document(&it, &len, &data);
-    char *key = NULL;
     if (bson_init_static(&doc, data, len) && bson_iter_init_find(&doc_it, &doc, "status") &&
         BSON_ITER_HOLDS_UTF8(&doc_it) && strcmp(bson_iter_utf8(&doc_it, NULL), "PENDING") == 0 &&
-        (key = relay_id_key(&doc)))
-      pending = !relay_inflight_has(relay, key, false); /* any _id type: published or FAILED, never skipped */
-    free(key);
+        bson_iter_init_find(&doc_it, &doc, "_id"))
+      pending = !relay_doc_inflight(relay, &doc, false); /* any _id type: published or FAILED, never skipped */
   }
   if (!pending) {
     relay_window_push(relay, token, cluster_s, SLOT_DONE);
@@ -253,7 +251,7 @@ static void relay_stream_handle(obx_relay_t *relay, const bson_t *change) {
   if (!msg) abort();
   msg->from = RELAY_FROM_STREAM;
   msg->seq = relay_window_push(relay, token, cluster_s, SLOT_INFLIGHT);
-  relay_publish(relay, &doc, msg);
+  relay_keys_submit(relay, &doc, msg);
 }
 
 bool relay_stream_step(obx_relay_t *relay) {

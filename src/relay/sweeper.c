@@ -28,6 +28,7 @@ static bool relay_claim(obx_relay_t *relay, int64_t grace_ms, bson_t *doc) {
                            "$or", "[", "{", "claimedUntil", "{", "$exists", BCON_BOOL(false), "}", "}",
                            "{", "claimedUntil", "{", "$lte", BCON_DATE_TIME(now), "}", "}", "]");
   int64_t claim_ms = relay->conf->relay_lease > RELAY_CLAIM_MIN_MS ? relay->conf->relay_lease : RELAY_CLAIM_MIN_MS;
+  relay_keys_filter(relay, query); /* a held key's events wait for its head */
   bson_t *update = BCON_NEW("$set", "{", "claimedBy", BCON_UTF8(relay->owner), "claimedUntil",
                             BCON_DATE_TIME(now + claim_ms), "}");
   bson_t *sort = BCON_NEW("availableAt", BCON_INT32(1), "_id", BCON_INT32(1));
@@ -54,14 +55,12 @@ int relay_sweep(obx_relay_t *relay, int64_t grace_ms) {
       break;
     }
     claimed++;
-    char *key = relay_id_key(&doc);
-    if (key && !relay_inflight_has(relay, key, true)) {
+    if (!relay_doc_inflight(relay, &doc, true)) {
       obx_relay_msg_t *msg = calloc(1, sizeof *msg);
       if (!msg) abort();
       msg->from = RELAY_FROM_SWEEP;
-      relay_publish(relay, &doc, msg);
+      relay_keys_submit(relay, &doc, msg);
     }
-    free(key);
     bson_destroy(&doc);
   }
   if (claimed) obx_debug("sweeper claimed %d events", claimed);

@@ -17,6 +17,8 @@
 #include "obx/obx_event.h"
 #include "obx/obx_log.h"
 #include "obx/obx_metrics.h"
+#include "obx/obx_mongo.h"
+#include "obx/obx_ops.h"
 #include "obx/obx_relay.h"
 #include "obx_test.h"
 #include "obx_test_kafka.h"
@@ -40,6 +42,7 @@ typedef struct {
   char (*ids)[OBX_UUID_LEN + 1]; /* in insertion (= commit) order */
   int *key_of;                   /* key index of each event */
   size_t pad;                    /* bytes of filler in each event's payload (0: none) */
+  bool *skipped;                 /* per event: skipped by an operator, never to reach Kafka */
 } ctx_t;
 
 static void ctx_init(ctx_t *ctx, const char *name, const obx_test_mongo_t *mongo, const char *const *settings) {
@@ -60,6 +63,7 @@ static void ctx_init(ctx_t *ctx, const char *name, const obx_test_mongo_t *mongo
   ctx->outbox = mongoc_client_get_collection(ctx->client, ctx->db, "outbox");
   ctx->ids = calloc(MAX_EVENTS, sizeof *ctx->ids);
   ctx->key_of = calloc(MAX_EVENTS, sizeof *ctx->key_of);
+  ctx->skipped = calloc(MAX_EVENTS, sizeof *ctx->skipped);
 }
 
 static void ctx_cleanup(ctx_t *ctx) {
@@ -68,6 +72,7 @@ static void ctx_cleanup(ctx_t *ctx) {
   obx_conf_cleanup(&ctx->conf);
   free(ctx->ids);
   free(ctx->key_of);
+  free(ctx->skipped);
 }
 
 /* Inserts n PENDING events spread over nkeys partition keys, in batches. */
@@ -213,9 +218,11 @@ static int kafka_check(ctx_t *ctx, int timeout_ms, bool exactly_once) {
                                          (int)(deadline - obx_test_now_ms()), on_record, &r);
     if (got < 0) fail_msg("consumer failed");
     missing = 0;
-    for (int i = 0; i < ctx->n; i++) missing += r.seen[i] == 0;
+    for (int i = 0; i < ctx->n; i++) missing += r.seen[i] == 0 && !ctx->skipped[i];
   }
   if (missing) fail_msg("%d of %d events never reached Kafka (%d records read)", missing, ctx->n, r.records);
+  for (int i = 0; i < ctx->n; i++)
+    if (ctx->skipped[i] && r.seen[i]) fail_msg("event %d was skipped but reached Kafka", i);
   if (exactly_once && obx_test_kafka_consume_all(g_kafka.bootstrap, ctx->topic, group, 1, 2000, on_record, &r) != 0)
     fail_msg("records: got more than %d (duplicates)", ctx->n);
   if (r.unknown) fail_msg("%d records with unknown ids", r.unknown);
@@ -708,7 +715,9 @@ static void test_every_document_gets_an_answer(void **state) {
     ev.event_type = strdup("OrderConfirmed");
     ev.org_id = strdup("org-1");
     ev.aggregate_type = strdup("Order");
-    ev.aggregate_id = strdup("ORD-X");
+    char agg[16];
+    snprintf(agg, sizeof agg, "ORD-X%d", i); /* a malformed event holds its key too: one key each */
+    ev.aggregate_id = strdup(agg);
     obx_err_t err = OBX_ERR_INIT;
     bson_t doc = BSON_INITIALIZER, other = BSON_INITIALIZER;
     if (!obx_event_finalize(&ev, &err) || !obx_event_to_outbox(&ev, &doc, &err)) fail_msg("event: %s", err.msg);
@@ -752,6 +761,158 @@ static void test_every_document_gets_an_answer(void **state) {
     fail_msg("after refused updates: got %lld refused + %lld published want 30 with both > 0", (long long)refused,
              (long long)published);
   obx_relay_stop(relay);
+  ctx_cleanup(&ctx);
+}
+
+/* ---- per-key order under produce errors (issue 19) ------------------------------------------ */
+
+typedef struct {
+  ctx_t *ctx;
+  obx_relay_t *relay;
+} settled_t;
+
+/* Nothing in flight, at least one FAILED head, and every PENDING event belongs to a key with a
+ * FAILED event (held behind it). */
+static bool settled_behind_failed(void *arg) {
+  settled_t *s = arg;
+  if (s->relay->counters.inflight != 0 || s->relay->counters.held_keys < 1) return false;
+  bson_t *filter = BCON_NEW("status", "FAILED");
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(s->ctx->outbox, filter, NULL, NULL);
+  const bson_t *doc;
+  bson_t *pending = BCON_NEW("status", "PENDING");
+  bson_t nin, arr;
+  BSON_APPEND_DOCUMENT_BEGIN(pending, "partitionKey", &nin);
+  BSON_APPEND_ARRAY_BEGIN(&nin, "$nin", &arr);
+  int n = 0;
+  char idx[16];
+  while (mongoc_cursor_next(cursor, &doc)) {
+    bson_iter_t it;
+    snprintf(idx, sizeof idx, "%d", n++);
+    if (bson_iter_init_find(&it, doc, "partitionKey")) BSON_APPEND_UTF8(&arr, idx, bson_iter_utf8(&it, NULL));
+  }
+  bson_append_array_end(&nin, &arr);
+  bson_append_document_end(pending, &nin);
+  bson_error_t berr;
+  int64_t loose = n ? mongoc_collection_count_documents(s->ctx->outbox, pending, NULL, NULL, NULL, &berr) : -1;
+  mongoc_cursor_destroy(cursor);
+  bson_destroy(pending);
+  bson_destroy(filter);
+  return n > 0 && loose == 0;
+}
+
+typedef struct {
+  count_wait_t done;
+  settled_t *settled;
+} done_or_settled_t;
+
+static bool done_or_settled(void *arg) {
+  done_or_settled_t *d = arg;
+  return count_reached(&d->done) || settled_behind_failed(d->settled);
+}
+
+/* The FAILED events: their index in ctx (in *idx, up to max); checks that each names `reason`
+ * and that no later event of its key is PUBLISHED. Returns how many. */
+static int failed_heads(ctx_t *ctx, const char *reason, int *idx, int max) {
+  bson_t *filter = BCON_NEW("status", "FAILED");
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(ctx->outbox, filter, NULL, NULL);
+  const bson_t *doc;
+  int n = 0;
+  while (mongoc_cursor_next(cursor, &doc) && n < max) {
+    bson_iter_t it;
+    const char *id = bson_iter_init_find(&it, doc, "_id") ? bson_iter_utf8(&it, NULL) : "";
+    const char *why = bson_iter_init_find(&it, doc, "lastError") && BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : "";
+    if (!strstr(why, reason)) fail_msg("FAILED %s: lastError \"%s\" does not name %s", id, why, reason);
+    idx[n++] = event_index(ctx, id);
+  }
+  mongoc_cursor_destroy(cursor);
+  bson_destroy(filter);
+  for (int f = 0; f < n; f++)
+    for (int j = idx[f] + 1; j < ctx->n; j++) {
+      if (ctx->key_of[j] != ctx->key_of[idx[f]]) continue;
+      char q[160];
+      snprintf(q, sizeof q, "{\"_id\": \"%s\", \"status\": \"PUBLISHED\"}", ctx->ids[j]);
+      if (count_docs(ctx->outbox, q) != 0) fail_msg("event %d published while %d of its key is FAILED", j, idx[f]);
+    }
+  return n;
+}
+
+/* An event Kafka refuses for good (MSG_SIZE_TOO_LARGE, INVALID_RECORD,
+ * TOPIC_AUTHORIZATION_FAILED pushed by kafka-mockd, and a payload over the size limit) is
+ * FAILED at once with the broker's reason; the later events of its key wait (PENDING, not
+ * published) until an operator reprocesses or skips it, then follow in order; other keys go on.
+ * The consumer sees zero per-key inversions; skipped events never arrive. */
+static void test_produce_errors_hold_the_key(void **state) {
+  /* a topic error (authorization) is cached until the next metadata refresh */
+  const char *settings[] = {"kafka.message.max.bytes", "100000", "kafka.topic.metadata.refresh.interval.ms", "1000", NULL};
+  ctx_t ctx;
+  ctx_init(&ctx, "hold", &g_mongo, settings);
+  assert_true(obx_test_kafka_cmd(&g_kafka, "topic %s 3", ctx.topic));
+  obx_relay_t *relay = relay_start(&ctx);
+  leader_wait_t lw = {relay};
+  assert_true(obx_test_wait_for(is_leader, &lw, 20000, 50));
+  obx_err_t err = OBX_ERR_INIT;
+  obx_mongo_t *mongo = obx_mongo_new(&ctx.conf, &err);
+  obx_ops_t ops = {.mongo = mongo, .who = "test"};
+  insert_events(&ctx, 20, 4);
+  wait_published(&ctx, 20, 30000);
+
+  static const char *const errors[] = {"MSG_SIZE_TOO_LARGE", "INVALID_RECORD", "TOPIC_AUTHORIZATION_FAILED", NULL};
+  int published = 20;
+  for (int e = 0; e < 4; e++) {
+    int first = ctx.n;
+    if (errors[e]) {
+      assert_true(obx_test_kafka_cmd(&g_kafka, "push-errors Produce 1 %s", errors[e]));
+      insert_events(&ctx, 40, 4);
+    } else {
+      ctx.pad = 150000; /* over kafka.message.max.bytes */
+      insert_events(&ctx, 1, 1);
+      ctx.pad = 0;
+      insert_events(&ctx, 9, 1); /* the same key, ORD-0000 */
+    }
+    settled_t s = {&ctx, relay};
+    if (!obx_test_wait_for(settled_behind_failed, &s, 30000, 50))
+      fail_msg("%s: never settled with held keys (held %d, in flight %d)", errors[e] ? errors[e] : "big payload",
+               (int)relay->counters.held_keys, (int)relay->counters.inflight);
+    int heads[64];
+    int n = failed_heads(&ctx, errors[e] ? errors[e] : "MSG_SIZE_TOO_LARGE", heads, 64);
+    char *text = obx_metrics_render(NULL);
+    if (!strstr(text, "outboxd_relay_held_keys ") || strstr(text, "outboxd_relay_held_keys 0\n"))
+      fail_msg("/metrics: outboxd_relay_held_keys is not > 0");
+    free(text);
+    /* skip the first head (and the big payload), reprocess the others */
+    for (int f = 0; f < n; f++) {
+      bool skip = f == 0;
+      bson_t out = BSON_INITIALIZER;
+      bool ok = skip ? obx_ops_outbox_skip(&ops, NULL, ctx.ids[heads[f]], false, &out, &err)
+                     : obx_ops_outbox_reprocess(&ops, NULL, ctx.ids[heads[f]], false, &out, &err);
+      if (!ok) fail_msg("%s %d: %s", skip ? "skip" : "reprocess", heads[f], err.msg);
+      bson_destroy(&out);
+      ctx.skipped[heads[f]] = skip;
+    }
+    published += ctx.n - first - 1;
+    /* a head refused again (the topic error still cached) is FAILED again: reprocess it again */
+    int64_t deadline = obx_test_now_ms() + 60000;
+    done_or_settled_t ds = {{&ctx, "{\"status\": \"PUBLISHED\"}", published}, &s};
+    while (obx_test_now_ms() < deadline && obx_test_wait_for(done_or_settled, &ds, 30000, 50) && !count_reached(&ds.done)) {
+      int again[64];
+      int m = failed_heads(&ctx, "", again, 64);
+      for (int f = 0; f < m; f++) {
+        bson_t out = BSON_INITIALIZER;
+        if (!obx_ops_outbox_reprocess(&ops, NULL, ctx.ids[again[f]], false, &out, &err)) fail_msg("reprocess: %s", err.msg);
+        bson_destroy(&out);
+      }
+    }
+    wait_published(&ctx, published, 1000);
+    count_wait_t audited = {&ctx, "{\"action\": \"outbox.skip\"}", e + 1};
+    ctx_t audit = ctx;
+    audit.outbox = mongoc_client_get_collection(ctx.client, ctx.db, "audit_log");
+    audited.ctx = &audit;
+    if (!obx_test_wait_for(count_reached, &audited, 5000, 50)) fail_msg("no audit_log entry per skip");
+    mongoc_collection_destroy(audit.outbox);
+  }
+  obx_relay_stop(relay);
+  kafka_check(&ctx, 60000, false);
+  obx_mongo_destroy(mongo);
   ctx_cleanup(&ctx);
 }
 
@@ -966,7 +1127,7 @@ static void sweeper_init(sweeper_t *s, ctx_t *ctx, const char *owner) {
 static bool sweeper_has(const sweeper_t *s, const char *id) {
   char key[OBX_UUID_LEN + 2];
   snprintf(key, sizeof key, "s%s", id); /* relay_id_key of a string _id */
-  return relay_inflight_has(&s->relay, key, true);
+  return relay_inflight_has(&s->relay, key, true) || relay_keys_queued_has(&s->relay, NULL, key);
 }
 
 static int sweeper_held(const sweeper_t *s) {
@@ -1128,6 +1289,7 @@ int main(void) {
     cmocka_unit_test(test_history_lost_recovers_everything),
     cmocka_unit_test(test_stream_errors_restart_from_now),
     cmocka_unit_test(test_every_document_gets_an_answer),
+    cmocka_unit_test(test_produce_errors_hold_the_key),
     cmocka_unit_test(test_kafka_down_20s_backpressure),
     cmocka_unit_test(test_kill_9_mid_run_loses_nothing),
     cmocka_unit_test(test_checkpoint_fenced_while_lease_held),

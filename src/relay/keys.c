@@ -1,0 +1,356 @@
+/* keys.c - per-key order: one event in flight per partition key, the queue behind it, holds
+ *
+ * DESIGN: every event the relay publishes goes through relay_keys_submit. A key has at most
+ * one event in flight: the next one is produced only after Kafka acknowledged the previous,
+ * so an event Kafka refuses never has a later event of its key already on its way. A refused
+ * event (any failed delivery report but a purge) holds its key: it is the head, recorded
+ * FAILED at once with the broker's reason when the error is not retriable, else PENDING with
+ * a backoff, retried by the sweeper. While a key is held, its later events are not published:
+ * they stay PENDING in the outbox (the queue behind the head is dropped, its stream slots
+ * done) and the sweeper leaves them alone; only the head may be published. The hold ends when
+ * the head is published (its retry succeeded, or an operator reprocessed or fixed it) or is no
+ * longer there to publish (an operator skipped it: SKIPPED, or deleted it; relay_keys_check
+ * looks every sweep interval). Then the key's PENDING events are published in keySeq order
+ * (then occurredAt, _id) before anything newer of that key. A new leader rebuilds the holds
+ * from the outbox: the oldest FAILED event of a key, or a PENDING one with failed attempts.
+ *
+ *   key state   event                          next state, action
+ *   idle        submit                         busy, produce
+ *   busy        submit                         busy, queue it
+ *   busy        ack ok                         busy/idle, produce the next queued
+ *   busy        ack failed (not a purge)       held, drop the queue (left PENDING)
+ *   busy        purge (step-down, shutdown)    idle, drop the queue (the window is reset)
+ *   held        submit of the head             held+busy, produce it
+ *   held        submit of another event        held, not published (left PENDING)
+ *   held        head published / gone          releasing: publish the key's PENDING events
+ *
+ * Owned by the relay thread, like every message. Counted: outboxd_relay_held_keys. */
+#include "relay/relay_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "obx/obx_log.h"
+
+#define KEYS_BUCKETS 4096
+#define KEYS_LOAD_MAX 10000
+
+typedef struct relay_queued {
+  bson_t *doc;
+  obx_relay_msg_t *msg;
+  struct relay_queued *next;
+} relay_queued_t;
+
+struct relay_key {
+  char *key;
+  bool busy;                /* an event of the key is in flight */
+  relay_queued_t *head, *tail;
+  char *held_id;            /* relay_id_key of the head holding the key; NULL: not held */
+  bson_value_t held_idv;
+  char reason[256];
+  bool release_due;         /* the head is resolved: publish the key's PENDING events */
+  struct relay_key *next;   /* hash chain */
+};
+
+static uint32_t key_hash(const char *s) {
+  uint32_t h = 2166136261u;
+  for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
+  return h;
+}
+
+static relay_key_t *key_find(obx_relay_t *relay, const char *key, bool create) {
+  if (!relay->keys) {
+    relay->keys = calloc(KEYS_BUCKETS, sizeof *relay->keys);
+    if (!relay->keys) abort();
+  }
+  relay_key_t **slot = &relay->keys[key_hash(key) % KEYS_BUCKETS];
+  for (relay_key_t *k = *slot; k; k = k->next)
+    if (strcmp(k->key, key) == 0) return k;
+  if (!create) return NULL;
+  relay_key_t *k = calloc(1, sizeof *k);
+  if (!k) abort();
+  k->key = strdup(key);
+  k->next = *slot;
+  *slot = k;
+  return k;
+}
+
+/* Frees k when it holds nothing. */
+static void key_gc(obx_relay_t *relay, relay_key_t *k) {
+  if (k->busy || k->head || k->held_id) return;
+  relay_key_t **slot = &relay->keys[key_hash(k->key) % KEYS_BUCKETS];
+  while (*slot != k) slot = &(*slot)->next;
+  *slot = k->next;
+  free(k->key);
+  free(k);
+}
+
+const char *relay_doc_key(const bson_t *doc) {
+  bson_iter_t it;
+  if (bson_iter_init_find(&it, doc, "partitionKey") && BSON_ITER_HOLDS_UTF8(&it)) return bson_iter_utf8(&it, NULL);
+  if (bson_iter_init_find(&it, doc, "aggregateId") && BSON_ITER_HOLDS_UTF8(&it)) return bson_iter_utf8(&it, NULL);
+  return NULL;
+}
+
+/* An event that is not published now (it stays PENDING). Held: its stream slot is done, the
+ * release publishes it. Not held (a purge): the slot stays, so the checkpoint never passes it. */
+static void key_drop(obx_relay_t *relay, obx_relay_msg_t *msg, bool held) {
+  if (held && msg->from == RELAY_FROM_STREAM) relay_window_done(relay, msg->seq);
+  relay_msg_free(msg);
+}
+
+static void key_drop_queue(obx_relay_t *relay, relay_key_t *k) {
+  while (k->head) {
+    relay_queued_t *q = k->head;
+    k->head = q->next;
+    relay->nqueued--;
+    key_drop(relay, q->msg, k->held_id != NULL);
+    bson_destroy(q->doc);
+    free(q);
+  }
+  k->tail = NULL;
+}
+
+static void key_hold(obx_relay_t *relay, relay_key_t *k, const obx_relay_msg_t *msg) {
+  if (!k->held_id) {
+    relay->nheld++;
+    k->held_id = strdup(msg->id);
+    bson_value_copy(&msg->idv, &k->held_idv);
+    obx_log_event(OBX_LOG_ERROR, msg->id + 1, NULL, "key %s held: its later events wait until this event is "
+                  "published, reprocessed, fixed or skipped (%s)", k->key, msg->error);
+  }
+  snprintf(k->reason, sizeof k->reason, "%s", msg->error);
+  k->release_due = false;
+}
+
+static void key_unhold(obx_relay_t *relay, relay_key_t *k) {
+  if (!k->held_id) return;
+  relay->nheld--;
+  free(k->held_id);
+  k->held_id = NULL;
+  bson_value_destroy(&k->held_idv);
+}
+
+void relay_keys_submit(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg) {
+  const char *key = relay_doc_key(doc);
+  relay_msg_set_id(msg, doc);
+  if (!key) {
+    relay_publish(relay, doc, msg); /* malformed without a key: it fails on its own */
+    return;
+  }
+  relay_key_t *k = key_find(relay, key, true);
+  bool head = k->held_id && msg->id && strcmp(k->held_id, msg->id) == 0;
+  if (k->held_id && !head) {
+    key_drop(relay, msg, true);
+    return;
+  }
+  msg->pkey = strdup(key);
+  if (k->busy) {
+    relay_queued_t *q = calloc(1, sizeof *q);
+    if (!q) abort();
+    q->doc = bson_copy(doc);
+    q->msg = msg;
+    if (k->tail) k->tail->next = q;
+    else k->head = q;
+    k->tail = q;
+    relay->nqueued++;
+    return;
+  }
+  k->busy = true;
+  relay_publish(relay, doc, msg);
+}
+
+void relay_keys_acked(obx_relay_t *relay, obx_relay_msg_t *msg) {
+  if (!msg->pkey) return;
+  relay_key_t *k = key_find(relay, msg->pkey, false);
+  if (!k) return;
+  k->busy = false;
+  if (!msg->ok) {
+    if (!msg->purged) key_hold(relay, k, msg);
+    key_drop_queue(relay, k);
+  } else {
+    if (k->held_id && msg->id && strcmp(k->held_id, msg->id) == 0) {
+      key_unhold(relay, k);
+      k->release_due = true; /* its PENDING events, in order, before anything newer */
+      relay->release_due = true;
+    }
+    if (k->head) {
+      relay_queued_t *q = k->head;
+      k->head = q->next;
+      if (!k->head) k->tail = NULL;
+      relay->nqueued--;
+      k->busy = true;
+      relay_publish(relay, q->doc, q->msg);
+      bson_destroy(q->doc);
+      free(q);
+    }
+  }
+  key_gc(relay, k);
+}
+
+/* Publishes the PENDING events of a released key in keySeq order; the ones already in flight
+ * or queued are left to their message. */
+static bool key_release(obx_relay_t *relay, relay_key_t *k) {
+  bson_t *filter = BCON_NEW("partitionKey", BCON_UTF8(k->key), "status", "PENDING");
+  bson_t *opts = BCON_NEW("sort", "{", "keySeq", BCON_INT32(1), "occurredAt", BCON_INT32(1), "_id", BCON_INT32(1), "}",
+                          "limit", BCON_INT64(relay->conf->relay_max_inflight));
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(relay->outbox, filter, opts, NULL);
+  const bson_t *doc;
+  bson_error_t berr;
+  int n = 0;
+  char *key = strdup(k->key); /* k may be freed by a submit's gc */
+  while (mongoc_cursor_next(cursor, &doc)) {
+    if (relay_doc_inflight(relay, doc, true)) continue;
+    obx_relay_msg_t *msg = calloc(1, sizeof *msg);
+    if (!msg) abort();
+    msg->from = RELAY_FROM_SWEEP;
+    relay_keys_submit(relay, doc, msg);
+    n++;
+  }
+  bool ok = !mongoc_cursor_error(cursor, &berr);
+  if (!ok) obx_warn("releasing key %s: %s (will retry)", key, berr.message);
+  else obx_info("key %s released: publishing its %d waiting events in order", key, n);
+  free(key);
+  mongoc_cursor_destroy(cursor);
+  bson_destroy(opts);
+  bson_destroy(filter);
+  return ok;
+}
+
+void relay_keys_tick(obx_relay_t *relay) {
+  if (!relay->release_due || !relay->keys) return;
+  relay->release_due = false;
+  for (size_t b = 0; b < KEYS_BUCKETS; b++)
+    for (relay_key_t *k = relay->keys[b], *next; k; k = next) {
+      next = k->next;
+      if (!k->release_due) continue;
+      k->release_due = false;
+      if (!key_release(relay, k)) {
+        k->release_due = relay->release_due = true;
+        return;
+      }
+      key_gc(relay, k);
+    }
+}
+
+void relay_keys_check(obx_relay_t *relay) {
+  if (!relay->nheld) return;
+  for (size_t b = 0; b < KEYS_BUCKETS; b++)
+    for (relay_key_t *k = relay->keys[b]; k; k = k->next) {
+      if (!k->held_id || k->busy) continue;
+      bson_t *filter = bson_new();
+      BSON_APPEND_VALUE(filter, "_id", &k->held_idv);
+      bson_t head = BSON_INITIALIZER;
+      bool found = false;
+      obx_err_t err = OBX_ERR_INIT;
+      if (obx_mongo_find_one(relay->outbox, filter, NULL, NULL, &head, &found, &err)) {
+        const char *status = obx_mongo_doc_str(&head, "status");
+        if (!found || !status || (strcmp(status, "FAILED") != 0 && strcmp(status, "PENDING") != 0)) {
+          obx_info("key %s released: its head is %s", k->key, found ? status ? status : "?" : "gone");
+          key_unhold(relay, k);
+          k->release_due = relay->release_due = true;
+        }
+      } else {
+        obx_warn("checking the head of held key %s: %s", k->key, err.msg);
+      }
+      bson_destroy(&head);
+      bson_destroy(filter);
+    }
+}
+
+bool relay_keys_load(obx_relay_t *relay) {
+  bson_t *filter = BCON_NEW("$or", "[", "{", "status", "FAILED", "}", "{", "status", "PENDING", "attempts", "{", "$gt",
+                            BCON_INT32(0), "}", "}", "]");
+  bson_t *opts = BCON_NEW("sort", "{", "occurredAt", BCON_INT32(1), "_id", BCON_INT32(1), "}", "limit",
+                          BCON_INT64(KEYS_LOAD_MAX));
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(relay->outbox, filter, opts, NULL);
+  const bson_t *doc;
+  bson_error_t berr;
+  while (mongoc_cursor_next(cursor, &doc)) {
+    const char *key = relay_doc_key(doc);
+    if (!key) continue;
+    relay_key_t *k = key_find(relay, key, true);
+    if (k->held_id) continue; /* the oldest is the head */
+    obx_relay_msg_t msg;
+    memset(&msg, 0, sizeof msg);
+    bson_iter_t it;
+    msg.id = relay_id_key(doc);
+    if (bson_iter_init_find(&it, doc, "_id")) bson_value_copy(bson_iter_value(&it), &msg.idv);
+    const char *why = obx_mongo_doc_str(doc, "lastError");
+    snprintf(msg.error, sizeof msg.error, "%s", why ? why : "a failed publish");
+    key_hold(relay, k, &msg);
+    free(msg.id);
+    bson_value_destroy(&msg.idv);
+  }
+  bool ok = !mongoc_cursor_error(cursor, &berr);
+  if (!ok) obx_warn("loading held keys: %s", berr.message);
+  mongoc_cursor_destroy(cursor);
+  bson_destroy(opts);
+  bson_destroy(filter);
+  return ok;
+}
+
+void relay_keys_filter(obx_relay_t *relay, bson_t *query) {
+  if (!relay->nheld) return;
+  bson_t nor, clause, in, nin, keys, heads;
+  int n = 0;
+  char idx[16];
+  BSON_APPEND_ARRAY_BEGIN(query, "$nor", &nor);
+  BSON_APPEND_DOCUMENT_BEGIN(&nor, "0", &clause);
+  BSON_APPEND_DOCUMENT_BEGIN(&clause, "partitionKey", &in);
+  BSON_APPEND_ARRAY_BEGIN(&in, "$in", &keys);
+  for (size_t b = 0; b < KEYS_BUCKETS; b++)
+    for (relay_key_t *k = relay->keys[b]; k; k = k->next)
+      if (k->held_id) {
+        snprintf(idx, sizeof idx, "%d", n++);
+        BSON_APPEND_UTF8(&keys, idx, k->key);
+      }
+  bson_append_array_end(&in, &keys);
+  bson_append_document_end(&clause, &in);
+  BSON_APPEND_DOCUMENT_BEGIN(&clause, "_id", &nin);
+  BSON_APPEND_ARRAY_BEGIN(&nin, "$nin", &heads);
+  n = 0;
+  for (size_t b = 0; b < KEYS_BUCKETS; b++)
+    for (relay_key_t *k = relay->keys[b]; k; k = k->next)
+      if (k->held_id) {
+        snprintf(idx, sizeof idx, "%d", n++);
+        BSON_APPEND_VALUE(&heads, idx, &k->held_idv);
+      }
+  bson_append_array_end(&nin, &heads);
+  bson_append_document_end(&clause, &nin);
+  bson_append_document_end(&nor, &clause);
+  bson_append_array_end(query, &nor);
+}
+
+void relay_keys_reset(obx_relay_t *relay) {
+  if (!relay->keys) return;
+  for (size_t b = 0; b < KEYS_BUCKETS; b++)
+    while (relay->keys[b]) {
+      relay_key_t *k = relay->keys[b];
+      key_unhold(relay, k); /* first: the dropped events keep their slots (the window is reset) */
+      key_drop_queue(relay, k);
+      relay->keys[b] = k->next;
+      free(k->key);
+      free(k);
+    }
+  relay->release_due = false;
+}
+
+bool relay_keys_queued_has(const obx_relay_t *relay, const char *pkey, const char *id) {
+  if (!relay->keys || !relay->nqueued) return false;
+  size_t first = pkey ? key_hash(pkey) % KEYS_BUCKETS : 0, last = pkey ? first : KEYS_BUCKETS - 1;
+  for (size_t b = first; b <= last; b++)
+    for (const relay_key_t *k = relay->keys[b]; k; k = k->next) {
+      if (pkey && strcmp(k->key, pkey) != 0) continue;
+      for (const relay_queued_t *q = k->head; q; q = q->next)
+        if (q->msg->id && strcmp(q->msg->id, id) == 0) return true;
+    }
+  return false;
+}
+
+bool relay_doc_inflight(const obx_relay_t *relay, const bson_t *doc, bool stream_too) {
+  char *id = relay_id_key(doc);
+  bool has = id && (relay_inflight_has(relay, id, stream_too) || relay_keys_queued_has(relay, relay_doc_key(doc), id));
+  free(id);
+  return has;
+}
