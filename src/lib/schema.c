@@ -35,6 +35,8 @@ static const obx_schema_index_t orders_indexes[] = {
 static const obx_schema_index_t outbox_indexes[] = {
   /* the sweeper: equality on status, sort {availableAt, _id} (src/relay/sweeper.c) */
   {"outbox_status_available", "{\"status\": 1, \"availableAt\": 1, \"_id\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
+  /* a released key's waiting events, in order (src/relay/keys.c) */
+  {"outbox_key_status_seq", "{\"partitionKey\": 1, \"status\": 1, \"keySeq\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
   /* the operators' lists (GET /api/outbox, outboxctl outbox list), newest first, by org and
    * status, by org, and by status across orgs (also the oldest PENDING for the lag) */
   {"outbox_org_status_occurred_id", "{\"orgId\": 1, \"status\": 1, \"occurredAt\": -1, \"_id\": -1}", NULL,
