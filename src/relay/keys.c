@@ -258,11 +258,11 @@ void relay_keys_check(obx_relay_t *relay) {
     }
 }
 
-bool relay_keys_load(obx_relay_t *relay) {
-  bson_t *filter = BCON_NEW("$or", "[", "{", "status", "FAILED", "}", "{", "status", "PENDING", "attempts", "{", "$gt",
-                            BCON_INT32(0), "}", "}", "]");
-  bson_t *opts = BCON_NEW("sort", "{", "occurredAt", BCON_INT32(1), "_id", BCON_INT32(1), "}", "limit",
-                          BCON_INT64(KEYS_LOAD_MAX));
+/* Holds the keys of the documents `filter` (sorted by `sort`, may be NULL) finds: the first
+ * of a key is its head. */
+static bool keys_load_from(obx_relay_t *relay, bson_t *filter, bson_t *sort) {
+  bson_t *opts = BCON_NEW("limit", BCON_INT64(KEYS_LOAD_MAX));
+  if (sort) BSON_APPEND_DOCUMENT(opts, "sort", sort);
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(relay->outbox, filter, opts, NULL);
   const bson_t *doc;
   bson_error_t berr;
@@ -273,21 +273,27 @@ bool relay_keys_load(obx_relay_t *relay) {
     if (k->held_id) continue; /* the oldest is the head */
     obx_relay_msg_t msg;
     memset(&msg, 0, sizeof msg);
-    bson_iter_t it;
-    msg.id = relay_id_key(doc);
-    if (bson_iter_init_find(&it, doc, "_id")) bson_value_copy(bson_iter_value(&it), &msg.idv);
+    relay_msg_set_id(&msg, doc);
     const char *why = obx_mongo_doc_str(doc, "lastError");
     snprintf(msg.error, sizeof msg.error, "%s", why ? why : "a failed publish");
     key_hold(relay, k, &msg);
     free(msg.id);
-    bson_value_destroy(&msg.idv);
+    if (msg.idv.value_type) bson_value_destroy(&msg.idv);
   }
   bool ok = !mongoc_cursor_error(cursor, &berr);
   if (!ok) obx_warn("loading held keys: %s", berr.message);
   mongoc_cursor_destroy(cursor);
   bson_destroy(opts);
+  bson_destroy(sort);
   bson_destroy(filter);
   return ok;
+}
+
+bool relay_keys_load(obx_relay_t *relay) {
+  /* FAILED heads oldest first (index {status, occurredAt, _id}); then PENDING ones being retried
+   * (one per key at most: a key has one event in flight) */
+  return keys_load_from(relay, BCON_NEW("status", "FAILED"), BCON_NEW("occurredAt", BCON_INT32(1), "_id", BCON_INT32(1))) &&
+         keys_load_from(relay, BCON_NEW("status", "PENDING", "attempts", "{", "$gt", BCON_INT32(0), "}"), NULL);
 }
 
 void relay_keys_filter(obx_relay_t *relay, bson_t *query) {
