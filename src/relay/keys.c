@@ -164,6 +164,9 @@ void relay_keys_acked(obx_relay_t *relay, obx_relay_msg_t *msg) {
   if (!msg->pkey) return;
   relay_key_t *k = key_find(relay, msg->pkey, false);
   if (!k) return;
+  /* producing the next event may report its failure at once, re-entering here for the same
+   * key: only the outermost call may free k */
+  relay->keys_depth++;
   k->busy = false;
   if (!msg->ok) {
     if (!msg->purged) key_hold(relay, k, msg);
@@ -185,7 +188,7 @@ void relay_keys_acked(obx_relay_t *relay, obx_relay_msg_t *msg) {
       free(q);
     }
   }
-  key_gc(relay, k);
+  if (--relay->keys_depth == 0) key_gc(relay, k);
 }
 
 /* Publishes the PENDING events of a released key in keySeq order; the ones already in flight
@@ -225,11 +228,15 @@ void relay_keys_tick(obx_relay_t *relay) {
       next = k->next;
       if (!k->release_due) continue;
       k->release_due = false;
-      if (!key_release(relay, k)) {
-        k->release_due = relay->release_due = true;
+      char *name = strdup(k->key);
+      bool ok = key_release(relay, k); /* a failed publish inside may free k */
+      relay_key_t *again = key_find(relay, name, false);
+      free(name);
+      if (!ok && again) {
+        again->release_due = relay->release_due = true;
         return;
       }
-      key_gc(relay, k);
+      if (again) key_gc(relay, again);
     }
 }
 

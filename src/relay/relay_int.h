@@ -135,6 +135,7 @@ typedef struct obx_relay {
   /* per-key order (keys.c) */
   relay_key_t **keys;       /* hash table by partition key */
   int nheld, nqueued;
+  int keys_depth;           /* relay_keys_acked calls in progress (it re-enters) */
   bool release_due;
 
   /* readiness (GET /readyz runs on an HTTP thread) */
