@@ -43,6 +43,7 @@ every wait polls a condition with a deadline; the random schedule comes from --s
 run can be replayed with the same seed.
 """
 import argparse
+import atexit
 import http.server
 import json
 import os
@@ -97,8 +98,18 @@ def wait_for(cond, timeout, what, poll=0.1):
 
 # ---- processes -----------------------------------------------------------------------------
 
+LIVE = set()     # every Proc started; the ones still running are killed when the harness exits
+
+
+@atexit.register
+def kill_leftovers():
+    for proc in list(LIVE):
+        proc.kill9()
+
+
 class Proc:
-    """A child process with its output in a log file; stopped on every exit path."""
+    """A child process with its output in a log file; stopped on every exit path (kill_leftovers
+    covers an interrupted run)."""
 
     def __init__(self, name, argv, logdir, env=None):
         self.name, self.argv, self.env = name, argv, env
@@ -116,6 +127,7 @@ class Proc:
         self.p = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
                                   start_new_session=True)
         out.close()
+        LIVE.add(self)
         return self
 
     def alive(self):
@@ -876,4 +888,5 @@ def main():
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
     sys.exit(main())
