@@ -49,6 +49,19 @@ static obx_pipeline_t *call_pipeline(const char *url, const char *on_error) {
   return pipeline;
 }
 
+/* A pipeline of start -> one http-request node "c" whose config members are `config`. */
+static obx_pipeline_t *one_call_pipeline(const char *config) {
+  char json[1024];
+  snprintf(json, sizeof json,
+           "{\"nodes\": [{\"id\": \"start\", \"type\": \"start\"}, {\"id\": \"c\", \"type\": \"http-request\","
+           " \"config\": {%s}}], \"edges\": [{\"from\": \"start\", \"to\": \"c\"}]}",
+           config);
+  obx_pipeline_t *pipeline = NULL;
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_pipeline_parse_json(json, &pipeline, &err)) fail_msg("pipeline {%s}: %s", config, err.msg);
+  return pipeline;
+}
+
 static bson_t *order_context(void) {
   bson_error_t berr;
   bson_t *ctx = bson_new_from_json(
@@ -165,15 +178,9 @@ static void test_methods(void **state) {
   assert_true(obx_egress_init(&egress, "", "127.0.0.0/8", 1000, TIMEOUT_MS, MAX_BYTES, NULL));
   bson_t *ctx = order_context();
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    char config[512], json[1024];
+    char config[512];
     snprintf(config, sizeof config, cases[i].config, obx_test_httpd_url(httpd, "/m"));
-    snprintf(json, sizeof json,
-             "{\"nodes\": [{\"id\": \"start\", \"type\": \"start\"}, {\"id\": \"c\", \"type\": \"http-request\","
-             " \"config\": {%s}}], \"edges\": [{\"from\": \"start\", \"to\": \"c\"}]}",
-             config);
-    obx_pipeline_t *pipeline = NULL;
-    obx_err_t err = OBX_ERR_INIT;
-    if (!obx_pipeline_parse_json(json, &pipeline, &err)) fail_msg("case %zu: %s", i, err.msg);
+    obx_pipeline_t *pipeline = one_call_pipeline(config);
     obx_pipeline_input_t in = {.context = ctx, .org_id = "o"};
     int before = obx_test_httpd_nrequests(httpd);
     obx_pipeline_run_t *run = obx_pipeline_execute(pipeline, &in, &egress);
@@ -214,14 +221,9 @@ static void test_idempotency_key(void **state) {
   assert_true(obx_egress_init(&egress, "", "127.0.0.0/8", 1000, TIMEOUT_MS, MAX_BYTES, NULL));
   bson_t *ctx = order_context();
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    char json[1024];
-    snprintf(json, sizeof json,
-             "{\"nodes\": [{\"id\": \"start\", \"type\": \"start\"}, {\"id\": \"c\", \"type\": \"http-request\","
-             " \"config\": {\"url\": \"%s\"%s}}], \"edges\": [{\"from\": \"start\", \"to\": \"c\"}]}",
-             obx_test_httpd_url(httpd, "/idem"), cases[i].extra);
-    obx_pipeline_t *pipeline = NULL;
-    obx_err_t err = OBX_ERR_INIT;
-    if (!obx_pipeline_parse_json(json, &pipeline, &err)) fail_msg("case %zu: %s", i, err.msg);
+    char config[512];
+    snprintf(config, sizeof config, "\"url\": \"%s\"%s", obx_test_httpd_url(httpd, "/idem"), cases[i].extra);
+    obx_pipeline_t *pipeline = one_call_pipeline(config);
     obx_pipeline_input_t in = {.context = ctx, .org_id = "o", .event_id = cases[i].event_id,
                                .replay_id = cases[i].replay_id};
     int before = obx_test_httpd_nrequests(httpd);
@@ -264,14 +266,10 @@ static void test_node_timeout(void **state) {
   assert_true(obx_egress_init(&egress, "", "127.0.0.0/8", 1000, TIMEOUT_MS, MAX_BYTES, NULL));
   bson_t ctx = BSON_INITIALIZER;
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    char json[1024];
-    snprintf(json, sizeof json,
-             "{\"nodes\": [{\"id\": \"start\", \"type\": \"start\"}, {\"id\": \"c\", \"type\": \"http-request\","
-             " \"config\": {\"url\": \"%s\", \"timeoutMs\": %d}}], \"edges\": [{\"from\": \"start\", \"to\": \"c\"}]}",
-             obx_test_httpd_url(httpd, "/stall"), cases[i].node_timeout_ms);
-    obx_pipeline_t *pipeline = NULL;
-    obx_err_t err = OBX_ERR_INIT;
-    if (!obx_pipeline_parse_json(json, &pipeline, &err)) fail_msg("case %zu: %s", i, err.msg);
+    char config[512];
+    snprintf(config, sizeof config, "\"url\": \"%s\", \"timeoutMs\": %d", obx_test_httpd_url(httpd, "/stall"),
+             cases[i].node_timeout_ms);
+    obx_pipeline_t *pipeline = one_call_pipeline(config);
     obx_pipeline_input_t in = {.context = &ctx, .org_id = "o"};
     int64_t t0 = obx_test_now_ms();
     obx_pipeline_run_t *run = obx_pipeline_execute(pipeline, &in, &egress);
