@@ -73,27 +73,10 @@ done_args:
 }
 
 static int dlq_peek(int argc, char **argv) {
-  ops_ctl_args_t args;
-  int rc = ops_ctl_parse(&args, argc, argv,
-                         "usage: outboxctl dlq peek ID\n\nShows one dead letter as JSON: headers, payload, history.\n");
-  if (rc >= 0) goto done_args;
-  rc = OBX_CTL_USAGE;
-  if (args.npos != 1) {
-    obx_ctl_errorf("dlq peek: wants one dead-letter id");
-    goto done_args;
-  }
-  ops_ctl_t ctl;
-  if ((rc = ops_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
-    bson_t out = BSON_INITIALIZER;
-    obx_err_t err = OBX_ERR_INIT;
-    if (!obx_ops_dl_get(&ctl.ops, NULL, args.pos[0], &out, &err)) rc = ops_ctl_fail(&ctl, "dlq peek", &err);
-    else obx_ctl_print_json(&out);
-    bson_destroy(&out);
-  }
-  ops_ctl_close(&ctl);
-done_args:
-  ops_ctl_args_cleanup(&args);
-  return rc;
+  static const ops_ctl_show_t show = {
+    "dlq peek", "dead-letter id",
+    "usage: outboxctl dlq peek ID\n\nShows one dead letter as JSON: headers, payload, history.\n", obx_ops_dl_get};
+  return ops_ctl_show(&show, argc, argv);
 }
 
 /* The answer of redrive/delete/purge: --json as is, else the ids and a count line. */

@@ -48,28 +48,11 @@ static int inbox_list(int argc, char **argv) {
 }
 
 static int inbox_show(int argc, char **argv) {
-  ops_ctl_args_t args;
-  int rc = ops_ctl_parse(&args, argc, argv,
-                         "usage: outboxctl inbox show EVENT_ID\n\n"
-                         "Prints the inbox entry and its executions (with their steps) as JSON.\n");
-  if (rc >= 0) goto done_args;
-  rc = OBX_CTL_USAGE;
-  if (args.npos != 1) {
-    obx_ctl_errorf("inbox show: wants one event id");
-    goto done_args;
-  }
-  ops_ctl_t ctl;
-  if ((rc = ops_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
-    bson_t out = BSON_INITIALIZER;
-    obx_err_t err = OBX_ERR_INIT;
-    if (!obx_ops_inbox_get(&ctl.ops, NULL, args.pos[0], &out, &err)) rc = ops_ctl_fail(&ctl, "inbox show", &err);
-    else obx_ctl_print_json(&out);
-    bson_destroy(&out);
-  }
-  ops_ctl_close(&ctl);
-done_args:
-  ops_ctl_args_cleanup(&args);
-  return rc;
+  static const ops_ctl_show_t show = {"inbox show", "event id",
+                                      "usage: outboxctl inbox show EVENT_ID\n\n"
+                                      "Prints the inbox entry and its executions (with their steps) as JSON.\n",
+                                      obx_ops_inbox_get};
+  return ops_ctl_show(&show, argc, argv);
 }
 
 static void progress_bar(void *ctx, int64_t done, int64_t total) {

@@ -231,6 +231,29 @@ void ops_ctl_print_list(const ops_ctl_args_t *args, const bson_t *out, void (*pr
   if (next) printf("next page: --after %s\n", next);
 }
 
+int ops_ctl_show(const ops_ctl_show_t *show, int argc, char **argv) {
+  ops_ctl_args_t args;
+  int rc = ops_ctl_parse(&args, argc, argv, show->usage);
+  if (rc >= 0) goto done_args;
+  rc = OBX_CTL_USAGE;
+  if (args.npos != 1) {
+    obx_ctl_errorf("%s: wants one %s", show->what, show->id_name);
+    goto done_args;
+  }
+  ops_ctl_t ctl;
+  if ((rc = ops_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
+    bson_t out = BSON_INITIALIZER;
+    obx_err_t err = OBX_ERR_INIT;
+    if (!show->get(&ctl.ops, NULL, args.pos[0], &out, &err)) rc = ops_ctl_fail(&ctl, show->what, &err);
+    else obx_ctl_print_json(&out);
+    bson_destroy(&out);
+  }
+  ops_ctl_close(&ctl);
+done_args:
+  ops_ctl_args_cleanup(&args);
+  return rc;
+}
+
 int ops_ctl_list(const ops_ctl_list_t *list, int argc, char **argv) {
   ops_ctl_args_t args;
   int rc = ops_ctl_parse(&args, argc, argv, list->usage);

@@ -78,4 +78,13 @@ typedef struct {
 } ops_ctl_list_t;
 int ops_ctl_list(const ops_ctl_list_t *list, int argc, char **argv);
 
+/* One `show ID` command: the document get() finds for the one id (every org), printed as JSON. */
+typedef struct {
+  const char *what;    /* "dlq peek", in messages */
+  const char *id_name; /* "dead-letter id", in the usage error */
+  const char *usage;   /* printed for --help */
+  bool (*get)(const obx_ops_t *ops, const char *org, const char *id, bson_t *out, obx_err_t *err);
+} ops_ctl_show_t;
+int ops_ctl_show(const ops_ctl_show_t *show, int argc, char **argv);
+
 #endif
