@@ -87,7 +87,7 @@ export OBX_TEST_KAFKA_DIR=$OBX_KAFKA_DIR
 
 status=0
 run_group ctest --test-dir "$BUILD" -L unit --output-on-failure -j "$JOBS" || status=1
-run_group ctest --test-dir "$BUILD" -L integration --output-on-failure || status=1
+run_group ctest --test-dir "$BUILD" -L integration --output-on-failure -j "$JOBS" || status=1
 # The fault-injection scenarios, after the integration suite: they stop and start the run's
 # Kafka broker and RabbitMQ node (tests/chaos/chaos.py).
 run_group ctest --test-dir "$BUILD" -L chaos --output-on-failure -V || status=1   # -V: the ledger table
