@@ -2,7 +2,9 @@
  *
  * DESIGN: one strict parser for every JSON request body and file (exactly one object; only
  * whitespace may follow it, so `{..}{..}` is refused instead of silently dropping the second
- * object), and one renderer of BSON as relaxed extended JSON that cannot fail: libbson's
+ * object), and one renderer of BSON as relaxed extended JSON, every date written as an RFC 3339
+ * UTC string with milliseconds ("2026-12-01T13:00:00.123Z", never {"$date": ...}), that cannot
+ * fail (every JSON document outboxctl prints and the HTTP API answers goes through it): libbson's
  * bson_as_relaxed_extended_json returns NULL for a document holding a string or key that is
  * not valid UTF-8 (a dead letter, an event written by another driver), and every caller that
  * printed or sent that NULL crashed or answered an empty body. obx_json_render writes such
@@ -22,7 +24,7 @@
  * the parser's error, data after the object) otherwise. */
 bool obx_json_parse(const char *json, size_t len, bson_t *out, obx_err_t *err);
 
-/* Relaxed extended JSON of doc, never NULL (see DESIGN); owned by the caller (bson_free).
+/* Relaxed extended JSON of doc with dates as RFC 3339 strings, never NULL (see DESIGN); owned by the caller (bson_free).
  * *len (when not NULL) gets its length; *replaced (when not NULL) how many invalid bytes
  * were replaced. */
 char *obx_json_render(const bson_t *doc, size_t *len, int *replaced);

@@ -713,7 +713,8 @@ static void orders_post(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
 
 /* ---- GET /orders/:id -------------------------------------------------------------------- */
 
-/* The API view of a stored value: Decimal128 -> decimal string, dates -> RFC 3339. */
+/* The API view of a stored value: Decimal128 -> decimal string (dates become RFC 3339 strings
+ * in obx_json_render, as in every answer). */
 static void append_view(bson_t *out, const char *key, const bson_iter_t *it) {
   bson_iter_t sub;
   bson_t child;
@@ -722,10 +723,6 @@ static void append_view(bson_t *out, const char *key, const bson_iter_t *it) {
     char s[BSON_DECIMAL128_STRING];
     bson_iter_decimal128(it, &dec);
     bson_decimal128_to_string(&dec, s);
-    BSON_APPEND_UTF8(out, key, s);
-  } else if (BSON_ITER_HOLDS_DATE_TIME(it)) {
-    char s[32];
-    obx_time_format_rfc3339(bson_iter_date_time(it), s);
     BSON_APPEND_UTF8(out, key, s);
   } else if ((BSON_ITER_HOLDS_DOCUMENT(it) || BSON_ITER_HOLDS_ARRAY(it)) && bson_iter_recurse(it, &sub)) {
     bool array = BSON_ITER_HOLDS_ARRAY(it);

@@ -1,10 +1,12 @@
 /* json.c - JSON at the edges: the strict body parser and the renderer that cannot fail
  *
- * DESIGN: see obx_json.h. Rendering tries libbson first (the common case costs nothing
- * extra); only when it fails is a repaired copy of the document built (keys and string
- * values — UTF-8, code, symbol — with invalid bytes replaced, every other value copied as
- * is) and rendered. Never writes anywhere but its outputs. */
+ * DESIGN: see obx_json.h. Rendering tries libbson first when the document holds no date (the
+ * common case costs one walk extra); otherwise, or when libbson fails, a view of the document
+ * is built (dates as RFC 3339 strings, keys and string values — UTF-8, code, symbol — with
+ * invalid bytes replaced, every other value copied as is) and rendered. Never writes anywhere
+ * but its outputs. */
 #include "obx/obx_json.h"
+#include "obx/obx_event.h" /* obx_time_format_rfc3339 */
 
 #include <ctype.h>
 #include <string.h>
@@ -91,9 +93,9 @@ static char *repaired(const char *s, size_t slen, size_t *len, int *replaced) {
   return out;
 }
 
-static bool repair_doc(const bson_t *doc, bson_t *out, int *replaced);
+static bool view_doc(const bson_t *doc, bson_t *out, int *replaced);
 
-static bool repair_value(bson_iter_t *it, bson_t *out, int *replaced) {
+static bool view_value(bson_iter_t *it, bson_t *out, int *replaced) {
   size_t klen;
   char *key = repaired(bson_iter_key(it), strlen(bson_iter_key(it)), &klen, replaced);
   bool ok = true;
@@ -122,9 +124,15 @@ static bool repair_value(bson_iter_t *it, bson_t *out, int *replaced) {
     if (ok) {
       ok = is_doc ? bson_append_document_begin(out, key, (int)klen, &child)
                   : bson_append_array_begin(out, key, (int)klen, &child);
-      ok = ok && repair_doc(&sub, &child, replaced);
+      ok = ok && view_doc(&sub, &child, replaced);
       ok = (is_doc ? bson_append_document_end(out, &child) : bson_append_array_end(out, &child)) && ok;
     }
+    break;
+  }
+  case BSON_TYPE_DATE_TIME: {
+    char ts[32];
+    obx_time_format_rfc3339(bson_iter_date_time(it), ts);
+    ok = bson_append_utf8(out, key, (int)klen, ts, -1);
     break;
   }
   default: ok = bson_append_iter(out, key, (int)klen, it);
@@ -133,22 +141,36 @@ static bool repair_value(bson_iter_t *it, bson_t *out, int *replaced) {
   return ok;
 }
 
-static bool repair_doc(const bson_t *doc, bson_t *out, int *replaced) {
+static bool view_doc(const bson_t *doc, bson_t *out, int *replaced) {
   bson_iter_t it;
   if (!bson_iter_init(&it, doc)) return false;
   while (bson_iter_next(&it))
-    if (!repair_value(&it, out, replaced)) return false;
+    if (!view_value(&it, out, replaced)) return false;
   return true;
+}
+
+/* Whether doc holds a date at any depth (it walks a structurally valid document). */
+static bool holds_date(bson_iter_t *it) {
+  while (bson_iter_next(it)) {
+    bson_iter_t sub;
+    if (BSON_ITER_HOLDS_DATE_TIME(it)) return true;
+    if ((BSON_ITER_HOLDS_DOCUMENT(it) || BSON_ITER_HOLDS_ARRAY(it)) && bson_iter_recurse(it, &sub) && holds_date(&sub))
+      return true;
+  }
+  return false;
 }
 
 char *obx_json_render(const bson_t *doc, size_t *len, int *replaced) {
   int fixed = 0;
   size_t n = 0, offset;
   /* libbson renders a document it cannot walk as "{ }": check the structure first */
-  char *json = bson_validate(doc, BSON_VALIDATE_NONE, &offset) ? bson_as_relaxed_extended_json(doc, &n) : NULL;
-  if (!json && bson_validate(doc, BSON_VALIDATE_NONE, &offset)) {
+  bool valid = bson_validate(doc, BSON_VALIDATE_NONE, &offset);
+  bson_iter_t it;
+  bool dates = valid && bson_iter_init(&it, doc) && holds_date(&it);
+  char *json = valid && !dates ? bson_as_relaxed_extended_json(doc, &n) : NULL;
+  if (!json && valid) {
     bson_t copy = BSON_INITIALIZER;
-    if (repair_doc(doc, &copy, &fixed)) json = bson_as_relaxed_extended_json(&copy, &n);
+    if (view_doc(doc, &copy, &fixed)) json = bson_as_relaxed_extended_json(&copy, &n);
     bson_destroy(&copy);
   }
   if (!json) {

@@ -100,10 +100,13 @@ static const obx_schema_index_t dead_letters_indexes[] = {
   {"dl_event", "{\"eventId\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
 };
 
-/* the operators' audit query (GET /api/audit, outboxctl audit list) */
+/* the operators' audit query (GET /api/audit, outboxctl audit list), newest first {when: -1,
+ * _id: -1} for every org, one org, one action (audit_org_when_id and audit_action_when_id
+ * replace audit_org_when and audit_action_when, which left the _id tie-break to an in-memory sort) */
 static const obx_schema_index_t audit_indexes[] = {
-  {"audit_org_when", "{\"orgId\": 1, \"when\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
-  {"audit_action_when", "{\"action\": 1, \"when\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
+  {"audit_when_id", "{\"when\": -1, \"_id\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
+  {"audit_org_when_id", "{\"orgId\": 1, \"when\": -1, \"_id\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
+  {"audit_action_when_id", "{\"action\": 1, \"when\": -1, \"_id\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
   {"audit_org_action_when", "{\"orgId\": 1, \"action\": 1, \"when\": -1, \"_id\": -1}", NULL, OBX_SCHEMA_TTL_NONE},
 };
 

@@ -6,9 +6,9 @@
  * bytes), partition key (10 KB), a key inside the payload and a string value hold bytes that
  * are not UTF-8; an order with such a field; a dead letter (in dead_letters, as the drain
  * stores it) with a non-UTF-8 ce_id header, a 10 KB non-UTF-8 key, a non-UTF-8 subject, reason
- * and body. Every GET route and every outboxctl
- * --json output over them must exit 0 / answer 200 with one complete JSON value holding the
- * long values whole and U+FFFD where the bytes were invalid. */
+ * and body; a parked key. Every GET route and every outboxctl --json output over them must exit
+ * 0 / answer 200 with one complete JSON value holding the long values whole, U+FFFD where the
+ * bytes were invalid, and every date as an RFC 3339 string (never {"$date": ...}). */
 #include "obx_test.h"
 #include "obx_test_fixture.h"
 #include "obx_test_outboxd.h"
@@ -22,6 +22,7 @@
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
 
+#include "obx/obx_ctl.h"
 #include "obx/obx_json.h"
 #include "obx/obx_ladder.h"
 #include "obx/obx_ops.h"
@@ -37,6 +38,8 @@ static obx_ladder_t *ladder;
 static char keys_path[300], key_all[64], prefix[64];
 static char long_id[320], long_key[10300], dlq_id[260], dl_id[OBX_UUID_LEN + 1];
 static const char *amqp_url;
+static int64_t now_ms;  /* every stored date */
+static char want_now[40]; /* now_ms as the JSON string every output must show */
 
 /* A 300-byte id starting with two invalid bytes, a 10 KB key with one in the middle. */
 static void make_values(void) {
@@ -50,6 +53,10 @@ static void make_values(void) {
   memset(dlq_id, 'd', 200);
   dlq_id[200] = '\0';
   obx_uuid7(dl_id);
+  now_ms = obx_time_now_ms();
+  char ts[32];
+  obx_time_format_rfc3339(now_ms, ts);
+  snprintf(want_now, sizeof want_now, "\"%s\"", ts);
 }
 
 static void insert_raw(const char *collection, const bson_t *doc) {
@@ -62,7 +69,7 @@ static void insert_raw(const char *collection, const bson_t *doc) {
 }
 
 static void seed_mongo(void) {
-  int64_t now = obx_time_now_ms();
+  int64_t now = now_ms;
   bson_t doc = BSON_INITIALIZER, payload, headers;
   bson_append_utf8(&doc, "_id", -1, long_id, -1);
   BSON_APPEND_UTF8(&doc, "eventType", "OrderConfirmed");
@@ -106,6 +113,16 @@ static void seed_mongo(void) {
   BSON_APPEND_UTF8(&doc, "status", "CONFIRMED");
   BSON_APPEND_DATE_TIME(&doc, "createdAt", now);
   insert_raw("orders", &doc);
+  bson_reinit(&doc);
+
+  BSON_APPEND_DOCUMENT_BEGIN(&doc, "_id", &payload); /* a key parked behind the DEAD entry */
+  BSON_APPEND_UTF8(&payload, "consumer", "outboxd-worker");
+  BSON_APPEND_UTF8(&payload, "key", "key-render-1");
+  bson_append_document_end(&doc, &payload);
+  bson_append_utf8(&doc, "headEventId", -1, long_id, -1);
+  BSON_APPEND_UTF8(&doc, "reason", "HTTP 400");
+  BSON_APPEND_DATE_TIME(&doc, "since", now);
+  insert_raw("parked_keys", &doc);
   bson_destroy(&doc);
 }
 
@@ -115,7 +132,7 @@ static void seed_dlq(void) {
   obx_ce_header_t h[] = {{"ce_type", "OrderConfirmed", 14}, {"ce_orgid", ORG, 4}, {"ce_subject", "Order/\xff\xfe", 8},
                          {"ce_id", "ev-\xff\xfe" "-1", 7}};
   obx_ladder_msg_from_record(&msg, dlq_id, long_key, strlen(long_key), "{\"a\": \"\xff\"}", 10, h, 4);
-  obx_ladder_msg_fail(&msg, "terminal", "HTTP 400 \xff", obx_time_now_ms());
+  obx_ladder_msg_fail(&msg, "terminal", "HTTP 400 \xff", now_ms);
   msg.reason = strdup("terminal failure \xfe");
   /* the dead letter as the drain writes it (obx_ops_dl_from_msg), stored with the bad bytes */
   bson_t doc = BSON_INITIALIZER;
@@ -179,11 +196,13 @@ static int group_teardown(void **state) {
 /* ---- checks ------------------------------------------------------------------------------- */
 
 /* text must be one complete JSON value (an object, or an array wrapped for the parser) that
- * holds every needle. */
+ * holds every needle and no {"$date": ...}. */
 static void expect_json(const char *what, const char *text, const char *const needles[]) {
   size_t len = strlen(text);
   while (len && (text[len - 1] == '\n' || text[len - 1] == ' ')) len--;
   if (!len) fail_msg("%s: empty output", what);
+  const char *date = strstr(text, "$date");
+  if (date) fail_msg("%s: got {\"$date\": ...} (%.80s), want RFC 3339 strings: %.300s...", what, date, text);
   char *wrapped = malloc(len + 16);
   int n = snprintf(wrapped, len + 16, "{\"v\": %.*s}", (int)len, text);
   bson_t doc;
@@ -204,8 +223,8 @@ static void expect_route(const char *path, const char *const needles[]) {
   obx_test_http_resp_cleanup(&resp);
 }
 
-/* Runs outboxctl with args (NULL-terminated) and the test's configuration; wants exit 0. */
-static char *ctl(const char *const args[]) {
+/* Runs outboxctl with args (NULL-terminated) and the test's configuration; wants exit want. */
+static char *ctl_exit(int want, const char *const args[]) {
   char out_path[320], mongo_arg[300], amqp_arg[300], prefix_arg[100];
   snprintf(out_path, sizeof out_path, "%s/outboxctl.out", obx_test_tmpdir());
   snprintf(mongo_arg, sizeof mongo_arg, "mongo.uri=%s", mongo.uri);
@@ -235,12 +254,14 @@ static char *ctl(const char *const args[]) {
   char *text = calloc(1, (size_t)size + 1);
   if (fread(text, 1, (size_t)size, f) != (size_t)size) fail_msg("reading %s", out_path);
   fclose(f);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    fail_msg("outboxctl %s %s: %s %d, want exit 0; output: %.300s", args[0], args[1],
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != want)
+    fail_msg("outboxctl %s %s: %s %d, want exit %d; output: %.300s", args[0], args[1],
              WIFSIGNALED(status) ? "killed by signal" : "exit", WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status),
-             text);
+             want, text);
   return text;
 }
+
+static char *ctl(const char *const args[]) { return ctl_exit(0, args); }
 
 /* The JSON forms of the stored values: the long id with its two invalid bytes replaced, etc. */
 static char want_id[340], want_key[10400], want_dlq_id[280];
@@ -258,33 +279,39 @@ static void test_routes_render_everything(void **state) {
   seed_mongo();
   seed_dlq();
   make_wants();
-  const char *const outbox[] = {want_id, "broker said " FFFD, NULL};
+  const char *const outbox[] = {want_id, "broker said " FFFD, want_now, NULL};
   expect_route("/api/outbox", outbox);
   expect_route("/api/outbox?status=FAILED", outbox);
-  const char *const inbox[] = {want_id, "HTTP 400 " FFFD, NULL};
+  const char *const inbox[] = {want_id, "HTTP 400 " FFFD, want_now, NULL};
   expect_route("/api/inbox", inbox);
-  const char *const dlq[] = {want_dlq_id, want_key, NULL}; /* lists leave headers out */
+  const char *const dlq[] = {want_dlq_id, want_key, want_now, NULL}; /* lists leave headers out */
   expect_route("/api/dlq", dlq);
   char path[80];
   snprintf(path, sizeof path, "/api/dlq/%s", dl_id);
-  const char *const one[] = {want_key, "ev-" FFFD FFFD "-1", "Order/" FFFD FFFD, "terminal failure " FFFD, NULL};
+  const char *const one[] = {want_key, "ev-" FFFD FFFD "-1", "Order/" FFFD FFFD, "terminal failure " FFFD, want_now, NULL};
   expect_route(path, one);
   expect_route("/api/dlq/export", one); /* one document per line: here, one line */
-  const char *const order[] = {"jos" FFFD "@company.com", NULL};
+  const char *const order[] = {"jos" FFFD "@company.com", want_now, NULL};
   expect_route("/orders/order-render-1", order);
+  const char *const keys[] = {"key-render-1", want_now, NULL};
+  expect_route("/api/keys", keys);
+  const char *const status[] = {"\"dlq\"", "dead letters waiting", want_now, NULL};
+  expect_route("/api/status", status);
+  const char *const audit[] = {"dlq.export", "\"when\" : \"", NULL}; /* the export above */
+  expect_route("/api/audit", audit);
 }
 
 static void test_outboxctl_renders_everything(void **state) {
   if (!amqp_url || !*amqp_url) skip();
   char *out;
-  const char *const outbox[] = {want_id, NULL};
+  const char *const outbox[] = {want_id, want_now, NULL};
   out = ctl((const char *[]){"outbox", "list", "--json", NULL});
   expect_json("outbox list --json", out, outbox);
   free(out);
   out = ctl((const char *[]){"outbox", "list", "FAILED", "--json", NULL});
   expect_json("outbox list FAILED --json", out, outbox);
   free(out);
-  const char *const inbox[] = {want_id, NULL};
+  const char *const inbox[] = {want_id, want_now, NULL};
   out = ctl((const char *[]){"inbox", "list", "--json", NULL});
   expect_json("inbox list --json", out, inbox);
   free(out);
@@ -292,7 +319,7 @@ static void test_outboxctl_renders_everything(void **state) {
   out = ctl((const char *[]){"inbox", "show", long_id, NULL});
   expect_json("inbox show", out, inbox_show);
   free(out);
-  const char *const dlq[] = {want_dlq_id, want_key, "terminal failure " FFFD, NULL};
+  const char *const dlq[] = {want_dlq_id, want_key, "terminal failure " FFFD, want_now, NULL};
   out = ctl((const char *[]){"dlq", "list", "--json", NULL});
   expect_json("dlq list --json", out, dlq);
   free(out);
@@ -302,6 +329,22 @@ static void test_outboxctl_renders_everything(void **state) {
   free(out);
   out = ctl((const char *[]){"dlq", "export", NULL});
   expect_json("dlq export", out, peek);
+  free(out);
+  const char *const keys[] = {"key-render-1", want_now, NULL};
+  out = ctl((const char *[]){"keys", "list", "--json", NULL});
+  expect_json("keys list --json", out, keys);
+  free(out);
+  const char *const audit[] = {"dlq.export", "\"when\" : \"", NULL};
+  out = ctl((const char *[]){"audit", "list", "--json", NULL});
+  expect_json("audit list --json", out, audit);
+  free(out);
+  const char *const status[] = {"\"dlq\"", "dead letters waiting", want_now, NULL};
+  out = ctl_exit(OBX_CTL_DEGRADED, (const char *[]){"status", "--json", NULL}); /* degraded: exit 3 */
+  expect_json("status --json", out, status);
+  free(out);
+  const char *const counts[] = {"FAILED", NULL};
+  out = ctl((const char *[]){"outbox", "counts", "--json", NULL});
+  expect_json("outbox counts --json", out, counts);
   free(out);
   /* the table form prints the raw bytes and does not crash either */
   free(ctl((const char *[]){"dlq", "list", NULL}));

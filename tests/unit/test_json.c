@@ -1,6 +1,7 @@
 /* test_json.c - obx_json: the strict body parser (one object, nothing after it) and the
  * renderer that cannot fail (invalid UTF-8 in keys and strings becomes U+FFFD, at any depth;
- * long values whole; a corrupt document still renders). */
+ * long values whole; a corrupt document still renders; dates at any depth are RFC 3339 UTC
+ * strings with milliseconds, never {"$date": ...}). */
 #include "obx_test.h"
 
 #include <stdio.h>
@@ -114,6 +115,38 @@ static void test_render_valid_and_long(void **state) {
   free(key);
 }
 
+/* Dates render as RFC 3339 UTC strings with milliseconds wherever they stand: top level, in a
+ * sub-document, in an array, next to a string that needs repair; the rest as libbson has it. */
+static void test_render_dates(void **state) {
+  bson_t doc = BSON_INITIALIZER, sub, arr, entry;
+  BSON_APPEND_DATE_TIME(&doc, "firstFailureAt", 1764594000123); /* 2025-12-01T13:00:00.123Z */
+  BSON_APPEND_DOCUMENT_BEGIN(&doc, "redrive", &sub);
+  BSON_APPEND_DATE_TIME(&sub, "at", 0);
+  BSON_APPEND_INT64(&sub, "count", 2);
+  bson_append_document_end(&doc, &sub);
+  BSON_APPEND_ARRAY_BEGIN(&doc, "history", &arr);
+  BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &entry);
+  BSON_APPEND_DATE_TIME(&entry, "at", -1); /* one millisecond before the epoch */
+  bson_append_utf8(&entry, "reason", -1, "bad \xff", -1);
+  bson_append_document_end(&arr, &entry);
+  BSON_APPEND_DATE_TIME(&arr, "1", 253402300799999); /* the last millisecond of year 9999 */
+  bson_append_array_end(&doc, &arr);
+  BSON_APPEND_UTF8(&doc, "state", "dead");
+  int replaced = -1;
+  char *json = obx_json_render(&doc, NULL, &replaced);
+  if (strstr(json, "$date")) fail_msg("got %s, want no {\"$date\": ...}", json);
+  expect_field(json, "firstFailureAt", "2025-12-01T13:00:00.123Z", 24);
+  expect_field(json, "redrive.at", "1970-01-01T00:00:00.000Z", 24);
+  expect_field(json, "history.0.at", "1969-12-31T23:59:59.999Z", 24);
+  expect_field(json, "history.0.reason", "bad " FFFD, strlen("bad " FFFD));
+  expect_field(json, "history.1", "9999-12-31T23:59:59.999Z", 24);
+  expect_field(json, "state", "dead", 4);
+  assert_non_null(strstr(json, "\"count\" : 2"));
+  assert_int_equal(replaced, 1);
+  bson_free(json);
+  bson_destroy(&doc);
+}
+
 static void test_render_corrupt_document(void **state) {
   uint8_t bytes[] = {16, 0, 0, 0, 0x02, 'a', 0, 200, 0, 0, 0, 'x', 0, 0, 0, 0}; /* string length beyond the document */
   bson_t doc;
@@ -129,6 +162,7 @@ int main(void) {
     cmocka_unit_test(test_render_invalid_utf8),
     cmocka_unit_test(test_render_valid_and_long),
     cmocka_unit_test(test_render_corrupt_document),
+    cmocka_unit_test(test_render_dates),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
