@@ -1,18 +1,33 @@
 #!/usr/bin/env bash
 # install-deps.sh - install the Debian packages outboxd needs to build, test and run locally.
-# (Java and Maven run the test bed's Apache Kafka broker and Java witness: scripts/kafka.sh.)
+# (Java and Maven run the test bed's Apache Kafka broker and Java witness: scripts/kafka.sh;
+# buildah, podman and runc build and run the container image: scripts/image.sh.)
+#
+#   scripts/install-deps.sh           everything: build, test and run
+#   scripts/install-deps.sh --build   only what building outboxd and outboxctl needs (the
+#                                     Containerfile's build stage)
 #
 # Idempotent: installs only what is missing and runs `apt-get update` only when a package
 # cannot be found in the current lists. Needs root (or sudo) when something is missing.
 set -euo pipefail
 
-PACKAGES=(
-  build-essential cmake pkg-config git ca-certificates procps psmisc iproute2
+BUILD_PACKAGES=(
+  build-essential cmake pkg-config git ca-certificates
   libmongoc-dev libbson-dev librdkafka-dev librabbitmq-dev libcurl4-openssl-dev
   libmicrohttpd-dev libcmocka-dev libssl-dev
+)
+PACKAGES=("${BUILD_PACKAGES[@]}"
+  procps psmisc iproute2
   rabbitmq-server kcat wrk curl openssl jq python3 python3-venv
   openjdk-17-jdk-headless maven
+  buildah podman runc
 )
+
+case "${1:-}" in
+  "") ;;
+  --build) PACKAGES=("${BUILD_PACKAGES[@]}") ;;
+  *) echo "install-deps: unknown argument $1 (usage: install-deps.sh [--build])" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -38,6 +38,10 @@ bool obx_test_proc_alive(obx_test_proc_t *proc);
  * child (read from /proc); a zombie waiting to be reaped counts as gone. */
 bool obx_test_pid_gone(void *pid);
 
+/* Runs cmd with /bin/sh; its stdout goes to out (NUL-terminated, truncated to fit; out may be
+ * NULL to drop it), its stderr to the test's. Returns the exit status, -1 when it did not exit. */
+int obx_test_sh(const char *cmd, char *out, size_t outlen);
+
 /* Waits until `path` exists and has a first non-empty line; copies it to out. */
 bool obx_test_read_first_line(const char *path, char *out, size_t outlen, int timeout_ms);
 /* Waits until the file contains `needle`. */

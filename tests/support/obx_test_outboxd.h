@@ -21,6 +21,9 @@ typedef struct {
 /* Starts outboxd with args (NULL-terminated, e.g. {"--roles", "api", "-X", "mongo.uri=...", NULL})
  * and waits (up to 30 s) for it to listen. False (process stopped) when it did not. */
 bool obx_test_outboxd_start(obx_test_outboxd_t *d, char *const args[]);
+/* obx_test_outboxd_start with the command that runs outboxd given: cmd (a path, then its
+ * arguments, NULL-terminated; e.g. podman run ... IMAGE) instead of the built binary. */
+bool obx_test_outboxd_start_cmd(obx_test_outboxd_t *d, char *const cmd[], char *const args[]);
 /* SIGTERM and wait; returns the wait status. Safe on a zeroed struct. */
 int obx_test_outboxd_stop(obx_test_outboxd_t *d);
 

@@ -35,11 +35,16 @@ static bool port_known(void *ctx) {
 }
 
 bool obx_test_outboxd_start(obx_test_outboxd_t *d, char *const args[]) {
-  char *argv[64];
+  char *const cmd[] = {(char *)obx_test_build_path("outboxd"), NULL};
+  return obx_test_outboxd_start_cmd(d, cmd, args);
+}
+
+bool obx_test_outboxd_start_cmd(obx_test_outboxd_t *d, char *const cmd[], char *const args[]) {
+  char *argv[96];
   int argc = 0;
   memset(d, 0, sizeof *d);
-  argv[argc++] = (char *)obx_test_build_path("outboxd");
-  for (int i = 0; args[i] && argc < 60; i++) argv[argc++] = args[i];
+  for (int i = 0; cmd[i] && argc < 40; i++) argv[argc++] = cmd[i];
+  for (int i = 0; args[i] && argc < 92; i++) argv[argc++] = args[i];
   argv[argc++] = "-X";
   argv[argc++] = "http.port=0";
   argv[argc] = NULL;

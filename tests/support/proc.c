@@ -177,3 +177,19 @@ bool obx_test_file_contains(const char *path, const char *needle, int timeout_ms
   file_wait_t w = {path, needle, NULL, 0};
   return obx_test_wait_for(file_has, &w, timeout_ms, 20);
 }
+
+int obx_test_sh(const char *cmd, char *out, size_t outlen) {
+  FILE *p = popen(cmd, "r");
+  if (!p) return -1;
+  size_t len = 0, n;
+  char chunk[4096];
+  while ((n = fread(chunk, 1, sizeof chunk, p)) > 0) {
+    size_t room = outlen > len + 1 ? outlen - len - 1 : 0;
+    if (n > room) n = room;
+    if (out && n) memcpy(out + len, chunk, n);
+    len += n;
+  }
+  if (out && outlen) out[len] = '\0';
+  int st = pclose(p);
+  return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
