@@ -12,7 +12,8 @@
  *             MongoDB transaction
  *     relay   publishes PENDING outbox events to Kafka
  *     worker  consumes domain events, runs pipelines, retries through RabbitMQ
- *   The HTTP server always runs: GET /healthz, /readyz (MongoDB reachable), /metrics.
+ *   The HTTP server always runs: GET /healthz (every loop makes progress), /readyz (MongoDB
+ *   reachable and what each role needs), /metrics.
  *   outboxd starts while MongoDB, Kafka or RabbitMQ are down and catches up when they return.
  *
  * OPTIONS

@@ -18,8 +18,10 @@
  * every query to it. Errors are RFC 7807 application/problem+json:
  *   {"type": "about:blank" | "https://outboxd.dev/problems/<slug>", "title", "status", "detail",
  *    "errors": [{"field", "message"}]}
- * Built in: GET /healthz (200 while the process runs), GET /readyz (runs the readiness checks;
- * 503 with the failing check's reason), GET /metrics (Prometheus text).
+ * Built in: GET /healthz (200 while every watched loop makes progress, 503 naming the loops
+ * stalled beyond health.stall_timeout: obx_health.h; the handler threads are watched loops),
+ * GET /readyz (runs the readiness checks; 503 with the failing check's reason), GET /metrics
+ * (Prometheus text).
  *
  * CORS (API_CORS_ORIGINS, empty: off): for an allowed Origin every response, errors included,
  * carries Access-Control-Allow-Origin (that origin), Vary: Origin and
@@ -45,8 +47,8 @@ typedef void (*obx_http_handler_t)(obx_http_req_t *req, obx_http_resp_t *resp, v
 /* A readiness check: false with err set (its msg is shown by /readyz) when not ready. */
 typedef bool (*obx_http_ready_fn_t)(void *ctx, obx_err_t *err);
 
-/* Creates the server from http.bind, http.port, http.max_body, api.rate_limit, api.cors_origins and
- * api.keys_file (the API keys are loaded here; a bad keys file or origin fails). Does not listen
+/* Creates the server from http.bind, http.port, http.max_body, api.rate_limit, api.cors_origins,
+ * health.stall_timeout and api.keys_file (the API keys are loaded here; a bad keys file or origin fails). Does not listen
  * yet. Returns owned. */
 obx_http_t *obx_http_new(const obx_conf_t *conf, obx_err_t *err);
 /* Starts listening (port 0 picks a free one, see obx_http_port). */

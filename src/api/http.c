@@ -53,6 +53,7 @@
 #include <microhttpd.h>
 
 #include "obx/obx_auth.h"
+#include "obx/obx_health.h"
 #include "obx/obx_json.h"
 #include "obx/obx_log.h"
 #include "obx/obx_metrics.h"
@@ -105,6 +106,8 @@ typedef struct {
   obx_http_req_t **queue;  /* ring of cap entries */
   int cap, head, n;
   bool stopping;           /* queued requests are answered 503, then the threads exit */
+  const char *watch;       /* loop name of its threads for /healthz ("handler"); NULL: not watched */
+  atomic_int started;      /* threads that took their number */
 } http_pool_t;
 
 struct obx_http {
@@ -130,6 +133,7 @@ struct obx_http {
   int workers;                  /* http.workers */
   unsigned max_conns, max_conns_per_client, idle_timeout_s;
   int64_t header_timeout_ns;    /* http.header_timeout */
+  int64_t stall_ms;             /* health.stall_timeout: /healthz fails beyond it */
   http_pool_t handlers, probes; /* route handlers; the built-in probes */
   pthread_mutex_t conns_mu;     /* conns, reaper_stop */
   pthread_cond_t conns_cv;
@@ -532,9 +536,37 @@ static void http_metrics(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) 
 
 /* ---- built-in routes ---------------------------------------------------------------------- */
 
+/* 200 while every loop of the process makes progress; 503 naming each busy loop whose last
+ * stamp is older than health.stall_timeout (obx_health.h), oldest first, in `errors`. */
 static void http_healthz(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
   static const char body[] = "{\"status\":\"ok\"}";
-  obx_http_reply(resp, 200, "application/json", body, sizeof body - 1);
+  obx_http_t *http = ctx;
+  obx_health_stall_t stalls[8];
+  int n = obx_health_stalls(http->stall_ms, stalls, 8);
+  if (!n) {
+    obx_http_reply(resp, 200, "application/json", body, sizeof body - 1);
+    return;
+  }
+  bson_t errors = BSON_INITIALIZER;
+  char key[16], field[96], message[160], detail[320];
+  for (int i = 0; i < n && i < 8; i++) {
+    snprintf(key, sizeof key, "%d", i);
+    snprintf(field, sizeof field, "%.31s/%.47s", stalls[i].role, stalls[i].loop);
+    snprintf(message, sizeof message, "no progress for %.1f s (last step: %.47s)", (double)stalls[i].age_ms / 1000,
+             stalls[i].doing);
+    bson_t e;
+    BSON_APPEND_DOCUMENT_BEGIN(&errors, key, &e);
+    BSON_APPEND_UTF8(&e, "field", field);
+    BSON_APPEND_UTF8(&e, "message", message);
+    BSON_APPEND_INT64(&e, "sinceProgressMs", stalls[i].age_ms);
+    bson_append_document_end(&errors, &e);
+  }
+  snprintf(detail, sizeof detail, "%.31s %.47s loop made no progress for %.1f s (last step: %.47s; health.stall_timeout %lld ms)%s",
+           stalls[0].role, stalls[0].loop, (double)stalls[0].age_ms / 1000, stalls[0].doing, (long long)http->stall_ms,
+           n > 1 ? "; more in errors" : "");
+  obx_warn("healthz: %s", detail);
+  obx_http_reply_problem(resp, 503, "Stalled", detail, &errors);
+  bson_destroy(&errors);
 }
 
 static void http_readyz(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
@@ -699,8 +731,14 @@ static void pool_run(http_pool_t *pool, obx_http_req_t *req, bool stopping) {
 static void *pool_thread(void *arg) {
   http_pool_t *pool = arg;
   obx_log_set_role("http");
+  if (pool->watch) {
+    char name[32];
+    snprintf(name, sizeof name, "%s %d", pool->watch, atomic_fetch_add(&pool->started, 1));
+    obx_health_register("http", name);
+  }
   pthread_mutex_lock(&pool->mu);
   for (;;) {
+    obx_health_idle();
     while (!pool->n && !pool->stopping) pthread_cond_wait(&pool->cv, &pool->mu);
     if (!pool->n) break;
     obx_http_req_t *req = pool->queue[pool->head];
@@ -708,15 +746,19 @@ static void *pool_thread(void *arg) {
     pool->n--;
     bool stopping = pool->stopping;
     pthread_mutex_unlock(&pool->mu);
+    obx_health_stamp("a request");
     pool_run(pool, req, stopping);
     pthread_mutex_lock(&pool->mu);
   }
   pthread_mutex_unlock(&pool->mu);
+  obx_health_unregister();
   return NULL;
 }
 
-static void pool_start(http_pool_t *pool, obx_http_t *http, int nthreads) {
+/* watch: the loop name of its threads for /healthz (NULL: not watched). */
+static void pool_start(http_pool_t *pool, obx_http_t *http, int nthreads, const char *watch) {
   pool->http = http;
+  pool->watch = watch;
   pool->nthreads = nthreads;
   pool->cap = nthreads * HTTP_QUEUE_PER_WORKER;
   pool->queue = calloc((size_t)pool->cap, sizeof *pool->queue);
@@ -894,6 +936,7 @@ obx_http_t *obx_http_new(const obx_conf_t *conf, obx_err_t *err) {
   http->max_conns = (unsigned)conf->http_max_connections;
   http->max_conns_per_client = (unsigned)conf->http_max_connections_per_client;
   http->header_timeout_ns = conf->http_header_timeout * 1000000;
+  http->stall_ms = conf->health_stall_timeout;
   http->idle_timeout_s = (unsigned)((conf->http_idle_timeout + 999) / 1000);
   http->nbuckets = obx_auth_count(auth) + 1;
   http->buckets = calloc((size_t)http->nbuckets, sizeof *http->buckets);
@@ -929,8 +972,8 @@ bool obx_http_start(obx_http_t *http, obx_err_t *err) {
     obx_err_set(err, OBX_ERR_CONF, 0, false, "http.bind: '%s' is not an IPv4 or IPv6 address", http->bind);
     return false;
   }
-  pool_start(&http->handlers, http, http->workers);
-  pool_start(&http->probes, http, 1);
+  pool_start(&http->handlers, http, http->workers, "handler");
+  pool_start(&http->probes, http, 1, NULL); /* a stuck probe worker answers no probe: the probe fails itself */
   http->daemon = MHD_start_daemon(flags, (uint16_t)http->port, NULL, NULL, http_on_request, http,
                                   MHD_OPTION_EXTERNAL_LOGGER, http_on_mhd_log, http,
                                   MHD_OPTION_SOCK_ADDR, sa,

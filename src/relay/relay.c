@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "obx/obx_health.h"
 #include "obx/obx_log.h"
 #include "obx/obx_schema.h"
 
@@ -584,14 +585,20 @@ static void *relay_main(void *arg) {
   obx_relay_t *relay = arg;
   const obx_conf_t *conf = relay->conf;
   obx_log_set_role("relay");
+  obx_health_register("relay", "main");
   relay->client = obx_mongo_pop(relay->mongo);
   relay->outbox = obx_mongo_collection(relay->mongo, relay->client, "outbox");
   relay->checkpoints = obx_mongo_collection(relay->mongo, relay->client, "relay_checkpoints");
   relay->leases = obx_mongo_collection(relay->mongo, relay->client, "leases");
 
-  while (!relay->stopping && !relay_ensure_schema(relay)) relay_sleep_ms(1000);
+  for (;;) {
+    obx_health_stamp("ensuring the schema");
+    if (relay->stopping || relay_ensure_schema(relay)) break;
+    relay_sleep_ms(1000);
+  }
 
   while (!relay->stopping) {
+    obx_health_stamp(relay->leader ? "renewing the lease" : "standby: taking the lease");
     if (obx_relay_producer_fatal(relay->producer)) relay_producer_renew(relay);
     relay_lease_tick(relay);
     if (!relay->leader) {
@@ -599,24 +606,29 @@ static void *relay_main(void *arg) {
       continue;
     }
     if (!relay->led) {
+      obx_health_stamp("becoming the leader");
       relay->led = relay_lead_begin(relay) && relay->leader; /* it may have stepped down meanwhile */
       if (!relay->led) relay_serve(relay, 1000, false);
       continue;
     }
 
+    obx_health_stamp("reading the change stream");
     bool busy = !relay->poll_mode && relay_stream_step(relay);
+    obx_health_stamp("serving delivery reports");
     relay_serve(relay, busy ? 0 : 20, false);
     relay_keys_tick(relay);
 
     int64_t now = obx_time_now_ms();
     bool stream_behind = relay->stream && !relay->caught_up;
     if (now >= relay->next_sweep_ms && !stream_behind && relay_pending(relay) < conf->relay_max_inflight) {
+      obx_health_stamp("sweeping PENDING events");
       relay_keys_check(relay);
       int claimed = relay_sweep(relay, relay->poll_mode ? 0 : conf->outbox_poll_interval);
       bool more = relay->poll_mode && claimed == conf->outbox_batch_size;
       relay->next_sweep_ms = more ? now : now + conf->outbox_poll_interval;
     }
     if (!relay->poll_mode && now >= relay->next_ckpt_ms) {
+      obx_health_stamp("writing the checkpoint");
       relay_write_reports(relay);
       relay_checkpoint_write(relay);
       relay->next_ckpt_ms = now + conf->relay_checkpoint_interval;
@@ -624,7 +636,9 @@ static void *relay_main(void *arg) {
     relay_update_lag(relay);
   }
 
-  /* Shutdown: intake stopped; finish what is in flight, record it, checkpoint, hand over. */
+  /* Shutdown: intake stopped; finish what is in flight, record it, checkpoint, hand over. The
+   * stop is bounded by shutdown.grace, not by the stall bound. */
+  obx_health_unregister();
   relay_stream_close(relay);
   obx_relay_producer_flush(relay->producer, 5000);
   relay_write_reports(relay);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "obx/obx_health.h"
 #include "obx/obx_log.h"
 
 #define RELAY_CLAIM_MIN_MS 30000
@@ -70,11 +71,14 @@ int relay_sweep(obx_relay_t *relay, int64_t grace_ms) {
 bool relay_sweep_all(obx_relay_t *relay) {
   int total = 0;
   for (;;) {
+    obx_health_stamp("full sweep: claiming");
     int claimed = relay_sweep(relay, 0);
     if (claimed < 0) return false;
     total += claimed;
-    while (relay->inflight_sweep.n > 0 && !relay->stopping && relay->leader)
+    while (relay->inflight_sweep.n > 0 && !relay->stopping && relay->leader) {
+      obx_health_stamp("full sweep: awaiting delivery reports");
       relay_serve(relay, 100, false);
+    }
     relay_serve(relay, 0, true);
     if (relay->stopping || !relay->leader) return false;
     if (claimed == 0) break;

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "obx/obx_event.h"
+#include "obx/obx_health.h"
 #include "obx/obx_inbox.h"
 #include "obx/obx_ladder.h"
 #include "obx/obx_log.h"
@@ -260,8 +261,11 @@ static void *lane_main(void *arg) {
   snprintf(name, sizeof name, "obx-lane-%d", lane->index);
   pthread_setname_np(pthread_self(), name);
   obx_log_set_role("worker");
+  snprintf(name, sizeof name, "lane %d", lane->index);
+  obx_health_register("worker", name);
   for (;;) {
     pthread_mutex_lock(&lane->mu);
+    obx_health_idle();
     while (!lane->head && !atomic_load(&w->stop)) pthread_cond_wait(&lane->nonempty, &lane->mu);
     job_t *job = lane->head;
     if (atomic_load(&w->stop) || !job) {
@@ -273,6 +277,7 @@ static void *lane_main(void *arg) {
     lane->n--;
     pthread_cond_signal(&lane->nonfull);
     pthread_mutex_unlock(&lane->mu);
+    obx_health_stamp("running an event");
 
     /* Nothing runs before the worker's collections and indexes exist (the schema guard); an
      * HTTP event is answered 503 meanwhile (the sender delivers again). worker_handle bounds its
@@ -282,6 +287,7 @@ static void *lane_main(void *arg) {
     bool ready;
     while (!(ready = obx_schema_guard_wait(w->schema, 100)) && !atomic_load(&w->stop) &&
            job->source != WORKER_SOURCE_HTTP) {
+      obx_health_stamp("waiting for the schema");
     }
     if (ready) {
       job->outcome = job->source == WORKER_SOURCE_KAFKA
@@ -291,6 +297,7 @@ static void *lane_main(void *arg) {
     }
     complete(w, job);
   }
+  obx_health_unregister();
   return NULL;
 }
 
@@ -314,6 +321,7 @@ static step_result_t retry_step(obx_worker_t *w, const char *what, const char *e
   int64_t backoff = INFRA_BACKOFF_MIN_MS, since = obx_time_now_ms();
   int max = tries > 0 && tries < w->infra_attempts ? tries : w->infra_attempts;
   for (int n = 1;; n++) {
+    obx_health_stamp(what); /* a lane retrying a step goes round */
     obx_err_clear(err);
     if (fn(ctx, err)) return STEP_OK;
     if (!err->retriable) {
@@ -1133,9 +1141,12 @@ static void *kafka_main(void *arg) {
   pthread_setname_np(pthread_self(), "obx-kafka");
   obx_log_set_role("worker");
   int64_t last_lag = 0, last_recommit = obx_time_now_ms();
+  obx_health_register("worker", "kafka poll");
   while (!atomic_load(&w->stop)) {
+    obx_health_stamp("polling Kafka");
     rd_kafka_message_t *rkm = rd_kafka_consumer_poll(w->rk, 100);
     if (rkm) {
+      obx_health_stamp("handing a record to its lane");
       if (!rkm->err) kafka_dispatch(w, rkm);
       else if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
         obx_warn("kafka consumer: %s", rd_kafka_message_errstr(rkm));
@@ -1156,6 +1167,7 @@ static void *kafka_main(void *arg) {
       last_recommit = now;
     }
   }
+  obx_health_unregister();
   return NULL;
 }
 
@@ -1261,7 +1273,9 @@ static void *wq_main(void *arg) {
   pthread_setname_np(pthread_self(), "obx-workq");
   obx_log_set_role("worker");
   int64_t last_warn = 0, last_parked = 0, last_tick = 0;
+  obx_health_register("worker", "work queue");
   while (!atomic_load(&w->stop)) {
+    obx_health_stamp("settling work queue messages");
     wq_settle(w);
     if (obx_time_now_ms() - last_tick >= 1000) { /* in every mode: heartbeats, reconnects */
       obx_ladder_tick(w->ladder);
@@ -1297,6 +1311,7 @@ static void *wq_main(void *arg) {
     count_consumed(w, WORKER_SOURCE_WORK);
     if (!lane_push(w, job)) job_free(job); /* unacked: redelivered */
   }
+  obx_health_unregister();
   wq_settle(w);
   return NULL;
 }

@@ -1,0 +1,146 @@
+/* test_health.c - /healthz fails when a loop stops making progress, and only then
+ *
+ * outboxd runs every role with health.stall_timeout=2s against its own devmongod and kafka-mockd,
+ * RabbitMQ on a closed port (the worker's work-queue loop goes round reconnecting) and one HTTP
+ * handler. First Kafka goes away too: every loop still goes round (a Kafka poll, an AMQP
+ * reconnect, a producer poll each return within their timeouts), so /healthz must stay 200 for
+ * three stall bounds. Then devmongod is paused with SIGSTOP: the relay's loop really blocks in a
+ * MongoDB call (the driver's socket timeout is minutes), and an API request holds the one HTTP
+ * handler in its MongoDB query; /healthz must answer 503 problem+json naming relay/main and
+ * http/handler 0 with how long they went without progress. SIGCONT: the calls return and
+ * /healthz is 200 again. On a process whose /healthz is 200 while it runs the second step fails. */
+#include "obx_test.h"
+#include "obx_test_kafka.h"
+#include "obx_test_mongo.h"
+#include "obx_test_outboxd.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define STALL_MS 2000
+
+typedef struct {
+  obx_test_mongo_t mongo;
+  obx_test_kafka_t kafka;
+  obx_test_outboxd_t d;
+  char keys_path[256];
+  char key[96];
+} fixture_t;
+
+static void start_all(fixture_t *fx) {
+  memset(fx, 0, sizeof *fx);
+  assert_true(obx_test_mongo_start(&fx->mongo, NULL));
+  assert_true(obx_test_kafka_start(&fx->kafka, 1, "domain-events:2"));
+  snprintf(fx->keys_path, sizeof fx->keys_path, "%s/health-keys", obx_test_tmpdir());
+  obx_test_apikey_add(fx->keys_path, "acme", "outbox:read", fx->key);
+  char mongo_arg[300], kafka_arg[600], prefix_arg[100], stall_arg[64], keys_arg[300];
+  snprintf(mongo_arg, sizeof mongo_arg, "mongo.uri=%s", fx->mongo.uri);
+  snprintf(kafka_arg, sizeof kafka_arg, "kafka.brokers=%s", fx->kafka.bootstrap);
+  snprintf(prefix_arg, sizeof prefix_arg, "worker.queue_prefix=health.%d", (int)getpid());
+  snprintf(stall_arg, sizeof stall_arg, "health.stall_timeout=%dms", STALL_MS);
+  snprintf(keys_arg, sizeof keys_arg, "api.keys_file=%s", fx->keys_path);
+  char *args[] = {"-X", mongo_arg, "-X", kafka_arg, "-X", "amqp.url=amqp://guest:guest@127.0.0.1:1/", "-X",
+                  prefix_arg, "-X", stall_arg, "-X", keys_arg, "-X", "http.workers=1", "-X",
+                  "api.request_timeout=8s", "-X", "shutdown.grace=3s", NULL};
+  assert_true(obx_test_outboxd_start(&fx->d, args));
+  if (!obx_test_file_contains(fx->d.proc.log_path, "outboxd running", 30000) ||
+      !obx_test_file_contains(fx->d.proc.log_path, "relay is the leader", 30000))
+    fail_msg("outboxd never ran with the relay leading; log %s", fx->d.proc.log_path);
+}
+
+static void stop_all(fixture_t *fx) {
+  if (fx->mongo.proc.pid) kill(fx->mongo.proc.pid, SIGCONT);
+  obx_test_proc_stop(&fx->d.proc, SIGKILL, 1000);
+  obx_test_mongo_stop(&fx->mongo);
+  obx_test_kafka_stop(&fx->kafka);
+}
+
+typedef struct {
+  int port;
+  long want;            /* the status that ends the wait */
+  const char *needles[3]; /* and what the body must hold (NULL-terminated) */
+  char body[2048];      /* the last answer */
+  char type[128];
+} healthz_wait_t;
+
+static bool healthz_is(void *arg) {
+  healthz_wait_t *w = arg;
+  obx_test_http_resp_t resp;
+  bool ok = obx_test_http(w->port, "GET", "/healthz", NULL, NULL, NULL, &resp);
+  if (ok) {
+    snprintf(w->body, sizeof w->body, "%ld %s", resp.status, resp.body ? resp.body : "");
+    if (!obx_test_http_header(&resp, "Content-Type", w->type, sizeof w->type)) w->type[0] = '\0';
+    ok = resp.status == w->want;
+    for (int i = 0; ok && i < 3 && w->needles[i]; i++) ok = strstr(resp.body, w->needles[i]) != NULL;
+  }
+  obx_test_http_resp_cleanup(&resp);
+  return ok;
+}
+
+typedef struct {
+  int port;
+  const char *key;
+  long status;
+} api_call_t;
+
+static void *api_call(void *arg) {
+  api_call_t *c = arg;
+  obx_test_http_resp_t resp;
+  obx_test_http(c->port, "GET", "/api/outbox", c->key, NULL, NULL, &resp);
+  c->status = resp.status;
+  obx_test_http_resp_cleanup(&resp);
+  return NULL;
+}
+
+static void test_liveness_follows_progress(void **state) {
+  fixture_t fx;
+  start_all(&fx);
+  healthz_wait_t ok = {.port = fx.d.port, .want = 200};
+  if (!obx_test_wait_for(healthz_is, &ok, 10000, 100)) fail_msg("/healthz never 200 at the start: %s", ok.body);
+
+  /* Kafka gone (RabbitMQ never there): every loop waits on a broker in bounded calls. */
+  obx_test_kafka_stop(&fx.kafka);
+  int64_t until = obx_test_now_ms() + 3 * STALL_MS;
+  while (obx_test_now_ms() < until) {
+    if (!healthz_is(&ok)) fail_msg("/healthz failed while loops only waited on brokers: %s (log %s)", ok.body, fx.d.proc.log_path);
+    usleep(200 * 1000); /* the probe's period, not a condition */
+  }
+
+  /* MongoDB hung: the relay's loop and the one HTTP handler block in their calls. */
+  api_call_t call = {.port = fx.d.port, .key = fx.key};
+  assert_int_equal(kill(fx.mongo.proc.pid, SIGSTOP), 0);
+  int64_t paused = obx_test_now_ms();
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, api_call, &call), 0);
+  healthz_wait_t stalled = {.port = fx.d.port, .want = 503, .needles = {"relay/main", "http/handler 0", "Stalled"}};
+  if (!obx_test_wait_for(healthz_is, &stalled, 15000, 100))
+    fail_msg("/healthz did not name the stalled relay and HTTP handler: %s (log %s)", stalled.body, fx.d.proc.log_path);
+  int64_t detected = obx_test_now_ms() - paused;
+  printf("stall detected %lld ms after MongoDB paused (bound %d ms): %s\n", (long long)detected, STALL_MS, stalled.body);
+  assert_non_null(strstr(stalled.type, "application/problem+json"));
+  assert_non_null(strstr(stalled.body, "no progress for"));
+  assert_non_null(strstr(stalled.body, "sinceProgressMs"));
+  assert_true(detected >= STALL_MS);
+
+  /* MongoDB back: the calls return, the loops go round, /healthz is 200 again. */
+  assert_int_equal(kill(fx.mongo.proc.pid, SIGCONT), 0);
+  int64_t resumed = obx_test_now_ms();
+  if (!obx_test_wait_for(healthz_is, &ok, 30000, 100))
+    fail_msg("/healthz stayed failed after MongoDB came back: %s (log %s)", ok.body, fx.d.proc.log_path);
+  printf("healthy again %lld ms after MongoDB resumed\n", (long long)(obx_test_now_ms() - resumed));
+  pthread_join(t, NULL);
+  assert_true(call.status != 0);
+  stop_all(&fx);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_liveness_follows_progress),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
