@@ -69,5 +69,12 @@ int obx_relay_producer_pending(const obx_relay_producer_t *producer);
 bool obx_relay_producer_flush(obx_relay_producer_t *producer, int timeout_ms);
 /* True after the idempotent producer hit a fatal error: it must be destroyed and recreated. */
 bool obx_relay_producer_fatal(const obx_relay_producer_t *producer);
+/* Whether the producer reaches a broker and `topic` exists there with a leader for every
+ * partition: one Metadata request for all topics (a request naming the topic could create it
+ * on a broker with auto.create.topics.enable), answered within timeout_ms. False with err
+ * naming the topic, or the brokers and why they cannot be reached. Thread-safe: any thread may
+ * call it while the producer lives. */
+bool obx_relay_producer_check(obx_relay_producer_t *producer, const char *topic, const char *brokers,
+                              int timeout_ms, obx_err_t *err);
 
 #endif

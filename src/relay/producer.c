@@ -211,3 +211,39 @@ bool obx_relay_producer_flush(obx_relay_producer_t *producer, int timeout_ms) {
 bool obx_relay_producer_fatal(const obx_relay_producer_t *producer) {
   return producer->fatal;
 }
+
+bool obx_relay_producer_check(obx_relay_producer_t *producer, const char *topic, const char *brokers,
+                              int timeout_ms, obx_err_t *err) {
+  if (producer->fatal) {
+    obx_err_set(err, OBX_ERR_KAFKA, RD_KAFKA_RESP_ERR__FATAL, true, "the Kafka producer hit a fatal error (being replaced)");
+    return false;
+  }
+  const struct rd_kafka_metadata *md = NULL;
+  rd_kafka_resp_err_t rc = rd_kafka_metadata(producer->rk, 1, NULL, &md, timeout_ms);
+  if (rc != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    obx_err_set(err, OBX_ERR_KAFKA, rc, true, "the Kafka producer cannot reach a broker of %s within %d ms: %s",
+                brokers, timeout_ms, rd_kafka_err2str(rc));
+    return false;
+  }
+  bool ok = false;
+  int i = 0;
+  while (i < md->topic_cnt && strcmp(md->topics[i].topic, topic) != 0) i++;
+  if (i == md->topic_cnt) {
+    obx_err_set(err, OBX_ERR_KAFKA, RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART, true,
+                "topic '%s' (kafka.topic) does not exist on %s; create it (README: Kafka)", topic, brokers);
+  } else if (md->topics[i].err) {
+    obx_err_set(err, OBX_ERR_KAFKA, md->topics[i].err, true, "topic '%s': %s", topic, rd_kafka_err2str(md->topics[i].err));
+  } else {
+    ok = true;
+    for (int p = 0; ok && p < md->topics[i].partition_cnt; p++) {
+      const struct rd_kafka_metadata_partition *part = &md->topics[i].partitions[p];
+      if (part->err || part->leader < 0) {
+        obx_err_set(err, OBX_ERR_KAFKA, part->err, true, "topic '%s' partition %d has no leader: %s", topic, (int)part->id,
+                    rd_kafka_err2str(part->err));
+        ok = false;
+      }
+    }
+  }
+  rd_kafka_metadata_destroy(md);
+  return ok;
+}

@@ -33,6 +33,7 @@
 #define RELAY_REPORT_BATCH 256
 #define RELAY_REPORT_DELAY_MS 10
 #define RELAY_CE_SOURCE "/outboxd"
+#define RELAY_READY_METADATA_MS 800 /* /readyz answers within the probe's 2 s with the MongoDB ping */
 
 /* ---- lists and small helpers -------------------------------------------------------------- */
 
@@ -531,11 +532,25 @@ bool relay_ensure_schema(obx_relay_t *relay) {
   return ok;
 }
 
+/* /readyz "relay" (on the probe thread): the relay's collections are in place, and then either
+ * it is a standby (it waits for the lease: nothing else to need), or it is the leader with its
+ * change stream open (stream mode) and a producer that reaches Kafka with the topic there
+ * (obx_relay_producer_check). ready_mu keeps the producer from being replaced meanwhile. */
 static bool relay_ready(void *ctx, obx_err_t *err) {
   obx_relay_t *relay = ctx;
   pthread_mutex_lock(&relay->ready_mu);
   bool ready = relay->schema_ready;
-  if (!ready) obx_err_set(err, OBX_ERR_MONGO, 0, true, "%s", relay->not_ready);
+  if (!ready) {
+    obx_err_set(err, OBX_ERR_MONGO, 0, true, "%s", relay->not_ready);
+  } else if (atomic_load(&relay->counters.leader)) {
+    ready = relay->poll_mode || atomic_load(&relay->counters.stream_up);
+    if (!ready)
+      obx_err_set(err, OBX_ERR_MONGO, 0, true, "the leader's change stream on %s.outbox is not open (reopening; see the log)",
+                  relay->conf->mongo_db);
+    else
+      ready = obx_relay_producer_check(relay->producer, relay->conf->kafka_topic, relay->conf->kafka_brokers,
+                                       RELAY_READY_METADATA_MS, err);
+  }
   pthread_mutex_unlock(&relay->ready_mu);
   return ready;
 }
@@ -575,8 +590,10 @@ static void relay_producer_renew(obx_relay_t *relay) {
     obx_error("replacing the Kafka producer: %s", err.msg);
     return;
   }
+  pthread_mutex_lock(&relay->ready_mu); /* /readyz must not ask the producer being destroyed */
   obx_relay_producer_destroy(relay->producer); /* its last reports arrive here, purged */
   relay->producer = fresh;
+  pthread_mutex_unlock(&relay->ready_mu);
   relay_write_reports(relay);
   obx_info("Kafka producer replaced after a fatal error");
 }

@@ -1,4 +1,5 @@
-/* test_health.c - /healthz fails when a loop stops making progress, and only then
+/* test_health.c - /healthz fails when a loop stops making progress, and only then; the relay's
+ * /readyz reflects its stream and producer
  *
  * outboxd runs every role with health.stall_timeout=2s against its own devmongod and kafka-mockd,
  * RabbitMQ on a closed port (the worker's work-queue loop goes round reconnecting) and one HTTP
@@ -8,7 +9,12 @@
  * MongoDB call (the driver's socket timeout is minutes), and an API request holds the one HTTP
  * handler in its MongoDB query; /healthz must answer 503 problem+json naming relay/main and
  * http/handler 0 with how long they went without progress. SIGCONT: the calls return and
- * /healthz is 200 again. On a process whose /healthz is 200 while it runs the second step fails. */
+ * /healthz is 200 again. On a process whose /healthz is 200 while it runs the second step fails.
+ *
+ * test_relay_readiness runs relays on the run's real Kafka broker (auto.create.topics.enable is
+ * off there): a leader whose topic is missing answers /readyz 503 naming the topic while a
+ * standby beside it is ready; once the topic is created the leader is ready; a leader whose
+ * brokers cannot be reached answers 503 naming them. */
 #include "obx_test.h"
 #include "obx_test_kafka.h"
 #include "obx_test_mongo.h"
@@ -97,6 +103,99 @@ static void *api_call(void *arg) {
   return NULL;
 }
 
+static bool create_topic(const char *bootstrap, const char *topic) {
+  char errstr[256];
+  rd_kafka_conf_t *conf = rd_kafka_conf_new();
+  if (rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap, errstr, sizeof errstr) != RD_KAFKA_CONF_OK) return false;
+  rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof errstr);
+  if (!rk) return false;
+  rd_kafka_NewTopic_t *nt = rd_kafka_NewTopic_new(topic, 2, 1, errstr, sizeof errstr);
+  rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
+  rd_kafka_CreateTopics(rk, &nt, 1, NULL, q);
+  rd_kafka_event_t *ev = rd_kafka_queue_poll(q, 30000);
+  bool ok = false;
+  if (ev) {
+    size_t n = 0;
+    const rd_kafka_topic_result_t **res = rd_kafka_CreateTopics_result_topics(rd_kafka_event_CreateTopics_result(ev), &n);
+    ok = n == 1 && rd_kafka_topic_result_error(res[0]) == RD_KAFKA_RESP_ERR_NO_ERROR;
+    if (!ok) fprintf(stderr, "creating %s: %s\n", topic, n ? rd_kafka_topic_result_error_string(res[0]) : "no result");
+    rd_kafka_event_destroy(ev);
+  }
+  rd_kafka_queue_destroy(q);
+  rd_kafka_NewTopic_destroy(nt);
+  rd_kafka_destroy(rk);
+  return ok;
+}
+
+typedef struct {
+  int port;
+  long want;
+  const char *needle;   /* NULL: any body */
+  char body[1024];
+} readyz_wait_t;
+
+static bool readyz_is(void *arg) {
+  readyz_wait_t *w = arg;
+  obx_test_http_resp_t resp;
+  bool ok = obx_test_http(w->port, "GET", "/readyz", NULL, NULL, NULL, &resp);
+  if (ok) {
+    snprintf(w->body, sizeof w->body, "%ld %s", resp.status, resp.body ? resp.body : "");
+    ok = resp.status == w->want && (!w->needle || strstr(resp.body, w->needle));
+  }
+  obx_test_http_resp_cleanup(&resp);
+  return ok;
+}
+
+/* outboxd --roles relay on mongo_uri, brokers and topic. */
+static void start_relay(obx_test_outboxd_t *d, const char *mongo_uri, const char *brokers, const char *topic) {
+  char mongo_arg[300], kafka_arg[300], topic_arg[200];
+  snprintf(mongo_arg, sizeof mongo_arg, "mongo.uri=%s", mongo_uri);
+  snprintf(kafka_arg, sizeof kafka_arg, "kafka.brokers=%s", brokers);
+  snprintf(topic_arg, sizeof topic_arg, "kafka.topic=%s", topic);
+  char *args[] = {"--roles", "relay", "-X", mongo_arg, "-X", kafka_arg, "-X", topic_arg, "-X", "relay.lease=3s", NULL};
+  assert_true(obx_test_outboxd_start(d, args));
+  if (!obx_test_file_contains(d->proc.log_path, "outboxd running", 30000)) fail_msg("relay did not start; log %s", d->proc.log_path);
+}
+
+static void test_relay_readiness(void **state) {
+  obx_test_broker_t broker;
+  obx_test_require(obx_test_broker_shared(&broker), "no Kafka broker for this run (OBX_TEST_KAFKA_DIR)");
+  obx_test_mongo_t mongo;
+  memset(&mongo, 0, sizeof mongo);
+  assert_true(obx_test_mongo_start(&mongo, NULL));
+  char topic[64], needle[128];
+  snprintf(topic, sizeof topic, "readyz-missing-%d", (int)getpid());
+  snprintf(needle, sizeof needle, "topic '%s'", topic);
+
+  obx_test_outboxd_t leader = {0}, standby = {0}, lost = {0};
+  start_relay(&leader, mongo.uri, broker.bootstrap, topic);
+  if (!obx_test_file_contains(leader.proc.log_path, "relay is the leader", 30000)) fail_msg("no leader; log %s", leader.proc.log_path);
+  readyz_wait_t missing = {.port = leader.port, .want = 503, .needle = needle};
+  if (!obx_test_wait_for(readyz_is, &missing, 15000, 100))
+    fail_msg("the leader without its topic did not answer 503 naming it: %s", missing.body);
+  printf("leader, topic missing: %s\n", missing.body);
+
+  start_relay(&standby, mongo.uri, broker.bootstrap, topic);
+  readyz_wait_t standby_ready = {.port = standby.port, .want = 200};
+  if (!obx_test_wait_for(readyz_is, &standby_ready, 15000, 100)) fail_msg("the standby is not ready: %s", standby_ready.body);
+  assert_false(obx_test_file_contains(standby.proc.log_path, "relay is the leader", 0));
+
+  assert_true(create_topic(broker.bootstrap, topic));
+  readyz_wait_t ready = {.port = leader.port, .want = 200};
+  if (!obx_test_wait_for(readyz_is, &ready, 20000, 100)) fail_msg("the leader with its topic is not ready: %s", ready.body);
+  obx_test_outboxd_stop(&standby);
+  obx_test_outboxd_stop(&leader); /* releases the lease */
+
+  start_relay(&lost, mongo.uri, "127.0.0.1:1", topic);
+  if (!obx_test_file_contains(lost.proc.log_path, "relay is the leader", 30000)) fail_msg("no leader; log %s", lost.proc.log_path);
+  readyz_wait_t unreachable = {.port = lost.port, .want = 503, .needle = "cannot reach a broker of 127.0.0.1:1"};
+  if (!obx_test_wait_for(readyz_is, &unreachable, 15000, 100))
+    fail_msg("the leader without brokers did not answer 503 naming them: %s", unreachable.body);
+  printf("leader, brokers unreachable: %s\n", unreachable.body);
+  obx_test_outboxd_stop(&lost);
+  obx_test_mongo_stop(&mongo);
+}
+
 static void test_liveness_follows_progress(void **state) {
   fixture_t fx;
   start_all(&fx);
@@ -141,6 +240,7 @@ static void test_liveness_follows_progress(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_liveness_follows_progress),
+    cmocka_unit_test(test_relay_readiness),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
