@@ -122,6 +122,8 @@ typedef struct {
     "Pipeline attempts per event before it is parked in the DLQ")                                \
   X(order_post_concurrency, INT, "worker.concurrency", "ORDER_POST_CONCURRENCY", "4", 1, 256, NULL, 0, \
     "Events of different keys run in parallel by one worker")                                    \
+  X(worker_max_inflight, INT, "worker.max_inflight", "WORKER_MAX_INFLIGHT", "1000", 1, 1000000, NULL, 0, \
+    "Events one worker holds at most (queued or running, all keys); past it the partition read is paused") \
   X(worker_infra_attempts, INT, "worker.infra_attempts", "WORKER_INFRA_ATTEMPTS", "30", 1, 1000, NULL, 0, \
     "Tries of one step of an event while MongoDB or RabbitMQ is unavailable, before it is dead-lettered (class infra)") \
   X(worker_infra_timeout, DURATION, "worker.infra_timeout", "WORKER_INFRA_TIMEOUT", "5m", 100, 86400000, NULL, 0, \
@@ -163,7 +165,7 @@ typedef struct {
   X(shutdown_grace, DURATION, "shutdown.grace", "SHUTDOWN_GRACE", "20s", 1000, 3600000, NULL, 0,     \
     "Longest SIGTERM-to-exit: roles still stopping then are abandoned (exit 3; their work is redelivered); keep it below the pod's terminationGracePeriodSeconds minus preStop") \
   X(health_stall_timeout, DURATION, "health.stall_timeout", "HEALTH_STALL_TIMEOUT", "10m", 500, 86400000, NULL, 0, \
-    "GET /healthz answers 503 once a busy loop (relay, worker Kafka poll / work queue / lanes, HTTP handlers) made no progress for this long; above every bounded blocking call (MongoDB's 5-minute socket timeout, egress.timeout)") \
+    "GET /healthz answers 503 once a busy loop (relay, worker Kafka poll / work queue / runners, HTTP handlers) made no progress for this long; above every bounded blocking call (MongoDB's 5-minute socket timeout, egress.timeout)") \
   X(log_level, ENUM, "log.level", "LOG_LEVEL", "info", 0, 0, "debug|info|warn|error", 0,           \
     "Lowest level written to the log")
 

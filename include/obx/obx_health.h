@@ -3,7 +3,7 @@
  * DESIGN: one process-wide registry of loops, like the metrics registry. A loop registers when
  * its thread starts (a role and a loop name, copied), stamps a monotonic time each time it goes
  * round (one atomic store; `doing` names the step it is about to take, a string literal), marks
- * itself idle while it waits for work that is not there (a lane with an empty queue, an HTTP
+ * itself idle while it waits for work that is not there (a runner with no key to run, an HTTP
  * handler with nothing queued: waiting for work is not being stuck) and unregisters when it ends.
  * A loop that waits on a broker in a bounded call (a Kafka poll, an AMQP read with a timeout)
  * stamps each time the call returns, so only a loop that stops going round gets old.
@@ -18,7 +18,7 @@
 
 typedef struct {
   char role[32];   /* "relay", "worker", "http" */
-  char loop[48];   /* "main", "kafka poll", "lane 2", "handler 5" */
+  char loop[48];   /* "main", "kafka poll", "runner 2", "handler 5" */
   char doing[48];  /* the step it was taking when it stamped last */
   int64_t age_ms;  /* since its last stamp */
 } obx_health_stall_t;

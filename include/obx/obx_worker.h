@@ -20,10 +20,15 @@
  * x-reason naming the cause; README "The message format"). A pipeline that ran is never run
  * again because its recording failed: only the recording is retried.
  *
- * Threads: one Kafka poll thread (owns the consumer and the offset trackers), one work-queue
- * thread (owns the AMQP consumer, acks), ORDER_POST_CONCURRENCY lane threads. An event goes to
- * lane hash(partitionKey) % lanes, so one key is handled by one lane, in arrival order, while
- * other keys run in parallel. Lanes hand outcomes back through locked lists. */
+ * Threads: one Kafka poll thread (owns the consumer, the offset trackers and the pauses), one
+ * work-queue thread (owns the AMQP consumer, acks), ORDER_POST_CONCURRENCY runner threads
+ * (sched.c). Every event is queued behind the earlier events of its key (partitionKey) and a key
+ * is run by one runner at a time, so one key's events run in arrival order while other keys run
+ * in parallel; a key whose call hangs holds one runner and its own queue only. The poll thread
+ * never blocks: when a key holds 64 events or the worker WORKER_MAX_INFLIGHT, it pauses the
+ * partition of the record it just queued (rd_kafka_pause_partitions) and resumes it once the key
+ * is half drained and the worker under three quarters of the bound; polls, heartbeats and
+ * commits go on. Runners hand outcomes back through locked lists. */
 #ifndef OBX_WORKER_H
 #define OBX_WORKER_H
 
@@ -48,13 +53,16 @@ typedef struct {
   uint64_t dlq;             /* DLQ publishes */
   int64_t lag;              /* Kafka consumer lag over the assigned partitions (-1: unknown) */
   int64_t parked_keys;      /* last count of parked keys (-1: unknown) */
+  int64_t paused_partitions; /* Kafka partitions paused because a key's queue or the bound is full */
+  int64_t in_flight;        /* events queued or running */
+  uint64_t revocations;     /* Kafka partition revocations (rebalances that took partitions away) */
 } obx_worker_stats_t;
 
 /* Creates and starts the worker from conf (borrowed for the life of the worker). With
  * WORKER_SOURCE=http the sink routes are added to `http` (required then; borrowed). Starts
  * while Kafka, RabbitMQ or MongoDB are down. Returns owned; stop with obx_worker_destroy. */
 obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err);
-/* Stops intake, lets the lanes finish their current event, commits, frees. NULL is a no-op. */
+/* Stops intake, lets the runners finish their current event, commits, frees. NULL is a no-op. */
 void obx_worker_destroy(obx_worker_t *worker);
 /* The CloudEvents sink's bound port (WORKER_SOURCE=http), 0 in Kafka mode. */
 int obx_worker_sink_port(const obx_worker_t *worker);

@@ -1,7 +1,7 @@
 /* offsets.c - which Kafka offsets may be committed: contiguous completions per partition
  *
- * DESIGN: the Kafka thread hands records to lanes in offset order per partition and records
- * each offset here; lanes finish out of order (different keys, different lanes). An offset is
+ * DESIGN: the Kafka thread hands records to the runners in offset order per partition and records
+ * each offset here; runners finish out of order (different keys). An offset is
  * committed only when it and every earlier handed-out offset of its partition has its outcome
  * in the inbox, so a crash never skips an unfinished record. Owned by the Kafka thread. */
 #include <assert.h>
@@ -90,6 +90,13 @@ int worker_offsets_points(const worker_offsets_t *o, int32_t *partitions, int64_
       next[k++] = o->parts[i].committed;
     }
   return k;
+}
+
+int64_t worker_offsets_pending_low(const worker_offsets_t *o, int32_t partition) {
+  for (int i = 0; i < o->n; i++)
+    if (o->parts[i].partition == partition)
+      return o->parts[i].n > 0 ? o->parts[i].offsets[o->parts[i].start] : -1;
+  return -1;
 }
 
 bool worker_offsets_idle(const worker_offsets_t *o) {

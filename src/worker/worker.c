@@ -1,11 +1,12 @@
 /* worker.c - the worker role: Kafka / work queue / HTTP sink -> inbox -> pipeline -> ladder
  *
- * DESIGN: see include/obx/obx_worker.h. The Kafka thread owns the consumer and the per-partition
- * offset bookkeeping (offsets.c); the work-queue thread owns the AMQP consumer and settles its messages; lane
- * threads own nothing but their queue and run events (handle()). Every source turns its input
- * into an obx_ladder_msg_t (the CloudEvent in binary form), so the retry tiers, the DLQ and the
- * inbox see one shape. Reads mongo.*, kafka.*, amqp.url, worker.*, inbox.retention, egress.*,
- * pipelines.cache_ttl (the same enabled-pipeline cache as the api's order.pre lookup). */
+ * DESIGN: see include/obx/obx_worker.h. The Kafka thread owns the consumer, the per-partition
+ * offset bookkeeping (offsets.c) and the paused partitions; the work-queue thread owns the AMQP
+ * consumer and settles its messages; the runner threads (sched.c) own nothing but the event they
+ * run (worker_handle). Every source turns its input into an envelope (obx_ladder_msg_t: the
+ * CloudEvent in binary form), so the retry tiers, the DLQ and the inbox see one shape. Reads
+ * mongo.*, kafka.*, amqp.url, worker.*, inbox.retention, egress.*, pipelines.cache_ttl (the same
+ * enabled-pipeline cache as the api's order.pre lookup). */
 #include "obx/obx_worker.h"
 
 #include <assert.h>
@@ -30,33 +31,20 @@
 #include "obx/obx_trace.h"
 #include "worker_int.h"
 
-#define LANE_QUEUE_CAP 16 /* bounds how long the Kafka thread can block on a slow lane */
+#define KEY_QUEUE_CAP 64  /* events of one key held before its partition is paused */
 #define INFRA_BACKOFF_MIN_MS 100
 #define INFRA_BACKOFF_MAX_MS 5000
 #define REVOKE_DRAIN_MS 30000
 
-/* ---- jobs and lanes --------------------------------------------------------------------- */
+/* ---- jobs ------------------------------------------------------------------------------ */
 
-typedef struct job {
-  worker_source_t source;
-  obx_ladder_msg_t msg;
-  int32_t partition;        /* JOB from Kafka */
-  int64_t offset;
-  uint64_t generation;      /* assignment generation the offset belongs to */
-  worker_http_wait_t *wait; /* HTTP: the handler waiting for the outcome */
-  worker_outcome_t outcome;
-  struct job *next;
-} job_t;
+typedef worker_job_t job_t;
 
 typedef struct {
-  obx_worker_t *worker;
-  int index;
-  pthread_t thread;
-  pthread_mutex_t mu;
-  pthread_cond_t nonempty, nonfull;
-  job_t *head, *tail;
-  int n;
-} lane_t;
+  int32_t partition;
+  char *key;      /* the key whose queue was full (or the last one pushed when the bound was) */
+  size_t len;
+} paused_t;
 
 struct obx_worker {
   const obx_conf_t *conf;
@@ -67,15 +55,16 @@ struct obx_worker {
   int infra_attempts;       /* WORKER_INFRA_ATTEMPTS */
   int64_t infra_timeout_ms; /* WORKER_INFRA_TIMEOUT */
   obx_mongo_t *mongo;
-  obx_schema_guard_t *schema; /* lanes start once the worker's collections and indexes exist */
+  obx_schema_guard_t *schema; /* runners start once the worker's collections and indexes exist */
   obx_ladder_t *ladder;
   obx_ladder_opts_t ladder_opts;
   obx_egress_t egress;
   bool egress_ok;
   obx_pipeline_cache_t *pipelines; /* enabled pipeline per (org, trigger), PIPELINES_CACHE_TTL */
 
-  lane_t *lanes;
-  int nlanes;
+  worker_sched_t *sched;    /* per-key queues and the runner threads (sched.c) */
+  int nrunners;             /* ORDER_POST_CONCURRENCY */
+  int max_inflight;         /* WORKER_MAX_INFLIGHT */
   atomic_bool stop;
   atomic_int assigned;      /* partitions of the last assignment; -1 until the group is joined */
 
@@ -83,24 +72,21 @@ struct obx_worker {
   pthread_t kafka_thread;
   bool kafka_running;
   worker_offsets_t offsets; /* Kafka thread only */
-  uint64_t generation;      /* bumped on every rebalance; Kafka thread writes, lanes copy via job */
+  int kafka_jobs;           /* Kafka thread only: dispatched, not yet taken back */
+  paused_t *paused;         /* Kafka thread only: partitions paused by a full key or bound */
+  int npaused;
+  uint64_t generation;      /* bumped on every rebalance; Kafka thread writes, jobs carry it */
 
   obx_ladder_consumer_t *wq;
   pthread_t wq_thread;
   bool wq_running;
 
-  pthread_mutex_t done_mu;  /* completions handed back by the lanes */
+  pthread_mutex_t done_mu;  /* completions handed back by the runners */
   job_t *kafka_done, *wq_done;
 
   worker_stats_t stats;
   obx_ops_drain_t *drain; /* parking-lot queue -> dead_letters (src/ops/ops_drain.c) */
 };
-
-static uint32_t key_hash(const char *s, size_t len) {
-  uint32_t h = 2166136261u; /* FNV-1a */
-  for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
-  return h;
-}
 
 static const char *msg_partition_key(const obx_ladder_msg_t *msg, size_t *len) {
   const char *k = obx_ladder_msg_header(msg, "ce_partitionkey");
@@ -118,33 +104,12 @@ static void job_free(job_t *job) {
   free(job);
 }
 
-/* Blocks while the lane is full; false when stopping (the job is then not queued). */
-static bool lane_push(obx_worker_t *w, job_t *job) {
+/* Queues a job behind the earlier ones of its key (never blocks); *key_depth and *inflight
+ * (may be NULL) receive the key's depth and the worker's events in flight after the push. */
+static void sched_push(obx_worker_t *w, job_t *job, int *key_depth, int *inflight) {
   size_t klen;
   const char *key = msg_partition_key(&job->msg, &klen);
-  lane_t *lane = &w->lanes[key_hash(key, klen) % (uint32_t)w->nlanes];
-  pthread_mutex_lock(&lane->mu);
-  while (lane->n >= LANE_QUEUE_CAP && !atomic_load(&w->stop)) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 100 * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000L;
-    }
-    pthread_cond_timedwait(&lane->nonfull, &lane->mu, &ts);
-  }
-  bool ok = !atomic_load(&w->stop);
-  if (ok) {
-    job->next = NULL;
-    if (lane->tail) lane->tail->next = job;
-    else lane->head = job;
-    lane->tail = job;
-    lane->n++;
-    pthread_cond_signal(&lane->nonempty);
-  }
-  pthread_mutex_unlock(&lane->mu);
-  return ok;
+  worker_sched_push(w->sched, job, key, klen, key_depth, inflight);
 }
 
 /* Sleeps up to ms unless the worker stops; returns false when stopping. */
@@ -183,7 +148,7 @@ static void complete(obx_worker_t *w, job_t *job) {
 
 static struct {
   obx_counter_t *consumed, *duplicates, *malformed, *runs, *blocked, *retries, *dlq;
-  obx_gauge_t *lag, *parked;
+  obx_gauge_t *lag, *parked, *paused;
 } metrics;
 static pthread_once_t metrics_once = PTHREAD_ONCE_INIT;
 
@@ -201,6 +166,8 @@ static void metrics_register(void) {
   metrics.lag =
     obx_metrics_gauge("outboxd_worker_consumer_lag", "Kafka messages behind over the assigned partitions", NULL);
   metrics.parked = obx_metrics_gauge("outboxd_worker_parked_keys", "Business keys parked behind a failing event", NULL);
+  metrics.paused = obx_metrics_gauge("outboxd_worker_paused_partitions",
+                                     "Kafka partitions paused because a key's queue or the in-flight bound is full", NULL);
 }
 
 static const char *const source_names[] = {"kafka", "amqp", "http"};
@@ -240,6 +207,11 @@ static void set_parked(obx_worker_t *w, int64_t n) {
   obx_gauge_set(metrics.parked, (double)n);
 }
 
+static void set_paused_gauge(obx_worker_t *w) {
+  atomic_store(&w->stats.paused_partitions, w->npaused);
+  obx_gauge_set(metrics.paused, (double)w->npaused);
+}
+
 static void count_outcome(obx_worker_t *w, worker_outcome_t outcome) {
   switch (outcome) {
   case WORKER_DUPLICATE:
@@ -254,51 +226,24 @@ static void count_outcome(obx_worker_t *w, worker_outcome_t outcome) {
   }
 }
 
-static void *lane_main(void *arg) {
-  lane_t *lane = arg;
-  obx_worker_t *w = lane->worker;
-  char name[16];
-  snprintf(name, sizeof name, "obx-lane-%d", lane->index);
-  pthread_setname_np(pthread_self(), name);
-  obx_log_set_role("worker");
-  snprintf(name, sizeof name, "lane %d", lane->index);
-  obx_health_register("worker", name);
-  for (;;) {
-    pthread_mutex_lock(&lane->mu);
-    obx_health_idle();
-    while (!lane->head && !atomic_load(&w->stop)) pthread_cond_wait(&lane->nonempty, &lane->mu);
-    job_t *job = lane->head;
-    if (atomic_load(&w->stop) || !job) {
-      pthread_mutex_unlock(&lane->mu);
-      break;
-    }
-    lane->head = job->next;
-    if (!lane->head) lane->tail = NULL;
-    lane->n--;
-    pthread_cond_signal(&lane->nonfull);
-    pthread_mutex_unlock(&lane->mu);
-    obx_health_stamp("running an event");
-
-    /* Nothing runs before the worker's collections and indexes exist (the schema guard); an
-     * HTTP event is answered 503 meanwhile (the sender delivers again). worker_handle bounds its
-     * own retries: it returns WORKER_INFRA only when the event could be put nowhere (or the
-     * worker stops), and the source then gives it back. */
-    job->outcome = WORKER_INFRA;
-    bool ready;
-    while (!(ready = obx_schema_guard_wait(w->schema, 100)) && !atomic_load(&w->stop) &&
-           job->source != WORKER_SOURCE_HTTP) {
-      obx_health_stamp("waiting for the schema");
-    }
-    if (ready) {
-      job->outcome = job->source == WORKER_SOURCE_KAFKA
-                       ? worker_handle(w, job->source, &job->msg, job->partition, job->offset)
-                       : worker_handle(w, job->source, &job->msg, -1, -1);
-      count_outcome(w, job->outcome);
-    }
-    complete(w, job);
+/* The runners' callback (sched.c): one event end to end, then its outcome back to its source.
+ * Nothing runs before the worker's collections and indexes exist (the schema guard); an HTTP
+ * event is answered 503 meanwhile (the sender delivers again). worker_handle bounds its own
+ * retries: it returns WORKER_INFRA only when the event could be put nowhere (or the worker
+ * stops), and the source then gives it back. */
+static void run_job(void *ctx, job_t *job) {
+  obx_worker_t *w = ctx;
+  job->outcome = WORKER_INFRA;
+  while (!obx_schema_guard_wait(w->schema, 100)) {
+    if (atomic_load(&w->stop) || job->source == WORKER_SOURCE_HTTP) goto done; /* HTTP: 503, sent again */
+    obx_health_stamp("waiting for the schema");
   }
-  obx_health_unregister();
-  return NULL;
+  job->outcome = job->source == WORKER_SOURCE_KAFKA
+                   ? worker_handle(w, job->source, &job->msg, job->partition, job->offset)
+                   : worker_handle(w, job->source, &job->msg, -1, -1);
+  count_outcome(w, job->outcome);
+done:
+  complete(w, job);
 }
 
 /* ---- bounded steps ------------------------------------------------------------------------ */
@@ -321,7 +266,7 @@ static step_result_t retry_step(obx_worker_t *w, const char *what, const char *e
   int64_t backoff = INFRA_BACKOFF_MIN_MS, since = obx_time_now_ms();
   int max = tries > 0 && tries < w->infra_attempts ? tries : w->infra_attempts;
   for (int n = 1;; n++) {
-    obx_health_stamp(what); /* a lane retrying a step goes round */
+    obx_health_stamp(what); /* a runner retrying a step goes round */
     obx_err_clear(err);
     if (fn(ctx, err)) return STEP_OK;
     if (!err->retriable) {
@@ -1033,7 +978,7 @@ static void kafka_commit(obx_worker_t *w, const int32_t *parts, const int64_t *n
   rd_kafka_topic_partition_list_destroy(offsets);
 }
 
-/* Takes the lanes' completions and commits the contiguous finished offsets. */
+/* Takes the runners' completions and commits the contiguous finished offsets. */
 static void kafka_commit_done(obx_worker_t *w, bool sync) {
   pthread_mutex_lock(&w->done_mu);
   job_t *list = w->kafka_done;
@@ -1043,6 +988,7 @@ static void kafka_commit_done(obx_worker_t *w, bool sync) {
     next = job->next;
     if (job->generation == w->generation && job->outcome != WORKER_INFRA)
       worker_offsets_done(&w->offsets, job->partition, job->offset);
+    w->kafka_jobs--;
     job_free(job);
   }
   int max = w->offsets.n ? w->offsets.n : 1;
@@ -1052,25 +998,99 @@ static void kafka_commit_done(obx_worker_t *w, bool sync) {
   kafka_commit(w, parts, next, n, sync);
 }
 
+/* ---- intake: paused partitions -------------------------------------------------------------
+ * The Kafka thread never blocks on a full key or a full worker: after a push that fills the
+ * key's queue (KEY_QUEUE_CAP) or the bound (WORKER_MAX_INFLIGHT) it pauses that record's
+ * partition (rd_kafka_pause_partitions: what was fetched for it is dropped and fetched again
+ * from the next offset on resume), and resumes it once the key is half drained and the worker
+ * is under three quarters of the bound. Polls, rebalances and commits go on meanwhile. */
+
+static void partition_toggle(obx_worker_t *w, int32_t partition, bool pause) {
+  rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(1);
+  rd_kafka_topic_partition_list_add(list, w->conf->kafka_topic, partition);
+  rd_kafka_resp_err_t rerr = pause ? rd_kafka_pause_partitions(w->rk, list) : rd_kafka_resume_partitions(w->rk, list);
+  if (rerr) obx_warn("%s partition %" PRId32 ": %s", pause ? "pausing" : "resuming", partition, rd_kafka_err2str(rerr));
+  rd_kafka_topic_partition_list_destroy(list);
+}
+
+static void kafka_pause(obx_worker_t *w, int32_t partition, const char *key, size_t len, int depth, int inflight) {
+  for (int i = 0; i < w->npaused; i++)
+    if (w->paused[i].partition == partition) return;
+  partition_toggle(w, partition, true);
+  w->paused = realloc(w->paused, (size_t)(w->npaused + 1) * sizeof *w->paused);
+  assert(w->paused);
+  paused_t *p = &w->paused[w->npaused++];
+  p->partition = partition;
+  p->key = malloc(len + 1);
+  assert(p->key);
+  memcpy(p->key, key, len);
+  p->key[len] = '\0';
+  p->len = len;
+  obx_info("partition %" PRId32 " paused: key %.64s holds %d events, %d in flight (bound %d)", partition, p->key,
+           depth, inflight, w->max_inflight);
+  set_paused_gauge(w);
+}
+
+static void kafka_resume_drained(obx_worker_t *w) {
+  int inflight = worker_sched_inflight(w->sched);
+  for (int i = 0; i < w->npaused;) {
+    paused_t *p = &w->paused[i];
+    if (inflight > w->max_inflight * 3 / 4 || worker_sched_key_depth(w->sched, p->key, p->len) > KEY_QUEUE_CAP / 2) {
+      i++;
+      continue;
+    }
+    partition_toggle(w, p->partition, false);
+    obx_info("partition %" PRId32 " resumed", p->partition);
+    free(p->key);
+    w->paused[i] = w->paused[--w->npaused];
+    set_paused_gauge(w);
+  }
+}
+
+/* Forgets the pauses (a rebalance: what is assigned next starts unpaused). */
+static void kafka_pauses_clear(obx_worker_t *w) {
+  for (int i = 0; i < w->npaused; i++) free(w->paused[i].key);
+  w->npaused = 0;
+  set_paused_gauge(w);
+}
+
+static bool is_kafka_job(void *ctx, const job_t *job) {
+  (void)ctx;
+  return job->source == WORKER_SOURCE_KAFKA;
+}
+
+static void drop_kafka_job(void *ctx, job_t *job) {
+  obx_worker_t *w = ctx;
+  w->kafka_jobs--;
+  job_free(job);
+}
+
 static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t rerr, rd_kafka_topic_partition_list_t *parts, void *opaque) {
   obx_worker_t *w = opaque;
   if (rerr == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS) {
-    /* Let in-flight events finish and commit them, so the next owner does not run them too. */
+    /* Events not started are dropped (not committed: the next owner reads them); the running
+     * ones may finish and be committed, so the next owner does not run them too. */
+    int dropped = w->sched ? worker_sched_drop(w->sched, is_kafka_job, drop_kafka_job, w) : 0;
     int64_t deadline = obx_time_now_ms() + REVOKE_DRAIN_MS;
     for (;;) {
       kafka_commit_done(w, true);
-      if (worker_offsets_idle(&w->offsets) || atomic_load(&w->stop) || obx_time_now_ms() > deadline) break;
+      if (w->kafka_jobs <= 0 || atomic_load(&w->stop) || obx_time_now_ms() > deadline) break;
       struct timespec ts = {0, 20 * 1000000L};
       nanosleep(&ts, NULL);
     }
     worker_offsets_clear(&w->offsets);
+    kafka_pauses_clear(w);
     w->generation++;
     rd_kafka_assign(rk, NULL);
-    obx_info("partitions revoked (%d)", parts->cnt);
+    atomic_fetch_add(&w->stats.revocations, 1);
+    obx_info("partitions revoked (%d; %d queued events left to the next owner, %d still running)", parts->cnt,
+             dropped, w->kafka_jobs);
   } else if (rerr == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
     worker_offsets_clear(&w->offsets);
+    kafka_pauses_clear(w);
     w->generation++;
     rd_kafka_assign(rk, parts);
+    rd_kafka_resume_partitions(rk, parts);
     atomic_store(&w->assigned, parts->cnt);
     obx_info("partitions assigned (%d)", parts->cnt);
   } else {
@@ -1092,6 +1112,8 @@ static bool worker_ready(void *ctx, obx_err_t *err) {
   return true;
 }
 
+/* Records behind over the assigned partitions: from the first one not finished (or the
+ * position, when all read ones are) to the high watermark. */
 static void kafka_update_lag(obx_worker_t *w) {
   rd_kafka_topic_partition_list_t *parts = NULL;
   if (rd_kafka_assignment(w->rk, &parts) || !parts) return;
@@ -1100,7 +1122,8 @@ static void kafka_update_lag(obx_worker_t *w) {
   for (int i = 0; i < parts->cnt; i++) {
     int64_t lo, hi;
     if (rd_kafka_get_watermark_offsets(w->rk, parts->elems[i].topic, parts->elems[i].partition, &lo, &hi)) continue;
-    int64_t pos = parts->elems[i].offset >= 0 ? parts->elems[i].offset : lo;
+    int64_t pos = worker_offsets_pending_low(&w->offsets, parts->elems[i].partition);
+    if (pos < 0) pos = parts->elems[i].offset >= 0 ? parts->elems[i].offset : lo;
     if (hi > pos) lag += hi - pos;
   }
   set_lag(w, lag);
@@ -1133,7 +1156,16 @@ static void kafka_dispatch(obx_worker_t *w, const rd_kafka_message_t *rkm) {
   job->msg.source = strdup(src);
   count_consumed(w, WORKER_SOURCE_KAFKA);
   worker_offsets_add(&w->offsets, rkm->partition, rkm->offset);
-  if (!lane_push(w, job)) job_free(job); /* stopping: not committed, redelivered later */
+  w->kafka_jobs++;
+  int depth = 0, inflight = 0;
+  size_t klen;
+  const char *key = msg_partition_key(&job->msg, &klen);
+  char keycopy[OBX_EVENT_MAX_ATTR_LEN + 1];
+  if (klen > OBX_EVENT_MAX_ATTR_LEN) klen = OBX_EVENT_MAX_ATTR_LEN;
+  memcpy(keycopy, key, klen); /* the job belongs to the runners after the push */
+  sched_push(w, job, &depth, &inflight);
+  if (depth >= KEY_QUEUE_CAP || inflight >= w->max_inflight)
+    kafka_pause(w, rkm->partition, keycopy, klen, depth, inflight);
 }
 
 static void *kafka_main(void *arg) {
@@ -1146,13 +1178,14 @@ static void *kafka_main(void *arg) {
     obx_health_stamp("polling Kafka");
     rd_kafka_message_t *rkm = rd_kafka_consumer_poll(w->rk, 100);
     if (rkm) {
-      obx_health_stamp("handing a record to its lane");
+      obx_health_stamp("queueing a record behind its key");
       if (!rkm->err) kafka_dispatch(w, rkm);
       else if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
         obx_warn("kafka consumer: %s", rd_kafka_message_errstr(rkm));
       rd_kafka_message_destroy(rkm);
     }
     kafka_commit_done(w, false);
+    if (w->npaused) kafka_resume_drained(w);
     int64_t now = obx_time_now_ms();
     if (now - last_lag >= 2000) {
       kafka_update_lag(w);
@@ -1309,7 +1342,7 @@ static void *wq_main(void *arg) {
       continue;
     }
     count_consumed(w, WORKER_SOURCE_WORK);
-    if (!lane_push(w, job)) job_free(job); /* unacked: redelivered */
+    sched_push(w, job, NULL, NULL); /* bounded by the prefetch */
   }
   obx_health_unregister();
   wq_settle(w);
@@ -1326,7 +1359,8 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   w->max_attempts = (int)conf->order_post_attempts;
   w->infra_attempts = (int)conf->worker_infra_attempts;
   w->infra_timeout_ms = conf->worker_infra_timeout;
-  w->nlanes = (int)conf->order_post_concurrency;
+  w->nrunners = (int)conf->order_post_concurrency;
+  w->max_inflight = (int)conf->worker_max_inflight;
   pthread_once(&metrics_once, metrics_register);
   atomic_store(&w->stats.lag, -1);
   atomic_store(&w->stats.parked_keys, -1);
@@ -1348,24 +1382,10 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   obx_err_t soft = OBX_ERR_INIT;
   if (!obx_ladder_connect(w->ladder, &soft)) obx_warn("RabbitMQ not reachable yet (%s); will retry", soft.msg);
   w->schema = obx_schema_guard_start(w->mongo, conf, OBX_SCHEMA_WORKER, http, "worker-schema");
-  if (!(w->wq = obx_ladder_consumer_new(&w->ladder_opts, 2 * w->nlanes, err))) goto fail;
+  if (!(w->wq = obx_ladder_consumer_new(&w->ladder_opts, 2 * w->nrunners, err))) goto fail;
   if (conf->worker_dlq_drain && !(w->drain = obx_ops_drain_start(conf, err))) goto fail;
 
-  w->lanes = calloc((size_t)w->nlanes, sizeof *w->lanes);
-  assert(w->lanes);
-  for (int i = 0; i < w->nlanes; i++) {
-    lane_t *lane = &w->lanes[i];
-    lane->worker = w;
-    lane->index = i;
-    pthread_mutex_init(&lane->mu, NULL);
-    pthread_cond_init(&lane->nonempty, NULL);
-    pthread_cond_init(&lane->nonfull, NULL);
-    if (pthread_create(&lane->thread, NULL, lane_main, lane) != 0) {
-      obx_err_set(err, OBX_ERR_SYS, 0, false, "cannot start lane %d", i);
-      w->nlanes = i;
-      goto fail;
-    }
-  }
+  if (!(w->sched = worker_sched_new(w->nrunners, run_job, w, err))) goto fail;
   if (pthread_create(&w->wq_thread, NULL, wq_main, w) != 0) {
     obx_err_set(err, OBX_ERR_SYS, 0, false, "cannot start the work queue thread");
     goto fail;
@@ -1378,63 +1398,51 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   } else if (!kafka_start(w, err)) {
     goto fail;
   }
-  obx_info("worker started: %s source, %d lanes, %d attempts, %d retry tiers, consumer %s",
-           http_mode ? "http" : "kafka", w->nlanes, w->max_attempts, conf->retry_ladder.n, w->consumer);
+  obx_info("worker started: %s source, %d runners, %d events in flight at most, %d attempts, %d retry tiers, "
+           "consumer %s", http_mode ? "http" : "kafka", w->nrunners, w->max_inflight, w->max_attempts,
+           conf->retry_ladder.n, w->consumer);
   return w;
 fail:
   obx_worker_destroy(w);
   return NULL;
 }
 
+/* A job still queued at the stop: HTTP callers get 503; Kafka records are not committed and
+ * work-queue messages not acked, so both come back. */
+static void job_left(void *ctx, job_t *job) {
+  if (job->source == WORKER_SOURCE_HTTP) {
+    job->outcome = WORKER_INFRA;
+    complete(ctx, job);
+  } else {
+    job_free(job);
+  }
+}
+
 void obx_worker_destroy(obx_worker_t *w) {
   if (!w) return;
   atomic_store(&w->stop, true);
   obx_ops_drain_stop(w->drain);
-  for (int i = 0; i < w->nlanes; i++) {
-    pthread_mutex_lock(&w->lanes[i].mu);
-    pthread_cond_broadcast(&w->lanes[i].nonempty);
-    pthread_cond_broadcast(&w->lanes[i].nonfull);
-    pthread_mutex_unlock(&w->lanes[i].mu);
-  }
   if (w->kafka_running) pthread_join(w->kafka_thread, NULL);
   if (w->wq_running) pthread_join(w->wq_thread, NULL);
-  for (int i = 0; i < w->nlanes; i++) pthread_join(w->lanes[i].thread, NULL);
+  worker_sched_destroy(w->sched, job_left, w); /* lets each runner finish its current event */
+  w->sched = NULL;
   if (w->rk) {
     kafka_commit_done(w, true);
     rd_kafka_consumer_close(w->rk);
     rd_kafka_destroy(w->rk);
   }
   worker_offsets_clear(&w->offsets);
+  kafka_pauses_clear(w);
+  free(w->paused);
   if (w->wq) wq_settle(w);
-  for (int i = 0; i < w->nlanes; i++) {
-    pthread_mutex_lock(&w->lanes[i].mu);
-    job_t *head = w->lanes[i].head;
-    w->lanes[i].head = w->lanes[i].tail = NULL;
-    pthread_mutex_unlock(&w->lanes[i].mu);
-    for (job_t *job = head, *next; job; job = next) {
-      next = job->next;
-      if (job->source == WORKER_SOURCE_HTTP) {
-        job->outcome = WORKER_INFRA;
-        complete(w, job);
-      } else {
-        job_free(job);
-      }
-    }
-  }
-  /* every sink request waiting on a lane has its answer (503 above): the listener stops without
-   * waiting on lanes that no longer run; later requests found w->stop and got 503 */
+  /* every sink request waiting on a runner has its answer (503 from job_left): the listener
+   * stops without waiting on runners that no longer run; later requests found w->stop and got 503 */
   worker_sink_stop(w->sink);
   w->sink = NULL;
-  for (int i = 0; i < w->nlanes; i++) {
-    pthread_mutex_destroy(&w->lanes[i].mu);
-    pthread_cond_destroy(&w->lanes[i].nonempty);
-    pthread_cond_destroy(&w->lanes[i].nonfull);
-  }
   for (job_t *job = w->kafka_done, *next; job; job = next) {
     next = job->next;
     job_free(job);
   }
-  free(w->lanes);
   obx_ladder_consumer_destroy(w->wq);
   obx_ladder_destroy(w->ladder);
   if (w->egress_ok) obx_egress_cleanup(&w->egress);
@@ -1458,6 +1466,9 @@ void obx_worker_stats(obx_worker_t *w, obx_worker_stats_t *s) {
   s->dlq = atomic_load(&w->stats.dlq);
   s->lag = atomic_load(&w->stats.lag);
   s->parked_keys = atomic_load(&w->stats.parked_keys);
+  s->paused_partitions = atomic_load(&w->stats.paused_partitions);
+  s->revocations = atomic_load(&w->stats.revocations);
+  s->in_flight = w->sched ? worker_sched_inflight(w->sched) : 0;
 }
 
 bool worker_enqueue_http(obx_worker_t *w, obx_ladder_msg_t *msg, worker_http_wait_t *wait) {
@@ -1467,11 +1478,14 @@ bool worker_enqueue_http(obx_worker_t *w, obx_ladder_msg_t *msg, worker_http_wai
   job->msg = *msg; /* ownership moves to the job */
   obx_ladder_msg_init(msg);
   job->wait = wait;
+  if (atomic_load(&w->stop)) {
+    *msg = job->msg;
+    free(job);
+    return false;
+  }
   count_consumed(w, WORKER_SOURCE_HTTP);
-  if (lane_push(w, job)) return true;
-  *msg = job->msg;
-  free(job);
-  return false;
+  sched_push(w, job, NULL, NULL); /* bounded by the HTTP server's connections */
+  return true;
 }
 
 void *obx_worker_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err) {

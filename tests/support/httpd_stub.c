@@ -12,7 +12,7 @@
 #include <time.h>
 #include <microhttpd.h>
 
-#define HTTPD_MAX_REQUESTS 256
+#define HTTPD_MAX_REQUESTS 4096 /* the worker tests drive over a thousand calls */
 
 typedef struct {
   obx_test_httpd_route_t r;  /* strings point into the copies below */

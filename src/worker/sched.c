@@ -1,0 +1,236 @@
+/* sched.c - the worker's scheduling: one queue per business key, a pool of runner threads
+ *
+ * DESIGN: owns the per-key queues, the ready list and the runner threads; never decodes, stores
+ * or settles an event (the run callback, worker.c, does). A job is queued behind the earlier
+ * jobs of its key and a key is run by one thread at a time, so one key's events run strictly in
+ * arrival order while other keys run in parallel; a key whose event hangs holds one runner and
+ * its own queue, nothing else. Pushing never blocks: the sources read the depth of the key and
+ * the number in flight after each push and hold their intake themselves (the Kafka thread pauses
+ * the partition concerned, see worker.c). One mutex guards everything here. */
+#include <assert.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "obx/obx_health.h"
+#include "obx/obx_log.h"
+#include "worker_int.h"
+
+#define NBUCKETS 4096
+
+typedef struct keyq {
+  char *key;
+  size_t len;
+  uint32_t hash;
+  worker_job_t *head, *tail;
+  int n;             /* queued, not started */
+  bool running;      /* a runner holds its head */
+  bool ready;        /* on the ready list */
+  struct keyq *chain, *next_ready;
+} keyq_t;
+
+struct worker_sched {
+  pthread_mutex_t mu;
+  pthread_cond_t ready_cv;
+  keyq_t *buckets[NBUCKETS];
+  keyq_t *ready_head, *ready_tail;
+  int inflight;      /* queued + running */
+  bool stop;
+  pthread_t *threads;
+  int nthreads;
+  int nregistered;   /* runners that named themselves (health loops "runner <n>") */
+  worker_run_fn run;
+  void *ctx;
+};
+
+static uint32_t key_hash(const char *s, size_t len) {
+  uint32_t h = 2166136261u; /* FNV-1a */
+  for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
+  return h;
+}
+
+static keyq_t *find(worker_sched_t *s, const char *key, size_t len, bool create) {
+  uint32_t h = key_hash(key, len);
+  keyq_t **slot = &s->buckets[h % NBUCKETS];
+  for (keyq_t *q = *slot; q; q = q->chain)
+    if (q->hash == h && q->len == len && memcmp(q->key, key, len) == 0) return q;
+  if (!create) return NULL;
+  keyq_t *q = calloc(1, sizeof *q);
+  assert(q);
+  q->key = malloc(len + 1);
+  assert(q->key);
+  memcpy(q->key, key, len);
+  q->key[len] = '\0';
+  q->len = len;
+  q->hash = h;
+  q->chain = *slot;
+  *slot = q;
+  return q;
+}
+
+static void forget(worker_sched_t *s, keyq_t *q) {
+  keyq_t **slot = &s->buckets[q->hash % NBUCKETS];
+  while (*slot != q) slot = &(*slot)->chain;
+  *slot = q->chain;
+  free(q->key);
+  free(q);
+}
+
+static void make_ready(worker_sched_t *s, keyq_t *q) {
+  if (q->ready || q->running || !q->head) return;
+  q->ready = true;
+  q->next_ready = NULL;
+  if (s->ready_tail) s->ready_tail->next_ready = q;
+  else s->ready_head = q;
+  s->ready_tail = q;
+  pthread_cond_signal(&s->ready_cv);
+}
+
+static void *runner_main(void *arg) {
+  worker_sched_t *s = arg;
+  pthread_setname_np(pthread_self(), "obx-runner");
+  obx_log_set_role("worker");
+  pthread_mutex_lock(&s->mu);
+  char name[32];
+  snprintf(name, sizeof name, "runner %d", s->nregistered++);
+  obx_health_register("worker", name);
+  for (;;) {
+    obx_health_idle(); /* waiting for a key with work is not being stuck */
+    while (!s->ready_head && !s->stop) pthread_cond_wait(&s->ready_cv, &s->mu);
+    if (s->stop) break;
+    keyq_t *q = s->ready_head;
+    s->ready_head = q->next_ready;
+    if (!s->ready_head) s->ready_tail = NULL;
+    q->ready = false;
+    worker_job_t *job = q->head;
+    q->head = job->next;
+    if (!q->head) q->tail = NULL;
+    q->n--;
+    q->running = true;
+    pthread_mutex_unlock(&s->mu);
+    obx_health_stamp("running an event");
+    s->run(s->ctx, job); /* hands the job on: not touched after this */
+    pthread_mutex_lock(&s->mu);
+    q->running = false;
+    s->inflight--;
+    if (q->head) make_ready(s, q);
+    else forget(s, q);
+  }
+  pthread_mutex_unlock(&s->mu);
+  obx_health_unregister();
+  return NULL;
+}
+
+worker_sched_t *worker_sched_new(int nthreads, worker_run_fn run, void *ctx, obx_err_t *err) {
+  worker_sched_t *s = calloc(1, sizeof *s);
+  assert(s);
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->ready_cv, NULL);
+  s->run = run;
+  s->ctx = ctx;
+  s->threads = calloc((size_t)nthreads, sizeof *s->threads);
+  assert(s->threads);
+  for (int i = 0; i < nthreads; i++) {
+    if (pthread_create(&s->threads[i], NULL, runner_main, s) != 0) {
+      obx_err_set(err, OBX_ERR_SYS, 0, false, "cannot start runner thread %d", i);
+      worker_sched_destroy(s, NULL, NULL);
+      return NULL;
+    }
+    s->nthreads++;
+  }
+  return s;
+}
+
+void worker_sched_destroy(worker_sched_t *s, void (*left)(void *ctx, worker_job_t *job), void *ctx) {
+  if (!s) return;
+  pthread_mutex_lock(&s->mu);
+  s->stop = true;
+  pthread_cond_broadcast(&s->ready_cv);
+  pthread_mutex_unlock(&s->mu);
+  for (int i = 0; i < s->nthreads; i++) pthread_join(s->threads[i], NULL);
+  for (int b = 0; b < NBUCKETS; b++)
+    for (keyq_t *q = s->buckets[b], *nq; q; q = nq) {
+      nq = q->chain;
+      for (worker_job_t *job = q->head, *next; job; job = next) {
+        next = job->next;
+        if (left) left(ctx, job);
+      }
+      free(q->key);
+      free(q);
+    }
+  free(s->threads);
+  pthread_cond_destroy(&s->ready_cv);
+  pthread_mutex_destroy(&s->mu);
+  free(s);
+}
+
+void worker_sched_push(worker_sched_t *s, worker_job_t *job, const char *key, size_t len, int *key_depth,
+                       int *inflight) {
+  pthread_mutex_lock(&s->mu);
+  keyq_t *q = find(s, key, len, true);
+  job->next = NULL;
+  if (q->tail) q->tail->next = job;
+  else q->head = job;
+  q->tail = job;
+  q->n++;
+  s->inflight++;
+  make_ready(s, q);
+  if (key_depth) *key_depth = q->n + (q->running ? 1 : 0);
+  if (inflight) *inflight = s->inflight;
+  pthread_mutex_unlock(&s->mu);
+}
+
+int worker_sched_key_depth(worker_sched_t *s, const char *key, size_t len) {
+  pthread_mutex_lock(&s->mu);
+  keyq_t *q = find(s, key, len, false);
+  int n = q ? q->n + (q->running ? 1 : 0) : 0;
+  pthread_mutex_unlock(&s->mu);
+  return n;
+}
+
+int worker_sched_inflight(worker_sched_t *s) {
+  pthread_mutex_lock(&s->mu);
+  int n = s->inflight;
+  pthread_mutex_unlock(&s->mu);
+  return n;
+}
+
+int worker_sched_drop(worker_sched_t *s, bool (*which)(void *ctx, const worker_job_t *job),
+                      void (*dropped)(void *ctx, worker_job_t *job), void *ctx) {
+  int n = 0;
+  pthread_mutex_lock(&s->mu);
+  for (int b = 0; b < NBUCKETS; b++)
+    for (keyq_t *q = s->buckets[b], *nq; q; q = nq) {
+      nq = q->chain;
+      worker_job_t **link = &q->head;
+      q->tail = NULL;
+      while (*link) {
+        worker_job_t *job = *link;
+        if (which(ctx, job)) {
+          *link = job->next;
+          q->n--;
+          s->inflight--;
+          dropped(ctx, job);
+          n++;
+        } else {
+          q->tail = job;
+          link = &job->next;
+        }
+      }
+      if (!q->head && !q->running) {
+        if (q->ready) { /* unlink from the ready list */
+          keyq_t **r = &s->ready_head, *prev = NULL;
+          while (*r != q) {
+            prev = *r;
+            r = &(*r)->next_ready;
+          }
+          *r = q->next_ready;
+          if (s->ready_tail == q) s->ready_tail = prev;
+        }
+        forget(s, q);
+      }
+    }
+  pthread_mutex_unlock(&s->mu);
+  return n;
+}

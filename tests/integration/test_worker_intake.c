@@ -1,0 +1,166 @@
+/* test_worker_intake.c - the Kafka poll thread never blocks: a hung key pauses its partition only
+ *
+ * DESIGN: one key's first call hangs for 60 s (egress.timeout raised above it) with more of its
+ * events queued behind it than a key may hold, so its partition is paused; 1,000 events of other
+ * keys complete while it hangs, their partitions' offsets are committed (read back by a consumer
+ * of the group that never joins it), and the member stays in the group past
+ * max.poll.interval.ms (no revocation). When the call returns, the key's events run in order. */
+#include <librdkafka/rdkafka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "worker_test.h"
+
+#define NOTHER 1000
+#define NHUNG 80 /* more than a key may hold (64) */
+
+static int setup(void **state) { return wt_setup_state(state); }
+
+static int teardown(void **state) {
+  wt_teardown(*state);
+  return 0;
+}
+
+/* The committed offsets of the fixture's group, per partition (-1: none). */
+static void committed(wt_fx_t *fx, int64_t out[3]) {
+  char errstr[256];
+  rd_kafka_conf_t *c = rd_kafka_conf_new();
+  rd_kafka_conf_set(c, "bootstrap.servers", fx->k.bootstrap, errstr, sizeof errstr);
+  rd_kafka_conf_set(c, "group.id", fx->group, errstr, sizeof errstr);
+  rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, c, errstr, sizeof errstr);
+  assert_non_null(rk);
+  rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(3);
+  for (int p = 0; p < 3; p++) rd_kafka_topic_partition_list_add(parts, "domain-events", p);
+  rd_kafka_resp_err_t rerr = rd_kafka_committed(rk, parts, 10000);
+  if (rerr) fail_msg("committed: %s", rd_kafka_err2str(rerr));
+  for (int p = 0; p < 3; p++) out[p] = parts->elems[p].offset;
+  rd_kafka_topic_partition_list_destroy(parts);
+  rd_kafka_destroy(rk);
+}
+
+/* Produces ev without waiting for its delivery (wt_produce flushes each record). */
+static void produce_async(wt_fx_t *fx, const obx_event_t *ev) {
+  obx_kafka_record_t rec;
+  memset(&rec, 0, sizeof rec);
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_event_to_kafka(ev, NULL, &rec, &err)) fail_msg("to_kafka: %s", err.msg);
+  rd_kafka_headers_t *hdrs = rd_kafka_headers_new((size_t)rec.nheaders);
+  for (int i = 0; i < rec.nheaders; i++)
+    rd_kafka_header_add(hdrs, rec.headers[i].name, -1, rec.headers[i].value, (ssize_t)rec.headers[i].len);
+  rd_kafka_resp_err_t rerr;
+  while ((rerr = rd_kafka_producev(fx->producer, RD_KAFKA_V_TOPIC("domain-events"), RD_KAFKA_V_KEY(rec.key, rec.key_len),
+                                   RD_KAFKA_V_VALUE(rec.value, rec.value_len), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                                   RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_END)) == RD_KAFKA_RESP_ERR__QUEUE_FULL)
+    rd_kafka_poll(fx->producer, 10);
+  if (rerr) fail_msg("produce: %s", rd_kafka_err2str(rerr));
+  obx_kafka_record_cleanup(&rec);
+}
+
+static int64_t high_watermark(wt_fx_t *fx, int32_t partition) {
+  int64_t lo, hi;
+  rd_kafka_resp_err_t rerr = rd_kafka_query_watermark_offsets(fx->producer, "domain-events", partition, &lo, &hi, 10000);
+  if (rerr) fail_msg("watermarks: %s", rd_kafka_err2str(rerr));
+  return hi;
+}
+
+static void test_hung_key_pauses_only_its_partition(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  wt_conf_set(fx, "egress.timeout", "90s");
+  wt_conf_set(fx, "kafka.max.poll.interval.ms", "15000");
+  wt_conf_set(fx, "kafka.session.timeout.ms", "6000");
+  wt_conf_set(fx, "kafka.heartbeat.interval.ms", "1000");
+  wt_start_worker(fx);
+
+  obx_event_t *hung = calloc(NHUNG, sizeof *hung), *other = calloc(NOTHER, sizeof *other);
+  char num[32];
+  wt_event(&hung[0], "OrderConfirmed", "K-HANG", "H-0");
+  wt_route_delay(fx, "H-0", 200, 60000);
+  wt_produce(fx, &hung[0]);
+  wt_wait_calls(fx, "H-0", 1);
+  int64_t t0 = obx_test_now_ms();
+  bson_t doc;
+  bson_iter_t it, d;
+  wt_inbox(fx, hung[0].id, &doc);
+  assert_true(bson_iter_init(&it, &doc) && bson_iter_find_descendant(&it, "source.partition", &d));
+  int32_t hung_partition = (int32_t)bson_iter_as_int64(&d);
+  bson_destroy(&doc);
+  for (int i = 0; i < NOTHER; i++) {
+    snprintf(num, sizeof num, "O-%d", i);
+    wt_event(&other[i], "OrderConfirmed", num, num);
+    wt_route(fx, num, 200);
+    produce_async(fx, &other[i]);
+  }
+  for (int i = 1; i < NHUNG; i++) {
+    snprintf(num, sizeof num, "H-%d", i);
+    wt_event(&hung[i], "OrderConfirmed", "K-HANG", num);
+    wt_route(fx, num, 200);
+    produce_async(fx, &hung[i]);
+  }
+  if (rd_kafka_flush(fx->producer, 20000)) fail_msg("produce: flush timed out");
+  int64_t deadline = t0 + 55000;
+  while (wt_inbox_count(fx, "DONE") < NOTHER && obx_test_now_ms() < deadline) usleep(50000);
+  int64_t done = wt_inbox_count(fx, "DONE");
+  if (done < NOTHER) fail_msg("events of other keys DONE while one key hangs: got %lld, want %d", (long long)done, NOTHER);
+  print_message("%d events of other keys done %lld ms after the hung call started\n", NOTHER,
+                (long long)(obx_test_now_ms() - t0));
+  assert_int_equal(wt_erp_calls(fx, "H-1"), 0);
+  obx_worker_stats_t s;
+  for (;;) { /* the hung key's events are read right behind the others */
+    obx_worker_stats(fx->worker, &s);
+    if (s.paused_partitions == 1 || obx_test_now_ms() > deadline) break;
+    usleep(20000);
+  }
+  if (s.paused_partitions != 1) fail_msg("paused partitions: got %lld, want 1", (long long)s.paused_partitions);
+
+  /* Offsets of the other partitions are committed up to their end; the hung one's stays behind. */
+  int64_t c[3], want[3];
+  for (int p = 0; p < 3; p++) want[p] = high_watermark(fx, p);
+  for (;;) {
+    committed(fx, c);
+    bool all = true;
+    for (int p = 0; p < 3; p++)
+      if (p != hung_partition && c[p] != want[p]) all = false;
+    if (all || obx_test_now_ms() > deadline) break;
+    usleep(200000);
+  }
+  for (int p = 0; p < 3; p++) {
+    print_message("partition %d: committed %lld, end %lld%s\n", p, (long long)c[p], (long long)want[p],
+                  p == hung_partition ? " (the hung key's)" : "");
+    if (p != hung_partition && c[p] != want[p]) fail_msg("partition %d committed %lld, want %lld", p, (long long)c[p], (long long)want[p]);
+    if (p == hung_partition && c[p] >= want[p]) fail_msg("the hung key's partition committed past its hung event");
+  }
+  /* Past max.poll.interval.ms (15 s) since the call hung: still a member, never revoked. */
+  while (obx_test_now_ms() - t0 < 20000) usleep(100000);
+  obx_worker_stats(fx->worker, &s);
+  assert_int_equal(s.revocations, 0);
+  assert_int_equal(s.paused_partitions, 1);
+
+  /* The call returns (60 s after it started): the key's events run, in order. */
+  while (obx_test_now_ms() - t0 < 60000) usleep(100000);
+  for (int i = 0; i < NHUNG; i++) wt_wait_status(fx, hung[i].id, "DONE");
+  int last = -1;
+  for (int i = 0; i < NHUNG; i++) {
+    snprintf(num, sizeof num, "H-%d", i);
+    int idx = wt_last_call_index(fx, num);
+    if (idx <= last)
+      fail_msg("H-%d reached the ERP (request %d) before an earlier event of its key (request %d); H-0 called %d times", i,
+               idx, last, wt_erp_calls(fx, "H-0"));
+    last = idx;
+  }
+  obx_worker_stats(fx->worker, &s);
+  assert_int_equal(s.revocations, 0);
+  for (int i = 0; i < NHUNG; i++) obx_event_cleanup(&hung[i]);
+  for (int i = 0; i < NOTHER; i++) obx_event_cleanup(&other[i]);
+  free(hung);
+  free(other);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test_setup_teardown(test_hung_key_pauses_only_its_partition, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
