@@ -385,9 +385,12 @@ static void test_event_pipeline_emits_into_outbox(void **state) {
 }
 
 /* A second worker joins the group mid-run, so the first one's partitions are revoked while its
- * lanes hold events. The revoke waits for the dispatched events to finish; commits made while
- * the group rebalances may be refused, and whatever is read again is a finished duplicate for
- * the inbox: every event runs exactly once. */
+ * runners hold events. The revoke drops the queued events (the next owner reads them) and waits
+ * for the running ones; commits made while the group rebalances may be refused, and whatever is
+ * read again is a finished duplicate for the inbox: every event runs exactly once. kafka-mockd's
+ * coordinator holds a join to a non-empty group for session.timeout.ms - 1 s (librdkafka's mock
+ * cgrp), so the session timeout is 6 s here: with the default 45 s the dropped events waited
+ * 44 s for their next owner. */
 static void test_rebalance_runs_each_event_once(void **state) {
   WT_NEED_BROKER();
   wt_fx_t *fx = *state;
@@ -400,6 +403,8 @@ static void test_rebalance_runs_each_event_once(void **state) {
     wt_route_delay(fx, num, 200, 500); /* about 4 s of work: the join lands in the middle */
     wt_produce(fx, &ev[i]);
   }
+  wt_conf_set(fx, "kafka.session.timeout.ms", "6000");
+  wt_conf_set(fx, "kafka.heartbeat.interval.ms", "1000");
   wt_start_worker(fx);
   int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
   while (wt_inbox_count(fx, "DONE") < 4 && obx_test_now_ms() < deadline) usleep(5000);

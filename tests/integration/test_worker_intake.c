@@ -1,6 +1,6 @@
 /* test_worker_intake.c - the Kafka poll thread never blocks: a hung key pauses its partition only
  *
- * DESIGN: one key's first call hangs for 60 s (egress.timeout raised above it) with more of its
+ * DESIGN: one key's first call hangs for 20 s (egress.timeout raised above it) with more of its
  * events queued behind it than a key may hold, so its partition is paused; 1,000 events of other
  * keys complete while it hangs, their partitions' offsets are committed (read back by a consumer
  * of the group that never joins it), and the member stays in the group past
@@ -15,6 +15,7 @@
 
 #define NOTHER 1000
 #define NHUNG 80 /* more than a key may hold (64) */
+#define HANG_MS 20000
 
 static int setup(void **state) { return wt_setup_state(state); }
 
@@ -68,8 +69,8 @@ static int64_t high_watermark(wt_fx_t *fx, int32_t partition) {
 static void test_hung_key_pauses_only_its_partition(void **state) {
   WT_NEED_BROKER();
   wt_fx_t *fx = *state;
-  wt_conf_set(fx, "egress.timeout", "90s");
-  wt_conf_set(fx, "kafka.max.poll.interval.ms", "15000");
+  wt_conf_set(fx, "egress.timeout", "40s");
+  wt_conf_set(fx, "kafka.max.poll.interval.ms", "10000");
   wt_conf_set(fx, "kafka.session.timeout.ms", "6000");
   wt_conf_set(fx, "kafka.heartbeat.interval.ms", "1000");
   wt_start_worker(fx);
@@ -77,7 +78,7 @@ static void test_hung_key_pauses_only_its_partition(void **state) {
   obx_event_t *hung = calloc(NHUNG, sizeof *hung), *other = calloc(NOTHER, sizeof *other);
   char num[32];
   wt_event(&hung[0], "OrderConfirmed", "K-HANG", "H-0");
-  wt_route_delay(fx, "H-0", 200, 60000);
+  wt_route_delay(fx, "H-0", 200, HANG_MS);
   wt_produce(fx, &hung[0]);
   wt_wait_calls(fx, "H-0", 1);
   int64_t t0 = obx_test_now_ms();
@@ -100,7 +101,7 @@ static void test_hung_key_pauses_only_its_partition(void **state) {
     produce_async(fx, &hung[i]);
   }
   if (rd_kafka_flush(fx->producer, 20000)) fail_msg("produce: flush timed out");
-  int64_t deadline = t0 + 55000;
+  int64_t deadline = t0 + HANG_MS - 2000;
   while (wt_inbox_count(fx, "DONE") < NOTHER && obx_test_now_ms() < deadline) usleep(50000);
   int64_t done = wt_inbox_count(fx, "DONE");
   if (done < NOTHER) fail_msg("events of other keys DONE while one key hangs: got %lld, want %d", (long long)done, NOTHER);
@@ -132,14 +133,14 @@ static void test_hung_key_pauses_only_its_partition(void **state) {
     if (p != hung_partition && c[p] != want[p]) fail_msg("partition %d committed %lld, want %lld", p, (long long)c[p], (long long)want[p]);
     if (p == hung_partition && c[p] >= want[p]) fail_msg("the hung key's partition committed past its hung event");
   }
-  /* Past max.poll.interval.ms (15 s) since the call hung: still a member, never revoked. */
-  while (obx_test_now_ms() - t0 < 20000) usleep(100000);
+  /* Past max.poll.interval.ms (10 s) since the call hung: still a member, never revoked. */
+  while (obx_test_now_ms() - t0 < 12000) usleep(100000);
   obx_worker_stats(fx->worker, &s);
   assert_int_equal(s.revocations, 0);
   assert_int_equal(s.paused_partitions, 1);
 
-  /* The call returns (60 s after it started): the key's events run, in order. */
-  while (obx_test_now_ms() - t0 < 60000) usleep(100000);
+  /* The call returns (HANG_MS after it started): the key's events run, in order. */
+  while (obx_test_now_ms() - t0 < HANG_MS) usleep(100000);
   for (int i = 0; i < NHUNG; i++) wt_wait_status(fx, hung[i].id, "DONE");
   int last = -1;
   for (int i = 0; i < NHUNG; i++) {
