@@ -41,4 +41,8 @@ void obx_api_set_pre_hook(const obx_api_pre_hook_t *hook);
 void *obx_api_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err);
 void obx_api_stop(void *api);
 
+/* The rule for a currency code (ISO 4217 form: three capital letters): an order's `currency`
+ * and api.default_currency (checked by obx_conf_validate) follow it. */
+bool obx_currency_valid(const char *code);
+
 #endif

@@ -34,6 +34,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/socket.h>
 #include <bson/bson.h>
 #include "obx_conf.h"
 #include "obx_err.h"
@@ -51,6 +52,16 @@ typedef bool (*obx_http_ready_fn_t)(void *ctx, obx_err_t *err);
  * health.stall_timeout and api.keys_file (the API keys are loaded here; a bad keys file or origin fails). Does not listen
  * yet. Returns owned. */
 obx_http_t *obx_http_new(const obx_conf_t *conf, obx_err_t *err);
+/* The parsers of http.bind and api.cors_origins: the one copy of their rules, which obx_http_new
+ * and obx_http_start use and the start-up validation (obx_conf_validate) calls. A refusal sets
+ * err naming the key, the value and what is allowed. */
+/* http.bind: an IPv4 or IPv6 literal; *addr (caller storage) receives it with port. */
+bool obx_http_bind_parse(const char *bind, int port, struct sockaddr_storage *addr, obx_err_t *err);
+/* api.cors_origins: empty (off), "*" (any origin: *any) or comma-separated scheme://host[:port]
+ * origins (http or https, no path; trailing '/' dropped). *origins receives them, NULL-terminated
+ * and owned (obx_http_cors_free), also on failure. */
+bool obx_http_cors_parse(const char *list, char ***origins, bool *any, obx_err_t *err);
+void obx_http_cors_free(char **origins);
 /* Starts listening (port 0 picks a free one, see obx_http_port). */
 bool obx_http_start(obx_http_t *http, obx_err_t *err);
 /* Stops accepting, waits for running handlers, closes the socket. Idempotent. */

@@ -72,19 +72,8 @@ static void *api_indexer(void *arg) {
   }
 }
 
-static bool valid_currency(const char *s) {
-  if (strlen(s) != 3) return false;
-  for (int i = 0; i < 3; i++)
-    if (s[i] < 'A' || s[i] > 'Z') return false;
-  return true;
-}
-
+/* api.default_currency was checked by the start-up validation (obx_conf_validate). */
 void *obx_api_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err) {
-  if (!valid_currency(conf->order_currency)) {
-    obx_err_set(err, OBX_ERR_CONF, 0, false, "api.default_currency: '%s' is not an ISO 4217 code such as BRL",
-                conf->order_currency);
-    return NULL;
-  }
   obx_mongo_t *mongo = obx_mongo_new_for_requests(conf, conf->api_request_timeout, err);
   if (!mongo) return NULL;
   obx_api_t *api = calloc(1, sizeof *api);

@@ -446,33 +446,58 @@ static void http_dispatch(obx_http_t *http, obx_http_req_t *req, obx_http_resp_t
 
 /* ---- CORS --------------------------------------------------------------------------------- */
 
-/* Parses api.cors_origins: "*" or scheme://host[:port] entries. Names a bad entry. */
-static bool cors_parse(obx_http_t *http, const char *list, obx_err_t *err) {
+bool obx_http_cors_parse(const char *list, char ***origins, bool *any, obx_err_t *err) {
   char *copy = strdup(list), *save = NULL;
   int n = 0;
   bool ok = true;
-  http->cors_origins = calloc(1, sizeof *http->cors_origins);
+  *any = false;
+  *origins = calloc(1, sizeof **origins);
   for (char *tok = strtok_r(copy, ", \t", &save); tok && ok; tok = strtok_r(NULL, ", \t", &save)) {
     size_t len = strlen(tok);
     while (len > 1 && tok[len - 1] == '/') tok[--len] = '\0';
     const char *host = strstr(tok, "://");
     if (strcmp(tok, "*") == 0) {
-      http->cors_any = true;
+      *any = true;
       continue;
     }
     if (!host || !(strncmp(tok, "http://", 7) == 0 || strncmp(tok, "https://", 8) == 0) || !host[3] ||
         strchr(host + 3, '/')) {
       obx_err_set(err, OBX_ERR_CONF, 0, false,
-                  "api.cors_origins: '%s' is not an origin such as https://app.example.com (or *)", tok);
+                  "api.cors_origins=%s: must be * or comma-separated origins scheme://host[:port] (http or "
+                  "https, no path), e.g. https://app.example.com; '%s' is not one", list, tok);
       ok = false;
       continue;
     }
-    http->cors_origins = realloc(http->cors_origins, (size_t)(n + 2) * sizeof *http->cors_origins);
-    http->cors_origins[n++] = strdup(tok);
-    http->cors_origins[n] = NULL;
+    *origins = realloc(*origins, (size_t)(n + 2) * sizeof **origins);
+    (*origins)[n++] = strdup(tok);
+    (*origins)[n] = NULL;
   }
   free(copy);
   return ok;
+}
+
+void obx_http_cors_free(char **origins) {
+  for (char **o = origins; o && *o; o++) free(*o);
+  free(origins);
+}
+
+bool obx_http_bind_parse(const char *bind, int port, struct sockaddr_storage *addr, obx_err_t *err) {
+  struct sockaddr_in *sa4 = (struct sockaddr_in *)addr;
+  struct sockaddr_in6 *sa6 = (struct sockaddr_in6 *)addr;
+  memset(addr, 0, sizeof *addr);
+  if (inet_pton(AF_INET, bind, &sa4->sin_addr) == 1) {
+    sa4->sin_family = AF_INET;
+    sa4->sin_port = htons((uint16_t)port);
+    return true;
+  }
+  if (inet_pton(AF_INET6, bind, &sa6->sin6_addr) == 1) {
+    sa6->sin6_family = AF_INET6;
+    sa6->sin6_port = htons((uint16_t)port);
+    return true;
+  }
+  obx_err_set(err, OBX_ERR_CONF, 0, false,
+              "http.bind=%s: must be an IPv4 or IPv6 address to listen on, e.g. 0.0.0.0, 127.0.0.1 or ::", bind);
+  return false;
 }
 
 /* The request's Origin when CORS allows it, else NULL (no CORS headers). */
@@ -945,7 +970,7 @@ obx_http_t *obx_http_new(const obx_conf_t *conf, obx_err_t *err) {
   pthread_mutex_init(&http->conns_mu, NULL);
   pthread_cond_init(&http->conns_cv, NULL);
   http_register_metrics(http);
-  if (!cors_parse(http, conf->api_cors_origins, err)) {
+  if (!obx_http_cors_parse(conf->api_cors_origins, &http->cors_origins, &http->cors_any, err)) {
     obx_http_destroy(http);
     return NULL;
   }
@@ -955,23 +980,11 @@ obx_http_t *obx_http_new(const obx_conf_t *conf, obx_err_t *err) {
 }
 
 bool obx_http_start(obx_http_t *http, obx_err_t *err) {
-  struct sockaddr_in6 sa6 = {0};
-  struct sockaddr_in sa4 = {0};
-  struct sockaddr *sa;
+  struct sockaddr_storage addr;
   unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-  if (inet_pton(AF_INET, http->bind, &sa4.sin_addr) == 1) {
-    sa4.sin_family = AF_INET;
-    sa4.sin_port = htons((uint16_t)http->port);
-    sa = (struct sockaddr *)&sa4;
-  } else if (inet_pton(AF_INET6, http->bind, &sa6.sin6_addr) == 1) {
-    sa6.sin6_family = AF_INET6;
-    sa6.sin6_port = htons((uint16_t)http->port);
-    sa = (struct sockaddr *)&sa6;
-    flags |= MHD_USE_IPv6;
-  } else {
-    obx_err_set(err, OBX_ERR_CONF, 0, false, "http.bind: '%s' is not an IPv4 or IPv6 address", http->bind);
-    return false;
-  }
+  if (!obx_http_bind_parse(http->bind, http->port, &addr, err)) return false;
+  if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+  struct sockaddr *sa = (struct sockaddr *)&addr;
   pool_start(&http->handlers, http, http->workers, "handler");
   pool_start(&http->probes, http, 1, NULL); /* a stuck probe worker answers no probe: the probe fails itself */
   http->daemon = MHD_start_daemon(flags, (uint16_t)http->port, NULL, NULL, http_on_request, http,
@@ -1043,8 +1056,7 @@ void obx_http_destroy(obx_http_t *http) {
   pthread_mutex_destroy(&http->conns_mu);
   pthread_cond_destroy(&http->conns_cv);
   free(http->buckets);
-  for (char **o = http->cors_origins; o && *o; o++) free(*o);
-  free(http->cors_origins);
+  obx_http_cors_free(http->cors_origins);
   free(http->bind);
   obx_auth_destroy(http->auth);
   free(http);

@@ -38,6 +38,12 @@
 
 /* ---- money ------------------------------------------------------------------------------ */
 
+bool obx_currency_valid(const char *code) {
+  bool ok = strlen(code) == 3;
+  for (int i = 0; ok && i < 3; i++) ok = code[i] >= 'A' && code[i] <= 'Z';
+  return ok;
+}
+
 int obx_currency_minor_digits(const char *code) {
   static const char *const zero[] = {"BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW", "PYG",
                                      "RWF", "UGX", "UYI", "VND", "VUV", "XAF", "XOF", "XPF"};
@@ -252,9 +258,7 @@ static void parse_currency(const bson_t *doc, const char *default_currency, obx_
   const char *cur = default_currency;
   if (bson_iter_init_find(&it, doc, "currency")) {
     cur = BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : "";
-    bool ok = strlen(cur) == 3;
-    for (int i = 0; ok && i < 3; i++) ok = cur[i] >= 'A' && cur[i] <= 'Z';
-    if (!ok) {
+    if (!obx_currency_valid(cur)) {
       field_error(fe, "currency", "must be an ISO 4217 code of 3 capital letters, e.g. \"BRL\"");
       cur = default_currency;
     }

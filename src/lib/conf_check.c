@@ -5,10 +5,10 @@
  * other accepts. obx_conf_set already checked each value's type and range; this checks what a
  * value means: required values present, addresses, URLs, names, files, the ladder's order, and
  * every kafka.* passthrough key against librdkafka. Where a module owns a parser (the API keys
- * file, the egress policy, the AMQP URL, the MongoDB URI, librdkafka's properties) the check
- * calls that parser, so the rules live once. The first problem found stops the check with a
+ * file, the egress policy, the AMQP URL, the MongoDB URI, the HTTP bind address and CORS origins,
+ * the orders' currency rule, librdkafka's properties) the check calls that parser, so the rules
+ * live once. The first problem found stops the check with a
  * message naming the key, its value (secrets masked) and what is allowed. Never connects. */
-#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <librdkafka/rdkafka.h>
@@ -18,7 +18,9 @@
 #include <unistd.h>
 
 #include "obx/obx_amqp.h"
+#include "obx/obx_api.h"
 #include "obx/obx_auth.h"
+#include "obx/obx_http.h"
 #include "obx/obx_conf.h"
 #include "obx/obx_log.h"
 #include "obx/obx_pipeline.h"
@@ -109,10 +111,10 @@ static bool check_readable_file(const obx_conf_t *conf, const char *key, const c
   return bad_why(err, key, shown, strerror(errno), "a readable PEM file, or empty");
 }
 
+/* http.bind: the HTTP server's own parser. */
 static bool check_bind(const obx_conf_t *conf, const char *key, const char *value, const char *shown, obx_err_t *err) {
-  unsigned char buf[sizeof(struct in6_addr)];
-  if (inet_pton(AF_INET, value, buf) == 1 || inet_pton(AF_INET6, value, buf) == 1) return true;
-  return bad(err, key, shown, "must be an IPv4 or IPv6 address to listen on, e.g. 0.0.0.0, 127.0.0.1 or ::");
+  struct sockaddr_storage addr;
+  return obx_http_bind_parse(value, 0, &addr, err);
 }
 
 static bool check_keys_file(const obx_conf_t *conf, const char *key, const char *value, const char *shown, obx_err_t *err) {
@@ -125,25 +127,18 @@ static bool check_keys_file(const obx_conf_t *conf, const char *key, const char 
   return bad_why(err, key, shown, why.msg, "a readable file of '<sha256 hex> <orgId> <perm,...>' lines, or empty");
 }
 
+/* api.cors_origins: the HTTP server's own parser. */
 static bool check_cors(const obx_conf_t *conf, const char *key, const char *value, const char *shown, obx_err_t *err) {
-  char *copy = strdup(value), *save = NULL;
-  bool ok = true;
-  for (char *tok = strtok_r(copy, ", \t", &save); tok && ok; tok = strtok_r(NULL, ", \t", &save)) {
-    size_t len = strlen(tok);
-    while (len > 1 && tok[len - 1] == '/') tok[--len] = '\0';
-    if (strcmp(tok, "*") == 0) continue;
-    const char *host = strstr(tok, "://");
-    ok = host && (strncmp(tok, "http://", 7) == 0 || strncmp(tok, "https://", 8) == 0) && host[3] &&
-         !strchr(host + 3, '/');
-  }
-  free(copy);
-  return ok || bad(err, key, shown, "must be * or comma-separated origins scheme://host[:port] (http or https, no path)");
+  char **origins;
+  bool any;
+  bool ok = obx_http_cors_parse(value, &origins, &any, err);
+  obx_http_cors_free(origins);
+  return ok;
 }
 
+/* api.default_currency: the orders' own rule. */
 static bool check_currency(const obx_conf_t *conf, const char *key, const char *value, const char *shown, obx_err_t *err) {
-  bool ok = strlen(value) == 3;
-  for (int i = 0; ok && i < 3; i++) ok = value[i] >= 'A' && value[i] <= 'Z';
-  return ok || bad(err, key, shown, "must be an ISO 4217 code in capitals, e.g. BRL, USD, EUR");
+  return obx_currency_valid(value) || bad(err, key, shown, "must be an ISO 4217 code in capitals, e.g. BRL, USD, EUR");
 }
 
 /* egress.allowlist and egress.allow_networks: the worker's own parser. */

@@ -13,29 +13,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Runs build-tree program `prog` with args until it exits (30 s at most); returns the exit code
- * (-1: killed) and leaves its output in proc->log_path. */
-static int run_to_exit(const char *prog, char *const args[], obx_test_proc_t *proc) {
-  char *argv[16];
-  int argc = 0;
-  argv[argc++] = (char *)obx_test_build_path(prog);
-  for (int i = 0; args[i]; i++) argv[argc++] = args[i];
-  argv[argc] = NULL;
-  assert_true(obx_test_spawn(proc, argv, NULL));
-  int64_t deadline = obx_test_now_ms() + 30000;
-  int status;
-  while (obx_test_now_ms() < deadline) {
-    if (waitpid(proc->pid, &status, WNOHANG) == proc->pid) {
-      proc->pid = 0;
-      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    }
-    struct timespec ts = {0, 20 * 1000000L};
-    nanosleep(&ts, NULL);
-  }
-  obx_test_proc_stop(proc, SIGKILL, 1000);
-  return -1;
-}
-
 /* The text after `marker` on the first line containing it, without the newline. */
 static bool line_after(const char *path, const char *marker, char *out, size_t outlen) {
   FILE *f = fopen(path, "r");
@@ -93,8 +70,8 @@ static void test_refusals(void **state) {
     char *ctl_args[] = {"conf", "check", "-X", setting, NULL};
     char *d_args[] = {"-X", setting, "-X", "http.port=0", NULL};
     obx_test_proc_t ctl, d;
-    int ctl_exit = run_to_exit("outboxctl", ctl_args, &ctl);
-    int d_exit = run_to_exit("outboxd", d_args, &d);
+    int ctl_exit = obx_test_run("outboxctl", ctl_args, 30000, &ctl);
+    int d_exit = obx_test_run("outboxd", d_args, 30000, &d);
     char ctl_msg[1024] = "", d_msg[1024] = "";
     line_after(ctl.log_path, "outboxctl: configuration: ", ctl_msg, sizeof ctl_msg);
     line_after(d.log_path, "outboxd: ", d_msg, sizeof d_msg);
@@ -123,7 +100,7 @@ static void test_valid_configurations_pass(void **state) {
   };
   for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) {
     obx_test_proc_t ctl;
-    int rc = run_to_exit("outboxctl", sets[i], &ctl);
+    int rc = obx_test_run("outboxctl", sets[i], 30000, &ctl);
     if (rc != 0) {
       print_error("set %zu: conf check exit %d, want 0; output %s\n", i, rc, ctl.log_path);
       fail();

@@ -66,18 +66,20 @@ static void stop_all(fixture_t *fx) {
   obx_test_kafka_stop(&fx->kafka);
 }
 
+/* A probe's answer to wait for: GET path answers want with every needle in its body. */
 typedef struct {
   int port;
-  long want;            /* the status that ends the wait */
+  const char *path;       /* "/healthz", "/readyz" */
+  long want;              /* the status that ends the wait */
   const char *needles[3]; /* and what the body must hold (NULL-terminated) */
-  char body[2048];      /* the last answer */
+  char body[2048];        /* the last answer */
   char type[128];
-} healthz_wait_t;
+} probe_wait_t;
 
-static bool healthz_is(void *arg) {
-  healthz_wait_t *w = arg;
+static bool probe_is(void *arg) {
+  probe_wait_t *w = arg;
   obx_test_http_resp_t resp;
-  bool ok = obx_test_http(w->port, "GET", "/healthz", NULL, NULL, NULL, &resp);
+  bool ok = obx_test_http(w->port, "GET", w->path, NULL, NULL, NULL, &resp);
   if (ok) {
     snprintf(w->body, sizeof w->body, "%ld %s", resp.status, resp.body ? resp.body : "");
     if (!obx_test_http_header(&resp, "Content-Type", w->type, sizeof w->type)) w->type[0] = '\0';
@@ -127,25 +129,6 @@ static bool create_topic(const char *bootstrap, const char *topic) {
   return ok;
 }
 
-typedef struct {
-  int port;
-  long want;
-  const char *needle;   /* NULL: any body */
-  char body[1024];
-} readyz_wait_t;
-
-static bool readyz_is(void *arg) {
-  readyz_wait_t *w = arg;
-  obx_test_http_resp_t resp;
-  bool ok = obx_test_http(w->port, "GET", "/readyz", NULL, NULL, NULL, &resp);
-  if (ok) {
-    snprintf(w->body, sizeof w->body, "%ld %s", resp.status, resp.body ? resp.body : "");
-    ok = resp.status == w->want && (!w->needle || strstr(resp.body, w->needle));
-  }
-  obx_test_http_resp_cleanup(&resp);
-  return ok;
-}
-
 /* outboxd --roles relay on mongo_uri, brokers and topic. */
 static void start_relay(obx_test_outboxd_t *d, const char *mongo_uri, const char *brokers, const char *topic) {
   char mongo_arg[300], kafka_arg[300], topic_arg[200];
@@ -170,26 +153,27 @@ static void test_relay_readiness(void **state) {
   obx_test_outboxd_t leader = {0}, standby = {0}, lost = {0};
   start_relay(&leader, mongo.uri, broker.bootstrap, topic);
   if (!obx_test_file_contains(leader.proc.log_path, "relay is the leader", 30000)) fail_msg("no leader; log %s", leader.proc.log_path);
-  readyz_wait_t missing = {.port = leader.port, .want = 503, .needle = needle};
-  if (!obx_test_wait_for(readyz_is, &missing, 15000, 100))
+  probe_wait_t missing = {.port = leader.port, .path = "/readyz", .want = 503, .needles = {needle}};
+  if (!obx_test_wait_for(probe_is, &missing, 15000, 100))
     fail_msg("the leader without its topic did not answer 503 naming it: %s", missing.body);
   printf("leader, topic missing: %s\n", missing.body);
 
   start_relay(&standby, mongo.uri, broker.bootstrap, topic);
-  readyz_wait_t standby_ready = {.port = standby.port, .want = 200};
-  if (!obx_test_wait_for(readyz_is, &standby_ready, 15000, 100)) fail_msg("the standby is not ready: %s", standby_ready.body);
+  probe_wait_t standby_ready = {.port = standby.port, .path = "/readyz", .want = 200};
+  if (!obx_test_wait_for(probe_is, &standby_ready, 15000, 100)) fail_msg("the standby is not ready: %s", standby_ready.body);
   assert_false(obx_test_file_contains(standby.proc.log_path, "relay is the leader", 0));
 
   assert_true(create_topic(broker.bootstrap, topic));
-  readyz_wait_t ready = {.port = leader.port, .want = 200};
-  if (!obx_test_wait_for(readyz_is, &ready, 20000, 100)) fail_msg("the leader with its topic is not ready: %s", ready.body);
+  probe_wait_t ready = {.port = leader.port, .path = "/readyz", .want = 200};
+  if (!obx_test_wait_for(probe_is, &ready, 20000, 100)) fail_msg("the leader with its topic is not ready: %s", ready.body);
   obx_test_outboxd_stop(&standby);
   obx_test_outboxd_stop(&leader); /* releases the lease */
 
   start_relay(&lost, mongo.uri, "127.0.0.1:1", topic);
   if (!obx_test_file_contains(lost.proc.log_path, "relay is the leader", 30000)) fail_msg("no leader; log %s", lost.proc.log_path);
-  readyz_wait_t unreachable = {.port = lost.port, .want = 503, .needle = "cannot reach a broker of 127.0.0.1:1"};
-  if (!obx_test_wait_for(readyz_is, &unreachable, 15000, 100))
+  probe_wait_t unreachable = {.port = lost.port, .path = "/readyz", .want = 503,
+                              .needles = {"cannot reach a broker of 127.0.0.1:1"}};
+  if (!obx_test_wait_for(probe_is, &unreachable, 15000, 100))
     fail_msg("the leader without brokers did not answer 503 naming them: %s", unreachable.body);
   printf("leader, brokers unreachable: %s\n", unreachable.body);
   obx_test_outboxd_stop(&lost);
@@ -199,14 +183,14 @@ static void test_relay_readiness(void **state) {
 static void test_liveness_follows_progress(void **state) {
   fixture_t fx;
   start_all(&fx);
-  healthz_wait_t ok = {.port = fx.d.port, .want = 200};
-  if (!obx_test_wait_for(healthz_is, &ok, 10000, 100)) fail_msg("/healthz never 200 at the start: %s", ok.body);
+  probe_wait_t ok = {.port = fx.d.port, .path = "/healthz", .want = 200};
+  if (!obx_test_wait_for(probe_is, &ok, 10000, 100)) fail_msg("/healthz never 200 at the start: %s", ok.body);
 
   /* Kafka gone (RabbitMQ never there): every loop waits on a broker in bounded calls. */
   obx_test_kafka_stop(&fx.kafka);
   int64_t until = obx_test_now_ms() + 3 * STALL_MS;
   while (obx_test_now_ms() < until) {
-    if (!healthz_is(&ok)) fail_msg("/healthz failed while loops only waited on brokers: %s (log %s)", ok.body, fx.d.proc.log_path);
+    if (!probe_is(&ok)) fail_msg("/healthz failed while loops only waited on brokers: %s (log %s)", ok.body, fx.d.proc.log_path);
     usleep(200 * 1000); /* the probe's period, not a condition */
   }
 
@@ -216,8 +200,9 @@ static void test_liveness_follows_progress(void **state) {
   int64_t paused = obx_test_now_ms();
   pthread_t t;
   assert_int_equal(pthread_create(&t, NULL, api_call, &call), 0);
-  healthz_wait_t stalled = {.port = fx.d.port, .want = 503, .needles = {"relay/main", "http/handler 0", "Stalled"}};
-  if (!obx_test_wait_for(healthz_is, &stalled, 15000, 100))
+  probe_wait_t stalled = {.port = fx.d.port, .path = "/healthz", .want = 503,
+                          .needles = {"relay/main", "http/handler 0", "Stalled"}};
+  if (!obx_test_wait_for(probe_is, &stalled, 15000, 100))
     fail_msg("/healthz did not name the stalled relay and HTTP handler: %s (log %s)", stalled.body, fx.d.proc.log_path);
   int64_t detected = obx_test_now_ms() - paused;
   printf("stall detected %lld ms after MongoDB paused (bound %d ms): %s\n", (long long)detected, STALL_MS, stalled.body);
@@ -229,7 +214,7 @@ static void test_liveness_follows_progress(void **state) {
   /* MongoDB back: the calls return, the loops go round, /healthz is 200 again. */
   assert_int_equal(kill(fx.mongo.proc.pid, SIGCONT), 0);
   int64_t resumed = obx_test_now_ms();
-  if (!obx_test_wait_for(healthz_is, &ok, 30000, 100))
+  if (!obx_test_wait_for(probe_is, &ok, 30000, 100))
     fail_msg("/healthz stayed failed after MongoDB came back: %s (log %s)", ok.body, fx.d.proc.log_path);
   printf("healthy again %lld ms after MongoDB resumed\n", (long long)(obx_test_now_ms() - resumed));
   pthread_join(t, NULL);

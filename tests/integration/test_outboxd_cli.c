@@ -11,28 +11,6 @@
 #include <sys/wait.h>
 #include <time.h>
 
-/* Runs outboxd with args and waits for it to exit by itself (up to 30 s). */
-static int run_to_exit(char *const args[], obx_test_proc_t *proc) {
-  char *argv[16];
-  int argc = 0;
-  argv[argc++] = (char *)obx_test_build_path("outboxd");
-  for (int i = 0; args[i]; i++) argv[argc++] = args[i];
-  argv[argc] = NULL;
-  assert_true(obx_test_spawn(proc, argv, NULL));
-  int64_t deadline = obx_test_now_ms() + 30000;
-  int status;
-  while (obx_test_now_ms() < deadline) {
-    if (waitpid(proc->pid, &status, WNOHANG) == proc->pid) {
-      proc->pid = 0;
-      return status;
-    }
-    struct timespec ts = {0, 20 * 1000000L};
-    nanosleep(&ts, NULL);
-  }
-  obx_test_proc_stop(proc, SIGKILL, 1000);
-  return -1;
-}
-
 static void test_exits(void **state) {
   static const struct {
     const char *name;
@@ -53,8 +31,7 @@ static void test_exits(void **state) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     obx_test_proc_t proc;
-    int status = run_to_exit(cases[i].args, &proc);
-    int got = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    int got = obx_test_run("outboxd", cases[i].args, 30000, &proc);
     bool said = obx_test_file_contains(proc.log_path, cases[i].want_output, 1000);
     if (got != cases[i].want_exit || !said) {
       print_error("%s: got exit %d (output %s \"%s\"), want exit %d; log %s\n", cases[i].name, got,

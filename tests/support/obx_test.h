@@ -34,6 +34,10 @@ bool obx_test_spawn(obx_test_proc_t *proc, char *const argv[], char *const env_e
  * exit, then SIGKILLs. Returns the wait status (or -1). Safe on a zeroed proc. */
 int obx_test_proc_stop(obx_test_proc_t *proc, int sig, int timeout_ms);
 bool obx_test_proc_alive(obx_test_proc_t *proc);
+/* Runs build-tree program prog (obx_test_build_path) with args (NULL-terminated, at most 14)
+ * until it exits by itself, up to timeout_ms (then SIGKILL); its output stays in
+ * proc->log_path. Returns the exit code, -1 when it did not exit by itself or was killed. */
+int obx_test_run(const char *prog, char *const args[], int timeout_ms, obx_test_proc_t *proc);
 /* An obx_test_wait_for condition: process *(pid_t *)pid no longer runs. It need not be our
  * child (read from /proc); a zombie waiting to be reaped counts as gone. */
 bool obx_test_pid_gone(void *pid);

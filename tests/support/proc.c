@@ -193,3 +193,24 @@ int obx_test_sh(const char *cmd, char *out, size_t outlen) {
   int st = pclose(p);
   return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
+
+int obx_test_run(const char *prog, char *const args[], int timeout_ms, obx_test_proc_t *proc) {
+  char *argv[16];
+  int argc = 0;
+  argv[argc++] = (char *)obx_test_build_path(prog);
+  for (int i = 0; args[i] && argc < 15; i++) argv[argc++] = args[i];
+  argv[argc] = NULL;
+  if (!obx_test_spawn(proc, argv, NULL)) return -1;
+  int64_t deadline = obx_test_now_ms() + timeout_ms;
+  int status;
+  while (obx_test_now_ms() < deadline) {
+    if (waitpid(proc->pid, &status, WNOHANG) == proc->pid) {
+      proc->pid = 0;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    struct timespec ts = {0, 20 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  obx_test_proc_stop(proc, SIGKILL, 1000);
+  return -1;
+}
