@@ -640,8 +640,8 @@ static void *relay_main(void *arg) {
     if (now >= relay->next_sweep_ms && !stream_behind && relay_pending(relay) < conf->relay_max_inflight) {
       obx_health_stamp("sweeping PENDING events");
       relay_keys_check(relay);
-      int claimed = relay_sweep(relay, relay->poll_mode ? 0 : conf->outbox_poll_interval);
-      bool more = relay->poll_mode && claimed == conf->outbox_batch_size;
+      int found = relay_sweep(relay, relay_sweep_bound(relay));
+      bool more = relay->poll_mode && found > 0 && relay->sweep_from_ms != 0; /* the pass goes on */
       relay->next_sweep_ms = more ? now : now + conf->outbox_poll_interval;
     }
     if (!relay->poll_mode && now >= relay->next_ckpt_ms) {

@@ -114,6 +114,7 @@ typedef struct obx_relay {
   bool caught_up;           /* the last read returned an empty batch */
   int64_t caught_up_ms;     /* when it did */
   int64_t next_stream_open_ms;
+  int64_t stream_opened_ms; /* when the open of the current stream was sent (a full sweep's bound) */
   int open_failures;        /* consecutive failed opens or reads since the last good read */
   bson_t *start_after;      /* after an invalidate: open with startAfter this token (owned) */
   bool sweep_due;           /* a restart from now: publish every PENDING event once it is open */
@@ -130,6 +131,8 @@ typedef struct obx_relay {
   int64_t first_report_ms;
 
   int64_t next_sweep_ms;
+  int64_t sweep_from_ms;        /* the pass in progress resumes at this availableAt (0: none) */
+  int64_t last_claim_until_ms;  /* claimedUntil of the last batch (each batch's is unique) */
   relay_counters_t counters;
 
   /* per-key order (keys.c) */
@@ -233,9 +236,13 @@ void relay_metrics_observe_ack(obx_relay_t *relay, int64_t ms);
 void relay_metrics_gauges(obx_relay_t *relay);
 
 /* sweeper.c */
-/* Claims up to OUTBOX_BATCH_SIZE PENDING events due since `grace_ms` and publishes them;
- * returns how many were claimed, -1 on a MongoDB error. */
-int relay_sweep(obx_relay_t *relay, int64_t grace_ms);
+/* The newest availableAt the periodic sweep may take now (poll mode: now; stream mode: the
+ * checkpoint's cluster time less OUTBOX_POLL_INTERVAL_MS). */
+int64_t relay_sweep_bound(const obx_relay_t *relay);
+/* Claims one batch (up to OUTBOX_BATCH_SIZE, within the in-flight bound) of PENDING events
+ * with availableAt <= bound_ms and publishes them; returns how many it found (a pass goes on
+ * while relay->sweep_from_ms is not 0), -1 on a MongoDB error. */
+int relay_sweep(obx_relay_t *relay, int64_t bound_ms);
 /* Publishes every PENDING event that is due, waiting for each batch's reports (recovery:
  * first start, lost history). False when stopped or on an error. */
 bool relay_sweep_all(obx_relay_t *relay);

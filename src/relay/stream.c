@@ -151,6 +151,7 @@ bool relay_stream_open(obx_relay_t *relay) {
   if (relay->start_after) BSON_APPEND_DOCUMENT(opts, "startAfter", relay->start_after);
   else if (relay->read_token) BSON_APPEND_DOCUMENT(opts, "resumeAfter", relay->read_token);
   relay_stream_close(relay);
+  relay->stream_opened_ms = obx_time_now_ms();
   relay->stream = mongoc_collection_watch(relay->outbox, pipeline, opts);
   bson_destroy(opts);
   bson_destroy(pipeline);

@@ -1151,7 +1151,7 @@ static void *sweeper_main(void *arg) {
   sweeper_t *s = arg;
   pthread_barrier_wait(s->start);
   for (;;) {
-    int claimed = relay_sweep(&s->relay, 0);
+    int claimed = relay_sweep(&s->relay, obx_time_now_ms());
     if (claimed < 0) s->errors++;
     if (claimed <= 0) break;
   }
@@ -1165,7 +1165,7 @@ typedef struct {
 
 static bool claims_more(void *arg) {
   claim_wait_t *c = arg;
-  relay_sweep(&c->sweeper->relay, 0);
+  relay_sweep(&c->sweeper->relay, obx_time_now_ms());
   return sweeper_held(c->sweeper) > c->before;
 }
 
@@ -1203,7 +1203,7 @@ static void test_sweeper_claims_race_and_dead_claims_expire(void **state) {
     fail_msg("no race: sweeper-a claimed %d, sweeper-b %d", sweeper_held(&a), sweeper_held(&b));
   assert_int_equal(count_docs(ctx.outbox, "{\"claimedBy\": \"sweeper-a\"}"), sweeper_held(&a));
   assert_int_equal(count_docs(ctx.outbox, "{\"claimedBy\": \"sweeper-b\"}"), sweeper_held(&b));
-  assert_int_equal(relay_sweep(&a.relay, 0), 0); /* live claims are skipped */
+  assert_int_equal(relay_sweep(&a.relay, obx_time_now_ms()), 0); /* live claims are skipped */
 
   /* a claim left by a dead relay is skipped until its claimedUntil, then taken */
   insert_events(&ctx, 2, 1);
@@ -1212,7 +1212,7 @@ static void test_sweeper_claims_race_and_dead_claims_expire(void **state) {
   bson_t *dead = BCON_NEW("claimedBy", "dead-relay", "claimedUntil", BCON_DATE_TIME(until));
   set_doc(&ctx, "outbox", dead_id, dead);
   int held = sweeper_held(&a);
-  assert_int_equal(relay_sweep(&a.relay, 0), 1);
+  assert_int_equal(relay_sweep(&a.relay, obx_time_now_ms()), 1);
   if (!sweeper_has(&a, free_id) || sweeper_has(&a, dead_id)) fail_msg("the sweeper took the dead relay's live claim");
   claim_wait_t c = {&a, held + 1};
   if (!obx_test_wait_for(claims_more, &c, 20000, 50)) fail_msg("the expired claim was never taken over");
