@@ -22,6 +22,7 @@ bench_init() {
 bench_cleanup() {
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  if [ -n "${BENCH_BROKER_DIR:-}" ]; then OBX_KAFKA_DIR=$BENCH_BROKER_DIR "$ROOT/scripts/kafka.sh" stop >/dev/null 2>&1 || true; fi
   rm -rf "$WORK"
 }
 
@@ -66,4 +67,17 @@ bench_start_kafka() {
   PIDS+=($!)
   wait_for test -s "$WORK/bootstrap"
   BOOTSTRAP=$(head -1 "$WORK/bootstrap")
+}
+
+# bench_start_broker TOPIC...: starts a real Apache Kafka broker of its own (scripts/kafka.sh, in
+# $WORK/kafka, stopped on exit) with these topics (NAME:PARTITIONS[:CONFIGS] as kafka.sh takes
+# them), sets BOOTSTRAP.
+bench_start_broker() {
+  BENCH_BROKER_DIR=$WORK/kafka
+  if ! OBX_KAFKA_DIR=$BENCH_BROKER_DIR OBX_KAFKA_EXIT_WITH=$$ "$ROOT/scripts/kafka.sh" start "$@" >"$WORK/kafka-start.log" 2>&1; then
+    cat "$WORK/kafka-start.log" >&2
+    echo "$BENCH_NAME.sh: the Kafka broker did not start" >&2
+    return 1
+  fi
+  BOOTSTRAP=$(sed -n 's/^export KAFKA_BROKERS=//p' "$BENCH_BROKER_DIR/env")
 }
