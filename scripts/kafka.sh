@@ -49,15 +49,29 @@ resolve_dir() {
 }
 
 # The class path, resolved by Maven from the pom and cached in $DIR/classpath next to the
-# checksum of the pom it came from; every jar must still be there.
+# checksum of the pom it came from, and once per machine in $CACHE (keyed by that checksum), so
+# a fresh directory (a test's private broker, run.sh) needs no Maven run; every jar must still
+# be there.
+CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/outboxd
+jars_present() {
+  local jar IFS=:
+  for jar in $1; do [ -f "$jar" ] || return 1; done
+}
 classpath() {
-  local sum cp jar ok=1
+  local sum cp
   sum=$(cksum <"$POM" | cut -d' ' -f1)
   if [ -s "$DIR/classpath" ] && [ "$(cat "$DIR/classpath.sum" 2>/dev/null)" = "$sum" ]; then
     cp=$(cat "$DIR/classpath")
-    local IFS=:
-    for jar in $cp; do [ -f "$jar" ] || { ok=0; break; }; done
-    if [ "$ok" = 1 ]; then
+    if jars_present "$cp"; then
+      CP=$cp
+      return 0
+    fi
+  fi
+  if [ -s "$CACHE/kafka-classpath.$sum" ]; then
+    cp=$(cat "$CACHE/kafka-classpath.$sum")
+    if jars_present "$cp"; then
+      printf '%s' "$cp" >"$DIR/classpath"
+      echo "$sum" >"$DIR/classpath.sum"
       CP=$cp
       return 0
     fi
@@ -80,6 +94,9 @@ classpath() {
   mv "$DIR/classpath.tmp" "$DIR/classpath"
   echo "$sum" >"$DIR/classpath.sum"
   CP=$(cat "$DIR/classpath")
+  # The machine-wide copy is an optimisation only: a cache that cannot be written is skipped.
+  { mkdir -p "$CACHE" && cp "$DIR/classpath" "$CACHE/kafka-classpath.$sum.tmp.$$" &&
+      mv "$CACHE/kafka-classpath.$sum.tmp.$$" "$CACHE/kafka-classpath.$sum"; } 2>/dev/null || true
 }
 
 # JVM options of every Java program run here: a heap sized for a small machine, serial GC (no
