@@ -1,6 +1,6 @@
 /* test_ops_api.c - the operators' API (DESIGN.md §7) through the real outboxd binary
  *
- * One devmongod, one kafka-mockd, `outboxd --roles api,relay` and, when AMQP_URL is set (scripts/test.sh sets it),
+ * One devmongod, a topic of its own on the run's Kafka broker (OBX_TEST_KAFKA_DIR), `outboxd --roles api,relay` and, when AMQP_URL is set (scripts/test.sh sets it),
  * RabbitMQ queues under a private prefix (deleted at the end). Two orgs: acme and globex, each
  * with a FAILED outbox event, a DEAD inbox entry, dead letters, a parked key, an order and a pipeline. The
  * table runs every keyed route of DESIGN.md §7 (orders, pipelines, ops) with {no key -> 401, a
@@ -32,7 +32,8 @@
 #define CONSUMER "outboxd-worker" /* WORKER_GROUP default: the inbox consumer outboxd reads */
 
 static obx_test_mongo_t mongo;
-static obx_test_kafka_t kafka;
+static obx_test_broker_t broker;
+static char topic[128];
 static obx_test_outboxd_t outboxd;
 static mongoc_client_t *client;
 static obx_ladder_t *ladder; /* NULL without AMQP_URL */
@@ -146,7 +147,9 @@ static void seed_parked(const char *key, const char *head) {
 
 static int group_setup(void **state) {
   (void)state;
-  if (!obx_test_mongo_start(&mongo, NULL) || !obx_test_kafka_start(&kafka, 1, "domain-events:2")) return -1;
+  if (!obx_test_have(obx_test_broker_shared(&broker), "no Kafka broker for this run (OBX_TEST_KAFKA_DIR)") ||
+      !obx_test_broker_topic(&broker, "ops-api", 2, NULL, topic, sizeof topic) || !obx_test_mongo_start(&mongo, NULL))
+    return -1;
   client = obx_test_mongo_client(&mongo, NULL, "test_ops_api");
   snprintf(keys_path, sizeof keys_path, "%s/ops-api-keys", obx_test_tmpdir());
   obx_test_apikey_add(keys_path, "globex", "*", key_globex);
@@ -178,15 +181,16 @@ static int group_setup(void **state) {
 }
 
 static void start_outboxd(void) {
-  char mongo_arg[300], keys_arg[340], amqp_arg[600], prefix_arg[100], kafka_arg[600];
-  snprintf(kafka_arg, sizeof kafka_arg, "kafka.brokers=%s", kafka.bootstrap);
+  char mongo_arg[300], keys_arg[340], amqp_arg[600], prefix_arg[100], kafka_arg[600], topic_arg[160];
+  snprintf(kafka_arg, sizeof kafka_arg, "kafka.brokers=%s", broker.bootstrap);
+  snprintf(topic_arg, sizeof topic_arg, "kafka.topic=%s", topic);
   snprintf(mongo_arg, sizeof mongo_arg, "mongo.uri=%s", mongo.uri);
   snprintf(keys_arg, sizeof keys_arg, "api.keys_file=%s", keys_path);
   snprintf(amqp_arg, sizeof amqp_arg, "amqp.url=%s",
            getenv("AMQP_URL") ? getenv("AMQP_URL") : "amqp://guest:guest@127.0.0.1:1/");
   snprintf(prefix_arg, sizeof prefix_arg, "worker.queue_prefix=%s", prefix);
   /* api_keys is read again every 200 ms: test_db_keys waits for refreshes */
-  char *args[] = {"--roles", "api,relay", "-X", kafka_arg, "-X", mongo_arg, "-X", keys_arg, "-X", amqp_arg,
+  char *args[] = {"--roles", "api,relay", "-X", kafka_arg, "-X", topic_arg, "-X", mongo_arg, "-X", keys_arg, "-X", amqp_arg,
                    "-X", prefix_arg, "-X", "api.keys_refresh=200ms", NULL};
   if (!obx_test_outboxd_start(&outboxd, args)) fail_msg("outboxd did not start");
   if (!obx_test_wait_for(obx_test_http_ready, &outboxd.port, 60000, 50))
@@ -202,7 +206,6 @@ static int group_teardown(void **state) {
   }
   if (client) mongoc_client_destroy(client);
   obx_test_mongo_stop(&mongo);
-  obx_test_kafka_stop(&kafka);
   return !outboxd.proc.pid || (WIFEXITED(status) && WEXITSTATUS(status) == 0) ? 0 : -1;
 }
 
@@ -503,7 +506,7 @@ static void test_reprocess(void **state) {
   bson_t *published = BCON_NEW("status", BCON_UTF8("PUBLISHED"));
   int64_t npublished = obx_test_count(client, "outboxd", "outbox", published);
   bson_destroy(published);
-  obx_test_kafka_consume_all(kafka.bootstrap, "domain-events", NULL, (int)npublished, 60000, on_record, &rec);
+  obx_test_kafka_consume_all(broker.bootstrap, topic, NULL, (int)npublished, 60000, on_record, &rec);
   if (!rec.seen) fail_msg("reprocessed event %s not in Kafka", id);
   doc = (bson_t)BSON_INITIALIZER;
   filter = BCON_NEW("_id", BCON_UTF8(id));

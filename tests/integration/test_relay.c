@@ -1,9 +1,15 @@
-/* test_relay.c - the relay against devmongod and kafka-mockd
+/* test_relay.c - the relay against devmongod and a real Apache Kafka broker, or kafka-mockd
+ * where a test injects Kafka faults
  *
- * DESIGN: one devmongod and one kafka-mockd for the whole file; each test uses its own database
- * and topic, so relays of one test never see another's events. Relays run in this process
- * (obx_relay_start) except where a crash is the point: there the real outboxd runs with
- * --roles relay and is killed with SIGKILL. What reaches Kafka is read back with a consumer. */
+ * DESIGN: one devmongod for the whole file; each test uses its own database and topic, so
+ * relays of one test never see another's events. A test's topic is on the run's Kafka broker
+ * (scripts/test.sh, OBX_TEST_KAFKA_DIR; ctx_init), except for the tests that inject protocol
+ * errors or take every broker down through kafka-mockd's control socket (ctx_init_mock: a
+ * failed publish's backoff, a 20 s outage with its memory bound, produce errors that hold a
+ * key, a fatal idempotent-producer error), which a real broker cannot be made to answer.
+ * Relays run in this process (obx_relay_start) except where a crash is the point: there the
+ * real outboxd runs with --roles relay and is killed with SIGKILL. What reaches Kafka is read
+ * back with a consumer; "exactly once" is the topic's record count (its log end offsets). */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,7 +32,8 @@
 #include "../../src/relay/relay_int.h"
 
 static obx_test_mongo_t g_mongo;
-static obx_test_kafka_t g_kafka;
+static obx_test_broker_t g_broker; /* the run's Kafka broker */
+static obx_test_kafka_t g_kafka;   /* kafka-mockd, for the fault-injecting tests */
 static mongoc_client_t *g_client;
 
 /* ---- per-test context ------------------------------------------------------------------ */
@@ -35,6 +42,7 @@ static mongoc_client_t *g_client;
 
 typedef struct {
   char db[64], topic[64];
+  const char *bootstrap;         /* the broker the topic is on */
   obx_conf_t conf;
   mongoc_client_t *client;
   mongoc_collection_t *outbox;
@@ -45,14 +53,26 @@ typedef struct {
   bool *skipped;                 /* per event: skipped by an operator, never to reach Kafka */
 } ctx_t;
 
-static void ctx_init(ctx_t *ctx, const char *name, const obx_test_mongo_t *mongo, const char *const *settings) {
+/* A test's database and configuration, its topic on kafka-mockd (mock) or else a topic of 3
+ * partitions on the run's broker. */
+static void ctx_init_on(ctx_t *ctx, const char *name, const obx_test_mongo_t *mongo, const char *const *settings,
+                        bool mock) {
   static int serial;
   memset(ctx, 0, sizeof *ctx);
   snprintf(ctx->db, sizeof ctx->db, "relay_%s_%d", name, ++serial);
-  snprintf(ctx->topic, sizeof ctx->topic, "events-%s-%d", name, serial);
+  if (mock) {
+    snprintf(ctx->topic, sizeof ctx->topic, "events-%s-%d", name, serial);
+    ctx->bootstrap = g_kafka.bootstrap;
+  } else {
+    char base_name[64];
+    snprintf(base_name, sizeof base_name, "relay-%s", name);
+    if (!obx_test_broker_topic(&g_broker, base_name, 3, NULL, ctx->topic, sizeof ctx->topic))
+      fail_msg("topic %s not created on the run's broker", base_name);
+    ctx->bootstrap = g_broker.bootstrap;
+  }
   obx_conf_init(&ctx->conf);
   obx_err_t err = OBX_ERR_INIT;
-  const char *base[] = {"mongo.uri", mongo->uri, "mongo.db", ctx->db, "kafka.brokers", g_kafka.bootstrap,
+  const char *base[] = {"mongo.uri", mongo->uri, "mongo.db", ctx->db, "kafka.brokers", ctx->bootstrap,
                         "kafka.topic", ctx->topic, "relay.lease", "2s", "outbox.poll_interval", "300",
                         "relay.checkpoint_interval", "100", "log.level", "warn", NULL};
   for (int i = 0; base[i]; i += 2)
@@ -64,6 +84,15 @@ static void ctx_init(ctx_t *ctx, const char *name, const obx_test_mongo_t *mongo
   ctx->ids = calloc(MAX_EVENTS, sizeof *ctx->ids);
   ctx->key_of = calloc(MAX_EVENTS, sizeof *ctx->key_of);
   ctx->skipped = calloc(MAX_EVENTS, sizeof *ctx->skipped);
+}
+
+static void ctx_init(ctx_t *ctx, const char *name, const obx_test_mongo_t *mongo, const char *const *settings) {
+  ctx_init_on(ctx, name, mongo, settings, false);
+}
+
+/* For a test that injects Kafka faults (kafka-mockd's control socket). */
+static void ctx_init_mock(ctx_t *ctx, const char *name, const obx_test_mongo_t *mongo, const char *const *settings) {
+  ctx_init_on(ctx, name, mongo, settings, true);
 }
 
 static void ctx_cleanup(ctx_t *ctx) {
@@ -212,9 +241,10 @@ static int kafka_check(ctx_t *ctx, int timeout_ms, bool exactly_once) {
   char group[128];
   snprintf(group, sizeof group, "check-%s-%d", ctx->topic, ++serial);
   int64_t deadline = obx_test_now_ms() + timeout_ms;
-  int missing = ctx->n;
+  int missing = 0; /* skipped events never arrive: a read waiting for them would wait out its deadline */
+  for (int i = 0; i < ctx->n; i++) missing += !ctx->skipped[i];
   while (missing > 0 && obx_test_now_ms() < deadline) {
-    int got = obx_test_kafka_consume_all(g_kafka.bootstrap, ctx->topic, group, missing,
+    int got = obx_test_kafka_consume_all(ctx->bootstrap, ctx->topic, group, missing,
                                          (int)(deadline - obx_test_now_ms()), on_record, &r);
     if (got < 0) fail_msg("consumer failed");
     missing = 0;
@@ -223,8 +253,9 @@ static int kafka_check(ctx_t *ctx, int timeout_ms, bool exactly_once) {
   if (missing) fail_msg("%d of %d events never reached Kafka (%d records read)", missing, ctx->n, r.records);
   for (int i = 0; i < ctx->n; i++)
     if (ctx->skipped[i] && r.seen[i]) fail_msg("event %d was skipped but reached Kafka", i);
-  if (exactly_once && obx_test_kafka_consume_all(g_kafka.bootstrap, ctx->topic, group, 1, 2000, on_record, &r) != 0)
-    fail_msg("records: got more than %d (duplicates)", ctx->n);
+  /* every record the topic holds (its log end offsets) was read: no copy still to come */
+  int64_t in_topic = exactly_once ? obx_test_kafka_topic_records(ctx->bootstrap, ctx->topic) : 0;
+  if (exactly_once && in_topic != ctx->n) fail_msg("records in the topic: got %lld want %d (duplicates)", (long long)in_topic, ctx->n);
   if (r.unknown) fail_msg("%d records with unknown ids", r.unknown);
   if (r.header_errors) fail_msg("%d records with wrong key or CloudEvents headers", r.header_errors);
   if (r.order_errors) fail_msg("%d records out of per-key commit order", r.order_errors);
@@ -317,7 +348,7 @@ static void test_stream_publishes_in_order_and_checkpoints(void **state) {
 static void test_failed_publish_backs_off_then_fails_then_reprocess(void **state) {
   const char *settings[] = {"kafka.message.timeout.ms", "400", "outbox.max_attempts", "2", NULL};
   ctx_t ctx;
-  ctx_init(&ctx, "failing", &g_mongo, settings);
+  ctx_init_mock(&ctx, "failing", &g_mongo, settings);
   assert_true(obx_test_kafka_cmd(&g_kafka, "broker down all"));
   obx_relay_t *relay = relay_start(&ctx);
   insert_events(&ctx, 3, 3);
@@ -496,7 +527,7 @@ static bool lag_zero(void *arg) {
 static void test_kafka_down_20s_backpressure(void **state) {
   const char *settings[] = {"relay.max_inflight", "50", NULL};
   ctx_t ctx;
-  ctx_init(&ctx, "down", &g_mongo, settings);
+  ctx_init_mock(&ctx, "down", &g_mongo, settings);
   /* the mock keeps about 5 MB per partition: 16 partitions hold the 20 MB below */
   char topic_cmd[128];
   snprintf(topic_cmd, sizeof topic_cmd, "topic %s 16", ctx.topic);
@@ -700,10 +731,7 @@ static void test_stream_errors_restart_from_now(void **state) {
  * rest of its bulk is written and publishing goes on. */
 static void test_every_document_gets_an_answer(void **state) {
   ctx_t ctx;
-  ctx_init(&ctx, "answer", &g_mongo, NULL);
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "topic %s 3", ctx.topic);
-  assert_true(obx_test_kafka_cmd(&g_kafka, cmd));
+  ctx_init(&ctx, "answer", &g_mongo, NULL); /* 3 partitions: offsets repeat across them */
   obx_relay_t *relay = relay_start(&ctx);
   leader_wait_t lw = {relay};
   assert_true(obx_test_wait_for(is_leader, &lw, 20000, 50));
@@ -845,7 +873,7 @@ static void test_produce_errors_hold_the_key(void **state) {
   /* a topic error (authorization) is cached until the next metadata refresh */
   const char *settings[] = {"kafka.message.max.bytes", "100000", "kafka.topic.metadata.refresh.interval.ms", "1000", NULL};
   ctx_t ctx;
-  ctx_init(&ctx, "hold", &g_mongo, settings);
+  ctx_init_mock(&ctx, "hold", &g_mongo, settings);
   assert_true(obx_test_kafka_cmd(&g_kafka, "topic %s 3", ctx.topic));
   obx_relay_t *relay = relay_start(&ctx);
   leader_wait_t lw = {relay};
@@ -932,7 +960,7 @@ static void outboxd_spawn(ctx_t *ctx, obx_test_proc_t *proc) {
   char uri[300], db[100], brokers[600], topic[100];
   snprintf(uri, sizeof uri, "MONGO_URI=%s", g_mongo.uri);
   snprintf(db, sizeof db, "MONGO_DB=%s", ctx->db);
-  snprintf(brokers, sizeof brokers, "KAFKA_BROKERS=%s", g_kafka.bootstrap);
+  snprintf(brokers, sizeof brokers, "KAFKA_BROKERS=%s", ctx->bootstrap);
   snprintf(topic, sizeof topic, "KAFKA_TOPIC=%s", ctx->topic);
   char *const env[] = {uri, db, brokers, topic, "HTTP_PORT=0", "HTTP_BIND=127.0.0.1", "RELAY_LEASE=2s",
                        "OUTBOX_POLL_INTERVAL_MS=500", "LOG_LEVEL=info", NULL};
@@ -1081,7 +1109,7 @@ static void test_checkpoint_fenced_while_lease_held(void **state) {
  * broker) leaves it unable to send: the relay replaces it and publishes everything, in order. */
 static void test_fatal_producer_is_replaced(void **state) {
   ctx_t ctx;
-  ctx_init(&ctx, "fatal", &g_mongo, NULL);
+  ctx_init_mock(&ctx, "fatal", &g_mongo, NULL);
   char log_path[512];
   FILE *log = log_to_file(&ctx, log_path, sizeof log_path);
   obx_relay_t *relay = relay_start_leading(&ctx);
@@ -1264,6 +1292,7 @@ static void test_reprocess_published_by_the_stream(void **state) {
 }
 
 static int group_setup(void **state) {
+  if (!obx_test_have(obx_test_broker_shared(&g_broker), "no Kafka broker for this run (OBX_TEST_KAFKA_DIR)")) return -1;
   if (!obx_test_mongo_start(&g_mongo, NULL)) return -1;
   if (!obx_test_kafka_start(&g_kafka, 1, NULL)) return -1;
   g_client = obx_test_mongo_client(&g_mongo, NULL, "relay-test-admin");

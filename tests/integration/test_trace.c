@@ -1,6 +1,6 @@
 /* test_trace.c - one trace from POST /orders to the ERP call, through the real processes
  *
- * DESIGN: the worker fixture (devmongod, kafka-mockd, RabbitMQ names of its own, the scripted
+ * DESIGN: the worker fixture (devmongod, a topic on the run's Kafka broker, RabbitMQ names of its own, the scripted
  * ERP) plus a stub OTLP collector (tests/support/otlp.c); one real `outboxd` with every role
  * exports to it (OTEL_EXPORTER_OTLP_ENDPOINT, 100 ms batches). Orders come in with a known
  * traceparent; the test follows the parent links span by span: request -> MongoDB transaction
@@ -24,6 +24,7 @@ typedef struct {
   obx_test_otlp_t *otlp;
   obx_test_outboxd_t d;
   char key[128];
+  char publish[160], process[160]; /* the Kafka spans' names: "publish <topic>", "process <topic>" */
 } tt_fx_t;
 
 /* Starts outboxd (every role) on the fixture, exporting to endpoint. */
@@ -56,6 +57,8 @@ static int setup(void **state) {
   if (!getenv("AMQP_URL")) return 0;
   tt_fx_t *t = calloc(1, sizeof *t);
   t->fx = wt_setup(2, NULL);
+  snprintf(t->publish, sizeof t->publish, "publish %s", t->fx->topic);
+  snprintf(t->process, sizeof t->process, "process %s", t->fx->topic);
   t->otlp = obx_test_otlp_start();
   if (!t->otlp) fail_msg("the stub OTLP collector did not start");
   *state = t;
@@ -203,14 +206,14 @@ static void test_one_trace_end_to_end(void **state) {
   obx_test_spans_cleanup(&spans);
 
   /* each hop is the child of the one before, in one trace */
-  static const struct {
+  const struct {
     const char *name;
     int kind;
     const char *attr, *value;
   } chain[] = {
     {"transaction ", 3, "db.system", "mongodb"},
-    {"publish domain-events", 4, "messaging.system", "kafka"},
-    {"process domain-events", 5, "messaging.system", "kafka"},
+    {t->publish, 4, "messaging.system", "kafka"},
+    {t->process, 5, "messaging.system", "kafka"},
     {"pipeline order.post", 1, "outboxd.pipeline.status", "SUCCEEDED"},
     {"step notify", 1, "outboxd.step.type", "http-request"},
     {"POST", 3, "http.response.status_code", "200"},
@@ -280,7 +283,7 @@ static void test_retry_and_redrive(void **state) {
   wt_wait_calls(t->fx, "TR-2", 2);
   wt_wait_status(t->fx, id, "DONE");
   obx_test_spans_t spans;
-  const obx_test_span_t *first = await_span(t, &spans, trace, "process domain-events", NULL);
+  const obx_test_span_t *first = await_span(t, &spans, trace, t->process, NULL);
   assert_int_equal(first->status, 2); /* the failed attempt */
   char first_id[17];
   snprintf(first_id, sizeof first_id, "%s", first->span_id);
@@ -311,7 +314,7 @@ static void test_retry_and_redrive(void **state) {
   post_order(t, "TR-3", tp, id3);
   wt_wait_status(t->fx, id3, "DEAD");
   char dead_id[17];
-  await_id(t, trace3, "process domain-events", NULL, dead_id);
+  await_id(t, trace3, t->process, NULL, dead_id);
   wt_route(t->fx, "TR-3", 200);
   char body[160];
   snprintf(body, sizeof body, "/api/dlq?eventId=%s", id3);
@@ -389,9 +392,9 @@ static void test_emitted_event_and_replay(void **state) {
   wt_wait_calls(t->fx, "EM-1x", 1);
   char emit_step[17], publish[17], consume[17], got_trace[33], got_span[17];
   await_id(t, trace, "step emit", NULL, emit_step);
-  await_id(t, trace, "publish domain-events", emit_step, publish);
+  await_id(t, trace, t->publish, emit_step, publish);
   obx_test_spans_t spans;
-  const obx_test_span_t *c = await_span(t, &spans, trace, "process domain-events", publish);
+  const obx_test_span_t *c = await_span(t, &spans, trace, t->process, publish);
   expect_attr(c, "outboxd.event.type", "TraceEmitted");
   snprintf(consume, sizeof consume, "%s", c->span_id);
   obx_test_spans_cleanup(&spans);
@@ -408,7 +411,7 @@ static void test_emitted_event_and_replay(void **state) {
   post_order(t, "RP-1", tp, id2);
   wt_wait_calls(t->fx, "RP-1", 1);
   wt_wait_status(t->fx, id2, "DONE");
-  await_id(t, trace2, "publish domain-events", NULL, publish2);
+  await_id(t, trace2, t->publish, NULL, publish2);
   char path[128];
   snprintf(path, sizeof path, "/api/inbox/%s/replay", id2);
   obx_test_http_resp_t resp;

@@ -5,11 +5,13 @@
  * ("up", same port). Events that need no retry run while RabbitMQ is down; an event that must
  * go to a retry tier waits on its lane (nothing recorded, offset not committed) and completes
  * once the broker is back. A Kafka broker outage in the middle of consumption loses nothing
- * either. */
+ * either: that test has a real broker of its own, frozen (SIGSTOP) and later killed (SIGKILL)
+ * and started again on the same port and data. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,16 +137,19 @@ typedef struct {
   proxy_t proxy;
 } outage_fx_t;
 
-static int setup(void **state) {
-  if (!getenv("AMQP_URL")) return 0;
+static int setup_on(void **state, bool private_broker) {
+  if (!getenv("AMQP_URL") || !getenv("OBX_TEST_KAFKA_DIR")) return 0;
   outage_fx_t *o = calloc(1, sizeof *o);
-  o->fx = wt_setup(1, NULL);
+  o->fx = wt_setup_on(1, NULL, private_broker);
   char url[256];
   proxy_start(&o->proxy, url, sizeof url);
   wt_conf_set(o->fx, "amqp.url", url);
   *state = o;
   return 0;
 }
+
+static int setup(void **state) { return setup_on(state, false); }
+static int setup_private_broker(void **state) { return setup_on(state, true); }
 
 static int teardown(void **state) {
   outage_fx_t *o = *state;
@@ -202,32 +207,51 @@ static void test_starts_with_rabbitmq_down_and_catches_up(void **state) {
   obx_event_cleanup(&later);
 }
 
-/* The Kafka broker goes away while the worker consumes and comes back: every event ends DONE
- * exactly once. */
+/* DONE inbox entries, at least `want` of them within WT_WAIT_MS. */
+static void wait_done_at_least(wt_fx_t *fx, int64_t want) {
+  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
+  while (wt_inbox_count(fx, "DONE") < want && obx_test_now_ms() < deadline) usleep(5000);
+  if (wt_inbox_count(fx, "DONE") < want)
+    fail_msg("DONE: got %lld, want >= %lld", (long long)wt_inbox_count(fx, "DONE"), (long long)want);
+}
+
+/* The Kafka broker freezes (SIGSTOP for 2 s) and later dies (SIGKILL, started again on the
+ * same port and data) while the worker consumes one key's events, 300 ms each: every event
+ * ends DONE with exactly one execution, and the key's events ran in offset order. */
 static void test_kafka_outage_loses_nothing(void **state) {
   WT_NEED_BROKER();
   outage_fx_t *o = *state;
   wt_fx_t *fx = o->fx;
   atomic_store(&o->proxy.up, true);
-  enum { N = 20 };
+  enum { N = 24 };
   obx_event_t ev[N];
+  char num[N][16];
   for (int i = 0; i < N; i++) {
-    char num[16];
-    snprintf(num, sizeof num, "KO-%d", i);
-    wt_event(&ev[i], "OrderConfirmed", num, num);
-    wt_route_delay(fx, num, 200, 100);
+    snprintf(num[i], sizeof num[i], "KO-%d", i);
+    wt_event(&ev[i], "OrderConfirmed", "KO", num[i]);
+    wt_route_delay(fx, num[i], 200, 300);
     wt_produce(fx, &ev[i]);
   }
   wt_start_worker(fx);
-  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
-  while (wt_inbox_count(fx, "DONE") < 3 && obx_test_now_ms() < deadline) usleep(5000);
-  if (!obx_test_kafka_cmd(&fx->k, "broker down all")) fail_msg("kafka-mockd: broker down failed");
-  usleep(2000 * 1000); /* the outage itself */
-  if (!obx_test_kafka_cmd(&fx->k, "broker up all")) fail_msg("kafka-mockd: broker up failed");
+  wait_done_at_least(fx, 3);
+  assert_true(obx_test_broker_signal(&fx->broker, SIGSTOP));
+  int64_t thaw = obx_test_now_ms() + 2000; /* the outage itself: a frozen broker for 2 s */
+  while (obx_test_now_ms() < thaw) usleep(20 * 1000);
+  assert_true(obx_test_broker_signal(&fx->broker, SIGCONT));
+  int64_t done = wt_inbox_count(fx, "DONE");
+  if (done >= N) fail_msg("every event was DONE before the broker was killed: no consumption to interrupt");
+  wait_done_at_least(fx, done + 2);
+  int64_t killed_at = wt_inbox_count(fx, "DONE");
+  assert_true(obx_test_broker_signal(&fx->broker, SIGKILL));
+  assert_true(obx_test_broker_restart(&fx->broker));
+  print_message("Kafka outage: frozen at %lld of %d DONE, killed at %lld\n", (long long)done, N, (long long)killed_at);
+  if (killed_at >= N) fail_msg("every event was DONE before the broker was killed: no consumption to interrupt");
   for (int i = 0; i < N; i++) wt_wait_status(fx, ev[i].id, "DONE");
   for (int i = 0; i < N; i++) {
     int64_t runs = wt_executions(fx, ev[i].id);
     if (runs != 1) fail_msg("event %d: %lld executions, want 1", i, (long long)runs);
+    if (i > 0 && wt_last_call_index(fx, num[i]) < wt_last_call_index(fx, num[i - 1]))
+      fail_msg("event %d of key KO ran before event %d", i, i - 1);
   }
   for (int i = 0; i < N; i++) obx_event_cleanup(&ev[i]);
 }
@@ -235,7 +259,7 @@ static void test_kafka_outage_loses_nothing(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_starts_with_rabbitmq_down_and_catches_up, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_kafka_outage_loses_nothing, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_kafka_outage_loses_nothing, setup_private_broker, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

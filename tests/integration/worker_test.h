@@ -1,10 +1,14 @@
 /* worker_test.h - fixture shared by the worker integration tests (test_worker*.c, test_ladder.c)
  *
- * DESIGN: one wt_fx_t per test: its own devmongod, kafka-mockd (topic domain-events), scripted
- * ERP (HTTP server in the test process), RabbitMQ names under a unique prefix (deleted at
- * teardown), a producer that writes CloudEvents exactly as the relay does, and the worker under
- * test (in process, or as an outboxd child for crash tests). Every wait polls with a deadline
- * and fails with got/want. Helpers are static inline so each test file takes what it uses. */
+ * DESIGN: one wt_fx_t per test: its own devmongod, a topic of its own (fx->topic, unique in
+ * the run) on a real Apache Kafka broker - the run's shared one (scripts/test.sh,
+ * OBX_TEST_KAFKA_DIR), or a private one for a test that freezes or kills it (wt_setup_on) -,
+ * a consumer group of its own, a scripted ERP (HTTP server in the test process), RabbitMQ
+ * names under a unique prefix (deleted at teardown), a producer that writes CloudEvents
+ * exactly as the relay does, and the worker under test (in process, or as an outboxd child
+ * for crash tests). None of these suites injects Kafka protocol errors, so none needs
+ * kafka-mockd. Every wait polls with a deadline and fails with got/want. Helpers are static
+ * inline so each test file takes what it uses. */
 #ifndef WORKER_TEST_H
 #define WORKER_TEST_H
 
@@ -33,11 +37,18 @@
 #define WT_WAIT_MS 45000
 #define WT_ORG "org-wt"
 
-#define WT_NEED_BROKER() obx_test_require(getenv("AMQP_URL") != NULL, "AMQP_URL not set: this test needs RabbitMQ")
+/* The services every suite of this fixture needs (a private Kafka broker needs Java besides). */
+#define WT_NEED_BROKER()                                                                           \
+  do {                                                                                             \
+    obx_test_require(getenv("AMQP_URL") != NULL, "AMQP_URL not set: this test needs RabbitMQ");    \
+    obx_test_require(getenv("OBX_TEST_KAFKA_DIR") != NULL,                                         \
+                     "OBX_TEST_KAFKA_DIR not set: this test needs a Kafka broker (scripts/kafka.sh)"); \
+  } while (0)
 
 typedef struct {
   obx_test_mongo_t m;
-  obx_test_kafka_t k;
+  obx_test_broker_t broker; /* shared, or private (broker.own) */
+  char topic[128];
   obx_test_httpd_t *httpd;
   obx_conf_t conf;
   obx_mongo_t *mongo;
@@ -131,34 +142,42 @@ static inline void wt_teardown(wt_fx_t *fx) {
   obx_mongo_destroy(fx->mongo);
   obx_conf_cleanup(&fx->conf);
   if (fx->httpd) obx_test_httpd_stop(fx->httpd);
-  obx_test_kafka_stop(&fx->k);
+  obx_test_broker_stop(&fx->broker);
   obx_test_mongo_stop(&fx->m);
   free(fx);
 }
 
-/* Services, configuration, pipeline and producer; the worker is started by wt_start_worker. */
-static inline wt_fx_t *wt_setup(int partitions, const char *mongo_args) {
+/* Services, configuration, pipeline and producer; the worker is started by wt_start_worker.
+ * The topic has `partitions` partitions, on a private broker of the test's own when
+ * private_broker (obx_test_broker_signal freezes or kills it), else on the run's broker. */
+static inline wt_fx_t *wt_setup_on(int partitions, const char *mongo_args, bool private_broker) {
   static int seq;
   wt_fx_t *fx = calloc(1, sizeof *fx);
   fx->attempts = 3;
-  char topics[64];
-  snprintf(topics, sizeof topics, "domain-events:%d", partitions);
   /* A failed setup gets no teardown: stop what was started before failing. */
-  if (!obx_test_mongo_start(&fx->m, mongo_args)) {
+  if (!(private_broker ? obx_test_broker_start(&fx->broker) : obx_test_broker_shared(&fx->broker))) {
     free(fx);
-    fail_msg("devmongod did not start");
+    fail_msg("no Kafka broker (%s)", private_broker ? "scripts/kafka.sh start failed" : "OBX_TEST_KAFKA_DIR");
   }
-  if (!obx_test_kafka_start(&fx->k, 1, topics) || !(fx->httpd = obx_test_httpd_start())) {
-    obx_test_kafka_stop(&fx->k);
-    obx_test_mongo_stop(&fx->m);
+  const char *topic_conf[] = {"min.insync.replicas", "1", NULL};
+  if (!obx_test_broker_topic(&fx->broker, "wt", partitions, topic_conf, fx->topic, sizeof fx->topic) ||
+      !obx_test_mongo_start(&fx->m, mongo_args)) {
+    obx_test_broker_stop(&fx->broker);
     free(fx);
-    fail_msg("kafka-mockd or the scripted ERP did not start");
+    fail_msg("the topic was not created or devmongod did not start");
+  }
+  if (!(fx->httpd = obx_test_httpd_start())) {
+    obx_test_mongo_stop(&fx->m);
+    obx_test_broker_stop(&fx->broker);
+    free(fx);
+    fail_msg("the scripted ERP did not start");
   }
   snprintf(fx->prefix, sizeof fx->prefix, "wt.%d.%d", (int)getpid(), seq);
   snprintf(fx->group, sizeof fx->group, "wt-%d-%d", (int)getpid(), seq++);
   obx_conf_init(&fx->conf);
   wt_conf_set(fx, "mongo.uri", fx->m.uri);
-  wt_conf_set(fx, "kafka.brokers", fx->k.bootstrap);
+  wt_conf_set(fx, "kafka.brokers", fx->broker.bootstrap);
+  wt_conf_set(fx, "kafka.topic", fx->topic);
   wt_conf_set(fx, "amqp.url", getenv("AMQP_URL"));
   wt_conf_set(fx, "worker.queue_prefix", fx->prefix);
   wt_conf_set(fx, "worker.group", fx->group);
@@ -186,17 +205,20 @@ static inline wt_fx_t *wt_setup(int partitions, const char *mongo_args) {
   }
   char errstr[256];
   rd_kafka_conf_t *pc = rd_kafka_conf_new();
-  rd_kafka_conf_set(pc, "bootstrap.servers", fx->k.bootstrap, errstr, sizeof errstr);
+  rd_kafka_conf_set(pc, "bootstrap.servers", fx->broker.bootstrap, errstr, sizeof errstr);
   rd_kafka_conf_set(pc, "partitioner", "murmur2_random", errstr, sizeof errstr);
   fx->producer = rd_kafka_new(RD_KAFKA_PRODUCER, pc, errstr, sizeof errstr);
   if (!fx->producer) fail_msg("producer: %s", errstr);
   return fx;
 }
 
+static inline wt_fx_t *wt_setup(int partitions, const char *mongo_args) { return wt_setup_on(partitions, mongo_args, false); }
+
 /* Per-test cmocka setup of the suites that need only the fixture: wt_setup(3, NULL) into
- * *state; nothing when AMQP_URL is unset (the tests then skip, WT_NEED_BROKER). */
+ * *state; nothing when AMQP_URL or OBX_TEST_KAFKA_DIR is unset (the tests then skip,
+ * WT_NEED_BROKER). */
 static inline int wt_setup_state_with(void **state, const char *mongo_args) {
-  if (!getenv("AMQP_URL")) return 0;
+  if (!getenv("AMQP_URL") || !getenv("OBX_TEST_KAFKA_DIR")) return 0;
   wt_fx_t *fx = wt_setup(3, mongo_args);
   *state = fx;
   return fx ? 0 : -1;
@@ -232,7 +254,7 @@ static inline void wt_produce_record(wt_fx_t *fx, const char *key, size_t key_le
   rd_kafka_headers_t *hdrs = rd_kafka_headers_new((size_t)nh);
   for (int i = 0; i < nh; i++) rd_kafka_header_add(hdrs, h[i].name, -1, h[i].value, (ssize_t)h[i].len);
   rd_kafka_resp_err_t rerr =
-    rd_kafka_producev(fx->producer, RD_KAFKA_V_TOPIC("domain-events"), RD_KAFKA_V_KEY(key, key_len),
+    rd_kafka_producev(fx->producer, RD_KAFKA_V_TOPIC(fx->topic), RD_KAFKA_V_KEY(key, key_len),
                       RD_KAFKA_V_VALUE((void *)value, len), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
                       RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_END);
   if (rerr) {
@@ -406,10 +428,10 @@ static inline double wt_metric(const char *series) {
 
 /* "-X key=value" pairs that point a child process (outboxd, outboxctl) at this fixture.
  * Fills args (at least 2 * WT_NCONF entries) with pointers into bufs; returns the count. */
-#define WT_NCONF 8
+#define WT_NCONF 9
 static inline int wt_conf_args(wt_fx_t *fx, char bufs[WT_NCONF][320], char **args) {
-  const char *keys[WT_NCONF] = {"mongo.uri", "kafka.brokers", "amqp.url", "worker.queue_prefix", "worker.group",
-                                "worker.retry_ladder", "egress.allow_networks", "worker.attempts"};
+  const char *keys[WT_NCONF] = {"mongo.uri", "kafka.brokers", "kafka.topic", "amqp.url", "worker.queue_prefix",
+                                "worker.group", "worker.retry_ladder", "egress.allow_networks", "worker.attempts"};
   int n = 0;
   for (int i = 0; i < WT_NCONF; i++) {
     char *v = obx_conf_get_string(&fx->conf, keys[i], true);
@@ -464,10 +486,12 @@ static inline int64_t wt_inbox_count(wt_fx_t *fx, const char *status) {
   return n;
 }
 
-/* Starts the real `outboxd --roles worker` with the fixture's configuration. A killed member
- * leaves no goodbye: a short Kafka session lets the group move on quickly. */
-static inline void wt_start_worker_process(wt_fx_t *fx, obx_test_outboxd_t *d) {
-  char bufs[WT_NCONF][320], *args[2 * WT_NCONF + 8];
+/* Starts the real `outboxd --roles worker` with the fixture's configuration and then the
+ * "key=value" settings of extra (NULL or NULL-terminated, at most 4; a key set twice takes the
+ * later value). A killed member leaves no goodbye: a short Kafka session lets the group move on
+ * quickly. */
+static inline void wt_start_worker_process_with(wt_fx_t *fx, obx_test_outboxd_t *d, const char *const *extra) {
+  char bufs[WT_NCONF][320], *args[2 * WT_NCONF + 16];
   int n = 0;
   args[n++] = "--roles";
   args[n++] = "worker";
@@ -476,8 +500,14 @@ static inline void wt_start_worker_process(wt_fx_t *fx, obx_test_outboxd_t *d) {
   args[n++] = "kafka.session.timeout.ms=6000";
   args[n++] = "-X";
   args[n++] = "kafka.heartbeat.interval.ms=1000";
+  for (int i = 0; extra && extra[i] && i < 4; i++) {
+    args[n++] = "-X";
+    args[n++] = (char *)extra[i];
+  }
   args[n] = NULL;
   if (!obx_test_outboxd_start(d, args)) fail_msg("outboxd --roles worker did not start");
 }
+
+static inline void wt_start_worker_process(wt_fx_t *fx, obx_test_outboxd_t *d) { wt_start_worker_process_with(fx, d, NULL); }
 
 #endif

@@ -1,4 +1,4 @@
-/* kafkamock.c - kafka-mockd for tests, and a consumer that reads a topic back
+/* kafkamock.c - kafka-mockd for tests, a consumer that reads a topic back, and a topic's record count
  *
  * DESIGN: see obx_test_kafka.h. Each control command uses its own connection to the control
  * socket: one line out, one line back, with a receive timeout, so a wedged kafka-mockd fails
@@ -164,6 +164,47 @@ bool obx_test_kafka_header(const rd_kafka_message_t *rkm, const char *name, char
   if (n) memcpy(out, val, n);
   out[n] = 0;
   return true;
+}
+
+int64_t obx_test_kafka_topic_records(const char *bootstrap, const char *topic) {
+  char errstr[256];
+  rd_kafka_conf_t *conf = rd_kafka_conf_new();
+  if (rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap, errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
+    rd_kafka_conf_destroy(conf);
+    fprintf(stderr, "topic records: %s\n", errstr);
+    return -1;
+  }
+  rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof errstr);
+  if (!rk) {
+    rd_kafka_conf_destroy(conf);
+    fprintf(stderr, "topic records: %s\n", errstr);
+    return -1;
+  }
+  int64_t total = -1;
+  rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+  const struct rd_kafka_metadata *md = NULL;
+  rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 0, rkt, &md, 10000);
+  if (err || md->topic_cnt != 1 || md->topics[0].err) {
+    fprintf(stderr, "topic records: metadata of %s: %s\n", topic,
+            rd_kafka_err2str(err ? err : md->topic_cnt == 1 ? md->topics[0].err : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
+  } else {
+    total = 0;
+    for (int i = 0; i < md->topics[0].partition_cnt && total >= 0; i++) {
+      int64_t lo = 0, hi = 0;
+      err = rd_kafka_query_watermark_offsets(rk, topic, md->topics[0].partitions[i].id, &lo, &hi, 10000);
+      if (err) {
+        fprintf(stderr, "topic records: offsets of %s [%d]: %s\n", topic, md->topics[0].partitions[i].id,
+                rd_kafka_err2str(err));
+        total = -1;
+      } else {
+        total += hi - lo;
+      }
+    }
+  }
+  if (md) rd_kafka_metadata_destroy(md);
+  rd_kafka_topic_destroy(rkt);
+  rd_kafka_destroy(rk);
+  return total;
 }
 
 static bool conf_set_all(rd_kafka_conf_t *conf, const char *const *kv) {

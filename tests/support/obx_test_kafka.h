@@ -12,7 +12,8 @@
  * test that stops, freezes or kills it (obx_test_broker_start). Kafka's own Java tools and the
  * Java witness (tests/kafka/KafkaWitness.java) run with obx_test_broker_java.
  * obx_test_kafka_consume_all reads records back through a real consumer group, headers
- * included, so tests check what a downstream consumer would see. */
+ * included, so tests check what a downstream consumer would see; obx_test_kafka_topic_records
+ * counts what a topic holds, so "no duplicate" needs no wait for records that do not come. */
 #ifndef OBX_TEST_KAFKA_H
 #define OBX_TEST_KAFKA_H
 
@@ -63,6 +64,11 @@ typedef void (*obx_test_kafka_record_fn)(const rd_kafka_message_t *rkm, void *ct
 int obx_test_kafka_consume_all(const char *bootstrap, const char *topic, const char *group,
                                int expected_count, int timeout_ms, obx_test_kafka_record_fn cb,
                                void *ctx);
+
+/* The records `topic` holds: the sum over its partitions of log end minus log start offset
+ * (as many as were produced to a topic written without transactions, none deleted). -1 when
+ * the topic's metadata or an offset could not be read within 10 s. */
+int64_t obx_test_kafka_topic_records(const char *bootstrap, const char *topic);
 
 /* Copies the value of the last header called `name` to out (NUL-terminated, truncated to
  * fit); false if there is none. */
