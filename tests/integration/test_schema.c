@@ -169,18 +169,22 @@ static void test_conflicting_index_is_named(void **state) {
 }
 
 /* outboxd with one role on a fresh database: its collections exist once /readyz says 200 (the
- * relay, which leads, is ready only with its topic on a reachable broker: kafka-mockd has it). */
+ * relay, which leads, is ready only with its topic on a reachable broker: a topic of the test's
+ * own on the run's broker). */
 static void test_outboxd_role_alone_ready_after_schema(void **state) {
   static const char *const roles[] = {"relay", "api"};
-  obx_test_kafka_t kafka;
-  assert_true(obx_test_kafka_start(&kafka, 1, "domain-events:1"));
+  obx_test_broker_t kafka;
+  char topic[128], topic_arg[160];
+  obx_test_require(obx_test_broker_shared(&kafka), "no Kafka broker for this run (OBX_TEST_KAFKA_DIR)");
+  assert_true(obx_test_broker_topic(&kafka, "schema", 1, NULL, topic, sizeof topic));
+  snprintf(topic_arg, sizeof topic_arg, "kafka.topic=%s", topic);
   for (size_t r = 0; r < sizeof roles / sizeof roles[0]; r++) {
     char db[64], uri[300], dbarg[80], kafka_arg[600];
     snprintf(db, sizeof db, "schema_process_%s", roles[r]);
     snprintf(uri, sizeof uri, "mongo.uri=%s", g_m.uri);
     snprintf(dbarg, sizeof dbarg, "mongo.db=%s", db);
     snprintf(kafka_arg, sizeof kafka_arg, "kafka.brokers=%s", kafka.bootstrap);
-    char *args[] = {"--roles", (char *)roles[r], "-X", uri, "-X", dbarg, "-X", kafka_arg, NULL};
+    char *args[] = {"--roles", (char *)roles[r], "-X", uri, "-X", dbarg, "-X", kafka_arg, "-X", topic_arg, NULL};
     obx_test_outboxd_t d;
     assert_true(obx_test_outboxd_start(&d, args));
     if (!obx_test_wait_for(obx_test_http_ready, &d.port, 30000, 50)) {
@@ -197,7 +201,6 @@ static void test_outboxd_role_alone_ready_after_schema(void **state) {
     if (missing) fail_msg("--roles %s ready without collection %s", roles[r], missing);
     assert_int_equal(status, 0);
   }
-  obx_test_kafka_stop(&kafka);
 }
 
 int main(void) {

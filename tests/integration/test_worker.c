@@ -1,6 +1,6 @@
-/* test_worker.c - the worker end to end: kafka-mockd -> worker -> devmongod, RabbitMQ ladder
+/* test_worker.c - the worker end to end: Kafka -> worker -> devmongod, RabbitMQ ladder
  *
- * DESIGN: each test starts a devmongod, a kafka-mockd with topic domain-events (3 partitions),
+ * DESIGN: each test starts a devmongod, a topic of 3 partitions on the run's Kafka broker,
  * a scripted HTTP server standing in for the ERP, and an in-process worker with a short ladder
  * (200ms,500ms) under a RabbitMQ prefix of its own. The order.post pipeline posts to
  * /erp/<orderNumber>, so each event's fate is scripted by its own path. Events are produced

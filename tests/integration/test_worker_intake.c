@@ -28,12 +28,12 @@ static int teardown(void **state) {
 static void committed(wt_fx_t *fx, int64_t out[3]) {
   char errstr[256];
   rd_kafka_conf_t *c = rd_kafka_conf_new();
-  rd_kafka_conf_set(c, "bootstrap.servers", fx->k.bootstrap, errstr, sizeof errstr);
+  rd_kafka_conf_set(c, "bootstrap.servers", fx->broker.bootstrap, errstr, sizeof errstr);
   rd_kafka_conf_set(c, "group.id", fx->group, errstr, sizeof errstr);
   rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, c, errstr, sizeof errstr);
   assert_non_null(rk);
   rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(3);
-  for (int p = 0; p < 3; p++) rd_kafka_topic_partition_list_add(parts, "domain-events", p);
+  for (int p = 0; p < 3; p++) rd_kafka_topic_partition_list_add(parts, fx->topic, p);
   rd_kafka_resp_err_t rerr = rd_kafka_committed(rk, parts, 10000);
   if (rerr) fail_msg("committed: %s", rd_kafka_err2str(rerr));
   for (int p = 0; p < 3; p++) out[p] = parts->elems[p].offset;
@@ -51,7 +51,7 @@ static void produce_async(wt_fx_t *fx, const obx_event_t *ev) {
   for (int i = 0; i < rec.nheaders; i++)
     rd_kafka_header_add(hdrs, rec.headers[i].name, -1, rec.headers[i].value, (ssize_t)rec.headers[i].len);
   rd_kafka_resp_err_t rerr;
-  while ((rerr = rd_kafka_producev(fx->producer, RD_KAFKA_V_TOPIC("domain-events"), RD_KAFKA_V_KEY(rec.key, rec.key_len),
+  while ((rerr = rd_kafka_producev(fx->producer, RD_KAFKA_V_TOPIC(fx->topic), RD_KAFKA_V_KEY(rec.key, rec.key_len),
                                    RD_KAFKA_V_VALUE(rec.value, rec.value_len), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
                                    RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_END)) == RD_KAFKA_RESP_ERR__QUEUE_FULL)
     rd_kafka_poll(fx->producer, 10);
@@ -61,7 +61,7 @@ static void produce_async(wt_fx_t *fx, const obx_event_t *ev) {
 
 static int64_t high_watermark(wt_fx_t *fx, int32_t partition) {
   int64_t lo, hi;
-  rd_kafka_resp_err_t rerr = rd_kafka_query_watermark_offsets(fx->producer, "domain-events", partition, &lo, &hi, 10000);
+  rd_kafka_resp_err_t rerr = rd_kafka_query_watermark_offsets(fx->producer, fx->topic, partition, &lo, &hi, 10000);
   if (rerr) fail_msg("watermarks: %s", rd_kafka_err2str(rerr));
   return hi;
 }
