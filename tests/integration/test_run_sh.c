@@ -4,7 +4,10 @@
  * when set, else run.sh starts its own RabbitMQ) with a state directory of its own, waits for
  * its `ready` file, places an order with the printed key, reads the event back from Kafka
  * (the Apache Kafka broker run.sh started, Java being installed) and sees the outbox say
- * PUBLISHED. Then it sends SIGINT to run.sh, as Ctrl-C would, and checks that run.sh and every
+ * PUBLISHED; the sample order.post pipeline's call to erp.exemplo.com (which does not resolve)
+ * fails, and the event must be among the dead letters (GET /api/dlq, the dead_letters store)
+ * under a minute after the order, through the short ladder run.sh sets and says it set (the
+ * figure is printed). Then it sends SIGINT to run.sh, as Ctrl-C would, and checks that run.sh and every
  * process it started (the broker's JVM included) are gone, with the broker's directory.
  * test_run_sh_own_rabbitmq does the same with AMQP_URL removed from run.sh's environment, so
  * run.sh starts a private RabbitMQ node: the order still goes through, and after SIGINT the
@@ -34,6 +37,7 @@
 #define READY_MS 240000
 #define FLOW_MS 60000
 #define DEMO_MS 240000
+#define QUICK_DLQ_MS 60000 /* README: the quick start's failing event is a dead letter in under a minute */
 
 typedef struct {
   char api_url[128], key_file[256], kafka[256];
@@ -169,13 +173,27 @@ static void run_interrupt(obx_test_proc_t *run, const ready_t *r, const char *re
   if (r->kafka_dir[0] && stat(r->kafka_dir, &st) == 0) fail_msg("run.sh's Kafka directory %s is left behind", r->kafka_dir);
 }
 
-/* An order placed with run.sh's key reaches Kafka and its outbox event becomes PUBLISHED. */
-static void order_flows(const obx_test_proc_t *run, const ready_t *r) {
+/* The event is a dead letter: GET /api/dlq?eventId= lists it. */
+static bool dead_lettered(void *p) {
+  published_ctx_t *c = p;
+  char path[160];
+  snprintf(path, sizeof path, "/api/dlq?eventId=%s", c->id);
+  obx_test_http_resp_t resp;
+  bool ok = obx_test_http(c->port, "GET", path, c->key, NULL, NULL, &resp) && resp.status == 200 &&
+            obx_test_doc_int(&resp.json, "count") == 1;
+  obx_test_http_resp_cleanup(&resp);
+  return ok;
+}
+
+/* An order placed with run.sh's key reaches Kafka and its outbox event becomes PUBLISHED; with
+ * dead_ms, the event is also a dead letter within dead_ms of the order (the figure printed). */
+static void order_flows(const obx_test_proc_t *run, const ready_t *r, int dead_ms) {
   char key[128] = "";
   assert_true(obx_test_read_first_line(r->key_file, key, sizeof key, 1000));
   assert_true(obx_test_file_contains(run->log_path, "curl -s -X POST http://127.0.0.1:", 1000));
 
   obx_test_http_resp_t resp;
+  int64_t ordered_ms = obx_time_now_ms();
   assert_true(obx_test_http(r->port, "POST", "/orders", key,
                             "{\"customerEmail\": \"customer@company.com\", \"amount\": \"149.90\"}", NULL, &resp));
   if (resp.status != 201) fail_msg("POST /orders: got HTTP %ld %s, want 201", resp.status, resp.body);
@@ -193,6 +211,14 @@ static void order_flows(const obx_test_proc_t *run, const ready_t *r) {
   assert_string_equal(rec.type, "OrderConfirmed");
   published_ctx_t pc = {r->port, key, event_id};
   if (!obx_test_wait_for(outbox_published, &pc, FLOW_MS, 100)) fail_msg("outbox event %s never PUBLISHED", event_id);
+  if (!dead_ms) return;
+  const char *said = "(retry ladder 2s,5s,10s: short for the quick start";
+  if (!obx_test_file_contains(run->log_path, said, 0)) fail_msg("run.sh did not say \"%s\": %s", said, run->log_path);
+  int64_t left = ordered_ms + dead_ms - obx_time_now_ms();
+  if (left < 0 || !obx_test_wait_for(dead_lettered, &pc, (int)left, 100))
+    fail_msg("event %s of the sample pipeline not among the dead letters %d s after the order", event_id, dead_ms / 1000);
+  printf("quick start: order -> dead letter (GET /api/dlq) in %.1f s (ladder 2s,5s,10s; bound %d s)\n",
+         (double)(obx_time_now_ms() - ordered_ms) / 1000.0, dead_ms / 1000);
 }
 
 static void test_run_sh(void **state) {
@@ -201,10 +227,10 @@ static void test_run_sh(void **state) {
   obx_test_proc_t run;
   ready_t r;
   run_start(&run, "run-sh", "", "auto", &r, ready_path, sizeof ready_path);
-  order_flows(&run, &r);
+  order_flows(&run, &r, QUICK_DLQ_MS);
   run_interrupt(&run, &r, ready_path);
-  static const int64_t tiers[] = {5000, 30000, 120000, 600000}; /* RETRY_LADDER's default */
-  delete_queues(tiers, 4);
+  static const int64_t tiers[] = {2000, 5000, 10000}; /* run.sh's quick-start ladder */
+  delete_queues(tiers, 3);
 }
 
 static void test_run_sh_demo(void **state) {
@@ -302,7 +328,7 @@ static void test_run_sh_own_rabbitmq(void **state) {
   read_rmq_node(ready_path, &node);
   if (!node_runs(node.node) || !port_open(node.port))
     fail_msg("run.sh's RabbitMQ node %s on port %d does not run", node.node, node.port);
-  order_flows(&run, &r);
+  order_flows(&run, &r, 0);
   char dir[300];
   assert_true(ready_value(ready_path, "RMQ_DIR", dir, sizeof dir));
   run_interrupt(&run, &r, ready_path);
