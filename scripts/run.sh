@@ -10,7 +10,7 @@
 #                 kafka-mockd (librdkafka's mock cluster); OBX_RUN_KAFKA=mock forces kafka-mockd
 #   RabbitMQ      a private node (scripts/rabbitmq.sh) unless AMQP_URL is set
 #   outboxd       every role (api, relay, worker) on HTTP_PORT (default 8080; 0 picks one)
-# creates an API key for org "demo" with every permission (the key in STATE/api-key, its hash
+# creates an API key for org "demo" with every permission, named quickstart (the key in STATE/api-key, its hash
 # in STATE/api-keys), applies config/pipelines/*.json (outboxctl pipelines apply), prints the
 # API address and a ready-made curl line, and waits. Ctrl-C (SIGINT) or SIGTERM stops
 # everything it started, in reverse order (outboxd first, while its services still answer);
@@ -158,7 +158,7 @@ fi
 export MONGO_URI KAFKA_BROKERS AMQP_URL
 
 # ---- API key, outboxd, pipelines ---------------------------------------------------------------
-"$OUTBOXCTL" apikey new --org demo --perm '*' >"$STATE/apikey.out"
+"$OUTBOXCTL" apikey new --org demo --perm '*' --name quickstart >"$STATE/apikey.out"
 sed -n 's/^key: *//p' "$STATE/apikey.out" >"$STATE/api-key"
 sed -n 's/^line: *//p' "$STATE/apikey.out" >"$STATE/api-keys"
 rm -f "$STATE/apikey.out"

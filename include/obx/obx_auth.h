@@ -1,8 +1,9 @@
 /* obx_auth.h - bearer API keys, hashed at rest
  *
  * DESIGN: API_KEYS_FILE holds one key per line, `#` starts a comment:
- *     <sha256 of the key, 64 lowercase hex> <orgId> <permission>[,<permission>...]
- * e.g. `3f0a...9c acme orders:write,outbox:read`. The clear key is never stored: a request's
+ *     <sha256 of the key, 64 lowercase hex> <orgId> <permission>[,<permission>...] [<name>]
+ * e.g. `3f0a...9c acme orders:write,outbox:read ops-alice`. The name (letters, digits, '-', '_',
+ * '.', '@') is who the key's operator actions are recorded as in audit_log. The clear key is never stored: a request's
  * key is hashed and compared (constant time) with every entry. Keys look like
  * `obx_<43 base64url chars>` (32 random bytes); `outboxctl apikey new` prints one with its
  * line. Permissions (DESIGN.md §7): orders:write, orders:read, outbox:read, outbox:reprocess,
@@ -10,7 +11,7 @@
  * permission `*` has them all.
  * Keys may also live in MongoDB, collection `api_keys`, one document per key:
  *     {_id: <sha256 hex of the key>, orgId, permissions: [...], createdAt, disabled?: true}
- * (`outboxctl apikey new --store db`). obx_auth_watch_db reads it at start and every
+ * (`outboxctl apikey new --store db`), and an optional `name`. obx_auth_watch_db reads it at start and every
  * API_KEYS_REFRESH; its keys join the file's, and a key disabled or removed there stops
  * working at the next refresh. Lookups and refreshes are thread-safe. */
 #ifndef OBX_AUTH_H
@@ -34,6 +35,7 @@ typedef struct {
   char *org_id;
   char **perms;
   int nperms;
+  char *name;               /* recorded as the operator (audit_log who); NULL when the key has none */
   bool from_db;             /* from api_keys */
   bool revoked;             /* no longer in api_keys (read under the table's lock) */
 } obx_auth_key_t;
@@ -43,6 +45,7 @@ typedef struct {
   const char *hash;
   const char *org_id;
   const char *perms;
+  const char *name; /* NULL: none */
 } obx_auth_entry_t;
 
 /* Loads the keys file; path NULL or "" gives an empty table (every protected route answers
@@ -73,5 +76,7 @@ void obx_sha256_hex(const void *data, size_t len, char out[OBX_AUTH_HASH_LEN + 1
 bool obx_auth_key_generate(char out[OBX_AUTH_KEY_LEN + 1], obx_err_t *err);
 /* Checks an org id and a comma-separated permission list as they may appear in the file. */
 bool obx_auth_validate_entry(const char *org_id, const char *perms, obx_err_t *err);
+/* Checks a key's name: 1..64 letters, digits, '-', '_', '.' or '@'. */
+bool obx_auth_validate_name(const char *name, obx_err_t *err);
 
 #endif

@@ -83,7 +83,7 @@ typedef struct {
   X(http_idle_timeout, DURATION, "http.idle_timeout", "HTTP_IDLE_TIMEOUT", "60s", 1000, 3600000, NULL, 0, \
     "A connection with no traffic for this long is closed (whole seconds)")                     \
   X(api_keys_file, STR, "api.keys_file", "API_KEYS_FILE", "", 0, 0, NULL, 0,                      \
-    "API keys file: lines '<sha256 hex of key> <orgId> <perm,...>' (outboxctl apikey new); empty: no keys") \
+    "API keys file: lines '<sha256 hex of key> <orgId> <perm,...> [<name>]' (outboxctl apikey new); empty: no keys") \
   X(api_keys_refresh, DURATION, "api.keys_refresh", "API_KEYS_REFRESH", "30s", 100, 86400000, NULL, 0, \
     "How often the api_keys collection is read again (its keys join API_KEYS_FILE's; disabled or removed ones stop working)") \
   X(api_rate_limit, INT, "api.rate_limit", "API_RATE_LIMIT", "0", 0, 1000000, NULL, 0,             \

@@ -88,6 +88,10 @@ const char *obx_http_req_header(const obx_http_req_t *req, const char *name);
 const char *obx_http_req_query(const obx_http_req_t *req, const char *name);
 /* The API key's org (NULL on public routes). */
 const char *obx_http_req_org(const obx_http_req_t *req);
+/* The API key's name (NULL when it has none, and on public routes) and its SHA-256 hex (NULL on
+ * public routes). */
+const char *obx_http_req_key_name(const obx_http_req_t *req);
+const char *obx_http_req_key_hash(const obx_http_req_t *req);
 
 /* Responses. The body is copied. A later call replaces an earlier one. */
 void obx_http_reply(obx_http_resp_t *resp, int status, const char *content_type, const char *body, size_t len);

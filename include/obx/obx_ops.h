@@ -18,7 +18,7 @@
  * Dry runs: every mutating operation takes dry_run; a dry run changes nothing (no document, no
  * message, no audit_log entry) and answers what the real run would touch.
  *
- * audit_log: {_id, who, when, action, target, orgId, details}; every real mutation and every
+ * audit_log: {_id, who, whoFrom, when, action, target, orgId, details}; every real mutation and every
  * export writes one entry (in the transaction of the change when the change is one).
  *
  * Lists answer {items: [...], count: <items in this page>, next: <cursor> | null}: pass `next`
@@ -46,6 +46,8 @@ typedef struct {
   obx_ladder_t *ladder; /* RabbitMQ publisher; NULL when RabbitMQ is not configured */
   const char *consumer; /* inbox consumer (WORKER_GROUP) */
   const char *who;      /* operator recorded in audit_log */
+  const char *who_from; /* where who came from (audit_log whoFrom): "--who", "$OUTBOXCTL_WHO", "$USER",
+                           "$LOGNAME", "api key name", "api key hash" (the key has no name), "none" */
 } obx_ops_t;
 
 #define OBX_OPS_DEFAULT_LIMIT 50
@@ -60,7 +62,7 @@ typedef struct {
 
 /* ---- audit_log (ops_audit.c) ------------------------------------------------------------------ */
 
-/* Appends {_id, who: ops->who, when: now, action, target, orgId: org (null when NULL), details
+/* Appends {_id, who: ops->who, whoFrom: ops->who_from, when: now, action, target, orgId: org (null when NULL), details
  * (omitted when NULL)} to audit_log. With session the entry is part of that transaction. */
 bool obx_ops_audit(const obx_ops_t *ops, mongoc_client_session_t *session, const char *action, const char *target,
                    const char *org, const bson_t *details, obx_err_t *err);

@@ -86,16 +86,27 @@ bool obx_auth_validate_entry(const char *org_id, const char *perms, obx_err_t *e
   return true;
 }
 
+bool obx_auth_validate_name(const char *name, obx_err_t *err) {
+  if (!valid_token(name, "-_.@") || strlen(name) > 64) {
+    obx_err_set(err, OBX_ERR_CONF, 0, false, "key name '%s' must be 1 to 64 letters, digits, '-', '_', '.' or '@'", name);
+    return false;
+  }
+  return true;
+}
+
 static void auth_key_cleanup(obx_auth_key_t *key) {
   for (int i = 0; i < key->nperms; i++) free(key->perms[i]);
   free(key->perms);
   free(key->org_id);
+  free(key->name);
 }
 
-static void auth_key_init(obx_auth_key_t *key, const char *hash, const char *org_id, const char *perms) {
+static void auth_key_init(obx_auth_key_t *key, const char *hash, const char *org_id, const char *perms,
+                          const char *name) {
   memset(key, 0, sizeof *key);
   memcpy(key->hash, hash, OBX_AUTH_HASH_LEN + 1);
   key->org_id = strdup(org_id);
+  key->name = name ? strdup(name) : NULL;
   key->nperms = 1;
   for (const char *c = perms; *c; c++) key->nperms += *c == ',';
   key->perms = calloc((size_t)key->nperms, sizeof *key->perms);
@@ -113,13 +124,14 @@ static bool valid_hash(const char *s) {
 }
 
 /* Appends a new entry; the caller holds the write lock (or is the only user). */
-static obx_auth_key_t *auth_append(obx_auth_t *auth, const char *hash, const char *org_id, const char *perms) {
+static obx_auth_key_t *auth_append(obx_auth_t *auth, const char *hash, const char *org_id, const char *perms,
+                                   const char *name) {
   if (auth->nkeys == auth->cap) {
     auth->cap = auth->cap ? 2 * auth->cap : 8;
     auth->keys = realloc(auth->keys, (size_t)auth->cap * sizeof *auth->keys);
   }
   obx_auth_key_t *key = malloc(sizeof *key);
-  auth_key_init(key, hash, org_id, perms);
+  auth_key_init(key, hash, org_id, perms, name);
   key->index = auth->nkeys;
   auth->keys[auth->nkeys++] = key;
   return key;
@@ -143,19 +155,19 @@ obx_auth_t *obx_auth_load(const char *path, obx_err_t *err) {
     lineno++;
     char *hash_end = strchr(line, '#');
     if (hash_end) *hash_end = '\0';
-    char hash[128], org[128], perms[512], extra[2];
-    int n = sscanf(line, "%127s %127s %511s %1s", hash, org, perms, extra);
+    char hash[128], org[128], perms[512], name[128], extra[2];
+    int n = sscanf(line, "%127s %127s %511s %127s %1s", hash, org, perms, name, extra);
     if (n <= 0) continue;
-    if (n != 3 || !valid_hash(hash)) {
+    if ((n != 3 && n != 4) || !valid_hash(hash)) {
       obx_err_set(err, OBX_ERR_CONF, 0, false,
-                  "api.keys_file %s:%d: expected '<sha256 hex> <orgId> <perm,...>'", path, lineno);
+                  "api.keys_file %s:%d: expected '<sha256 hex> <orgId> <perm,...> [<name>]'", path, lineno);
       goto done;
     }
-    if (!obx_auth_validate_entry(org, perms, err)) {
+    if (!obx_auth_validate_entry(org, perms, err) || (n == 4 && !obx_auth_validate_name(name, err))) {
       obx_err_prefix(err, "api.keys_file %s:%d", path, lineno);
       goto done;
     }
-    auth_append(auth, hash, org, perms);
+    auth_append(auth, hash, org, perms, n == 4 ? name : NULL);
   }
   ok = true;
 done:
@@ -223,7 +235,8 @@ void obx_auth_set_db_keys(obx_auth_t *auth, const obx_auth_entry_t *entries, int
   bool *kept = calloc((size_t)before + 1, sizeof *kept);
   for (int e = 0; e < n; e++) {
     obx_err_t err = OBX_ERR_INIT;
-    if (!valid_hash(entries[e].hash) || !obx_auth_validate_entry(entries[e].org_id, entries[e].perms, &err)) {
+    if (!valid_hash(entries[e].hash) || !obx_auth_validate_entry(entries[e].org_id, entries[e].perms, &err) ||
+        (entries[e].name && !obx_auth_validate_name(entries[e].name, &err))) {
       obx_warn("api_keys document %d of %d skipped: %s", e + 1, n, err.msg[0] ? err.msg : "_id must be a SHA-256 in lowercase hex");
       continue;
     }
@@ -231,11 +244,12 @@ void obx_auth_set_db_keys(obx_auth_t *auth, const obx_auth_entry_t *entries, int
     for (int i = 0; i < before && match < 0; i++) {
       const obx_auth_key_t *k = auth->keys[i];
       if (k->from_db && !k->revoked && strcmp(k->hash, entries[e].hash) == 0 &&
-          strcmp(k->org_id, entries[e].org_id) == 0 && same_perms(k, entries[e].perms))
+          strcmp(k->org_id, entries[e].org_id) == 0 && same_perms(k, entries[e].perms) &&
+          (k->name ? entries[e].name && strcmp(k->name, entries[e].name) == 0 : !entries[e].name))
         match = i;
     }
     if (match >= 0) kept[match] = true;
-    else auth_append(auth, entries[e].hash, entries[e].org_id, entries[e].perms)->from_db = true;
+    else auth_append(auth, entries[e].hash, entries[e].org_id, entries[e].perms, entries[e].name)->from_db = true;
   }
   for (int i = 0; i < before; i++)
     if (auth->keys[i]->from_db && !kept[i]) auth->keys[i]->revoked = true;
@@ -259,6 +273,7 @@ static bool auth_refresh(obx_auth_t *auth, obx_err_t *err) {
   while (mongoc_cursor_next(cursor, &doc)) {
     const char *hash = bson_iter_init_find(&it, doc, "_id") && BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : "";
     const char *org = bson_iter_init_find(&it, doc, "orgId") && BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : "";
+    const char *name = bson_iter_init_find(&it, doc, "name") && BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : NULL;
     bson_string_t *joined = bson_string_new(NULL);
     if (bson_iter_init_find(&it, doc, "permissions") && BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &arr))
       while (bson_iter_next(&arr))
@@ -269,7 +284,7 @@ static bool auth_refresh(obx_auth_t *auth, obx_err_t *err) {
       perms = realloc(perms, (size_t)cap * sizeof *perms);
     }
     perms[n] = bson_string_free(joined, false);
-    entries[n] = (obx_auth_entry_t){strdup(hash), strdup(org), perms[n]};
+    entries[n] = (obx_auth_entry_t){strdup(hash), strdup(org), perms[n], name ? strdup(name) : NULL};
     n++;
   }
   bson_error_t berr;
@@ -279,6 +294,7 @@ static bool auth_refresh(obx_auth_t *auth, obx_err_t *err) {
   for (int i = 0; i < n; i++) {
     free((char *)entries[i].hash);
     free((char *)entries[i].org_id);
+    free((char *)entries[i].name);
     bson_free(perms[i]);
   }
   free(entries);

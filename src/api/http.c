@@ -167,6 +167,7 @@ struct obx_http_req {
   int64_t start_ns;
   const char *route;                     /* the matched pattern (metrics label) */
   const char *org;
+  const char *key_name, *key_hash;       /* the API key's, borrowed from the key table */
   char *path_copy;                       /* path split at '/', params point into it */
   const char *param_names[HTTP_MAX_SEGMENTS];
   const char *param_values[HTTP_MAX_SEGMENTS];
@@ -265,6 +266,8 @@ static void resp_cleanup(obx_http_resp_t *resp) {
 /* ---- request accessors -------------------------------------------------------------------- */
 
 const char *obx_http_req_org(const obx_http_req_t *req) { return req->org; }
+const char *obx_http_req_key_name(const obx_http_req_t *req) { return req->key_name; }
+const char *obx_http_req_key_hash(const obx_http_req_t *req) { return req->key_hash; }
 
 const char *obx_http_req_body(const obx_http_req_t *req, size_t *len) {
   if (len) *len = req->len;
@@ -399,7 +402,8 @@ static bool http_rate_take(obx_http_t *http, const obx_auth_key_t *key, obx_http
   return false;
 }
 
-/* 401/403 per DESIGN.md §7, then the key's rate limit; sets req->org on success. */
+/* 401/403 per DESIGN.md §7, then the key's rate limit; sets req->org and the key's name and
+ * hash on success (entries live as long as the table: obx_auth_find). */
 static bool http_authorize(obx_http_t *http, obx_http_req_t *req, const char *permission, obx_http_resp_t *resp) {
   const char *authz = obx_http_req_header(req, MHD_HTTP_HEADER_AUTHORIZATION);
   const obx_auth_key_t *key = NULL;
@@ -418,6 +422,8 @@ static bool http_authorize(obx_http_t *http, obx_http_req_t *req, const char *pe
   }
   if (!http_rate_take(http, key, resp)) return false;
   req->org = key->org_id;
+  req->key_name = key->name;
+  req->key_hash = key->hash;
   return true;
 }
 

@@ -4,7 +4,8 @@
  * or body, call the operation with the API key's org, map its error (obx_http_reply_err:
  * NOT_FOUND 404, INPUT 400, CONFLICT 409, retriable 503). The HTTP server has already checked
  * the key, its permission and its rate limit. Every mutating route takes "dryRun" in its JSON
- * body. Runs with the api role; owns its MongoDB pool and a ladder publisher (RabbitMQ is
+ * body. The operator audit_log records is the API key's name (api.keys_file's fourth field,
+ * api_keys' name), else "apikey:<first 16 hex digits of its sha256>" with whoFrom "api key hash". Runs with the api role; owns its MongoDB pool and a ladder publisher (RabbitMQ is
  * reached on the first request that needs it; an obx_amqp keeper services the idle connection's
  * heartbeats, so it survives idle periods). The routes (README "Operations: API, outboxctl, runbook"):
  *   GET  /api/status                     status:read       obx_ops_status
@@ -28,7 +29,6 @@
 #include <string.h>
 
 #include "obx/obx_amqp.h"
-#include "obx/obx_auth.h"
 #include "obx/obx_json.h"
 #include "obx/obx_ladder.h"
 #include "obx/obx_mongo.h"
@@ -45,13 +45,32 @@ typedef struct {
   char *consumer;
 } ops_api_t;
 
-/* The request's operations context; who is "apikey:<hash prefix>" written into who_buf. */
-static obx_ops_t request_ops(const ops_api_t *api, const obx_http_req_t *req, char *who_buf, size_t who_len) {
-  const char *auth = obx_http_req_header(req, "Authorization");
-  char hash[OBX_AUTH_HASH_LEN + 1] = "unknown";
-  if (auth && strncmp(auth, "Bearer ", 7) == 0) obx_auth_hash(auth + 7, hash);
-  snprintf(who_buf, who_len, "apikey:%.*s", OPS_WHO_HASH_DIGITS, hash);
-  return (obx_ops_t){api->mongo, api->ladder, api->consumer, who_buf};
+/* One operation called for a request: its context (the operator is the API key's name, else
+ * "apikey:<first 16 hex digits of its sha256>", whoFrom saying which), the request's org, and
+ * the answer and error the operation fills, sent by call_reply. Initialised in place (ops.who
+ * points into it). */
+typedef struct {
+  obx_ops_t ops;
+  const char *org;
+  char who[80];
+  bson_t out;
+  obx_err_t err;
+} ops_call_t;
+
+static void call_init(ops_call_t *c, const ops_api_t *api, const obx_http_req_t *req) {
+  const char *name = obx_http_req_key_name(req), *hash = obx_http_req_key_hash(req);
+  if (name) snprintf(c->who, sizeof c->who, "%s", name);
+  else snprintf(c->who, sizeof c->who, "apikey:%.*s", OPS_WHO_HASH_DIGITS, hash ? hash : "unknown");
+  c->ops = (obx_ops_t){api->mongo, api->ladder, api->consumer, c->who, name ? "api key name" : "api key hash"};
+  c->org = obx_http_req_org(req);
+  bson_init(&c->out);
+  c->err = (obx_err_t)OBX_ERR_INIT;
+}
+
+/* Answers ok ? status with the answer : the error (obx_http_reply_err); frees the answer. */
+static void call_reply(ops_call_t *c, obx_http_resp_t *resp, bool ok, int status) {
+  obx_http_reply_result(resp, ok, status, &c->out, &c->err);
+  bson_destroy(&c->out);
 }
 
 static bool bad_request(obx_http_resp_t *resp, const char *fmt, const char *arg) {
@@ -84,11 +103,6 @@ static bool time_value(obx_http_resp_t *resp, const char *name, const char *s, i
   if (!s) return true;
   if (!obx_time_parse_rfc3339(s, ms)) return bad_request(resp, "%s must be an RFC 3339 time", name);
   return true;
-}
-
-static void reply(obx_http_resp_t *resp, bool ok, int status, bson_t *out, const obx_err_t *err) {
-  obx_http_reply_result(resp, ok, status, out, err);
-  bson_destroy(out);
 }
 
 /* The JSON body as a document (an empty body is {}); NULL after answering 400. */
@@ -128,51 +142,48 @@ static bool body_str(const bson_t *body, obx_http_resp_t *resp, const char *name
 static void list_store(obx_http_req_t *req, obx_http_resp_t *resp, const ops_api_t *api, obx_ops_store_t store) {
   obx_ops_page_t page;
   if (!query_page(req, resp, &page)) return;
-  char who[32];
-  obx_ops_t ops = request_ops(api, req, who, sizeof who);
-  obx_err_t err = OBX_ERR_INIT;
-  bson_t out = BSON_INITIALIZER;
-  bool ok = obx_ops_list(&ops, store, obx_http_req_org(req), obx_http_req_query(req, "status"), &page, &out, &err);
-  reply(resp, ok, 200, &out, &err);
+  ops_call_t c;
+  call_init(&c, api, req);
+  call_reply(&c, resp, obx_ops_list(&c.ops, store, c.org, obx_http_req_query(req, "status"), &page, &c.out, &c.err), 200);
 }
 
 static void outbox_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) { list_store(req, resp, ctx, OBX_OPS_OUTBOX); }
 static void inbox_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) { list_store(req, resp, ctx, OBX_OPS_INBOX); }
 
-typedef bool (*outbox_action_fn)(const obx_ops_t *ops, const char *org, const char *id, bool dry_run, bson_t *out,
-                                  obx_err_t *err);
+typedef bool (*target_action_fn)(const obx_ops_t *ops, const char *org, const char *target, bool dry_run, bson_t *out,
+                                 obx_err_t *err);
 
-/* reprocess and skip: one FAILED event moved by fn, optional {"dryRun": true}. */
-static void outbox_action(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx, outbox_action_fn fn) {
+/* POST .../:param/<verb> with an optional {"dryRun": true}: fn on the one target the path names
+ * (outbox reprocess and skip, key release). */
+static void target_action(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx, const char *param, target_action_fn fn) {
   bson_t *body = json_body(req, resp);
   bool dry_run;
   if (body && body_bool(body, resp, "dryRun", &dry_run)) {
-    char who[32];
-    obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
-    obx_err_t err = OBX_ERR_INIT;
-    bson_t out = BSON_INITIALIZER;
-    bool ok = fn(&ops, obx_http_req_org(req), obx_http_req_param(req, "id"), dry_run, &out, &err);
-    reply(resp, ok, 200, &out, &err);
+    ops_call_t c;
+    call_init(&c, ctx, req);
+    call_reply(&c, resp, fn(&c.ops, c.org, obx_http_req_param(req, param), dry_run, &c.out, &c.err), 200);
   }
   bson_destroy(body);
 }
 
 static void outbox_reprocess(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
-  outbox_action(req, resp, ctx, obx_ops_outbox_reprocess);
+  target_action(req, resp, ctx, "id", obx_ops_outbox_reprocess);
 }
 
 static void outbox_skip(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
-  outbox_action(req, resp, ctx, obx_ops_outbox_skip);
+  target_action(req, resp, ctx, "id", obx_ops_outbox_skip);
 }
 
-static void inbox_get(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
-  char who[32];
-  obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
-  obx_err_t err = OBX_ERR_INIT;
-  bson_t out = BSON_INITIALIZER;
-  bool ok = obx_ops_inbox_get(&ops, obx_http_req_org(req), obx_http_req_param(req, "id"), &out, &err);
-  reply(resp, ok, 200, &out, &err);
+typedef bool (*get_fn)(const obx_ops_t *ops, const char *org, const char *id, bson_t *out, obx_err_t *err);
+
+/* GET .../:id: the one document fn finds (one inbox entry, one dead letter). */
+static void get_one(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx, get_fn fn) {
+  ops_call_t c;
+  call_init(&c, ctx, req);
+  call_reply(&c, resp, fn(&c.ops, c.org, obx_http_req_param(req, "id"), &c.out, &c.err), 200);
 }
+
+static void inbox_get(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) { get_one(req, resp, ctx, obx_ops_inbox_get); }
 
 /* POST /api/inbox/:id/replay (id) and POST /api/inbox/replay (filters in the body). */
 static void inbox_replay(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
@@ -188,12 +199,10 @@ static void inbox_replay(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) 
     if (!f.event_id && !f.type && !f.key && !f.status && !f.since_ms) {
       obx_http_reply_problem(resp, 400, "Bad request", "a filtered replay needs one of type, key, status, since", NULL);
     } else {
-      char who[32];
-      obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
-      obx_err_t err = OBX_ERR_INIT;
-      bson_t out = BSON_INITIALIZER;
-      bool ok = obx_ops_inbox_replay(&ops, &f, dry_run, OPS_REPLAY_PREVIEW, NULL, NULL, &out, &err);
-      reply(resp, ok, dry_run ? 200 : 202, &out, &err);
+      ops_call_t c;
+      call_init(&c, ctx, req);
+      bool ok = obx_ops_inbox_replay(&c.ops, &f, dry_run, OPS_REPLAY_PREVIEW, NULL, NULL, &c.out, &c.err);
+      call_reply(&c, resp, ok, dry_run ? 200 : 202);
     }
   }
   bson_destroy(body);
@@ -215,22 +224,12 @@ static void dl_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
   obx_ops_page_t page;
   obx_ops_dl_filter_t f;
   if (!query_page(req, resp, &page) || !dl_query_filter(req, resp, &f)) return;
-  char who[32];
-  obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
-  obx_err_t err = OBX_ERR_INIT;
-  bson_t out = BSON_INITIALIZER;
-  bool ok = obx_ops_dl_list(&ops, &f, &page, &out, &err);
-  reply(resp, ok, 200, &out, &err);
+  ops_call_t c;
+  call_init(&c, ctx, req);
+  call_reply(&c, resp, obx_ops_dl_list(&c.ops, &f, &page, &c.out, &c.err), 200);
 }
 
-static void dl_get(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
-  char who[32];
-  obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
-  obx_err_t err = OBX_ERR_INIT;
-  bson_t out = BSON_INITIALIZER;
-  bool ok = obx_ops_dl_get(&ops, obx_http_req_org(req), obx_http_req_param(req, "id"), &out, &err);
-  reply(resp, ok, 200, &out, &err);
-}
+static void dl_get(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) { get_one(req, resp, ctx, obx_ops_dl_get); }
 
 static bool emit_ndjson(void *ctx, const bson_t *doc) {
   char *json = obx_json_render(doc, NULL, NULL);
@@ -243,14 +242,14 @@ static bool emit_ndjson(void *ctx, const bson_t *doc) {
 static void dl_export(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
   obx_ops_dl_filter_t f;
   if (!dl_query_filter(req, resp, &f)) return;
-  char who[32];
-  obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
-  obx_err_t err = OBX_ERR_INIT;
+  ops_call_t c;
+  call_init(&c, ctx, req);
   bson_string_t *text = bson_string_new(NULL);
   int64_t n = 0;
-  if (obx_ops_dl_export(&ops, &f, emit_ndjson, text, &n, &err)) obx_http_reply(resp, 200, "application/x-ndjson", text->str, text->len);
-  else obx_http_reply_err(resp, &err);
+  if (obx_ops_dl_export(&c.ops, &f, emit_ndjson, text, &n, &c.err)) obx_http_reply(resp, 200, "application/x-ndjson", text->str, text->len);
+  else obx_http_reply_err(resp, &c.err);
   bson_string_free(text, true);
+  bson_destroy(&c.out);
 }
 
 /* Body {"ids": [...]} | {"all": true, <filters>}, "dryRun": bool. ids are borrowed from body. */
@@ -289,12 +288,9 @@ static void dl_action(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx, dl_
   obx_ops_dl_filter_t f;
   bool dry_run = false;
   if (body && dl_body_filter(req, resp, body, ids, &f, &dry_run)) {
-    char who[32];
-    obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
-    obx_err_t err = OBX_ERR_INIT;
-    bson_t out = BSON_INITIALIZER;
-    bool ok = fn(&ops, &f, dry_run, &out, &err);
-    reply(resp, ok, 200, &out, &err);
+    ops_call_t c;
+    call_init(&c, ctx, req);
+    call_reply(&c, resp, fn(&c.ops, &f, dry_run, &c.out, &c.err), 200);
   }
   free(ids);
   bson_destroy(body);
@@ -306,35 +302,19 @@ static void dl_delete(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) { d
 /* ---- keys, status, audit --------------------------------------------------------------------- */
 
 static void keys_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
-  char who[32];
-  obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
-  obx_err_t err = OBX_ERR_INIT;
-  bson_t out = BSON_INITIALIZER;
-  bool ok = obx_ops_keys_list(&ops, obx_http_req_org(req), &out, &err);
-  reply(resp, ok, 200, &out, &err);
+  ops_call_t c;
+  call_init(&c, ctx, req);
+  call_reply(&c, resp, obx_ops_keys_list(&c.ops, c.org, &c.out, &c.err), 200);
 }
 
 static void key_release(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
-  bson_t *body = json_body(req, resp);
-  bool dry_run;
-  if (body && body_bool(body, resp, "dryRun", &dry_run)) {
-    char who[32];
-    obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
-    obx_err_t err = OBX_ERR_INIT;
-    bson_t out = BSON_INITIALIZER;
-    bool ok = obx_ops_key_release(&ops, obx_http_req_org(req), obx_http_req_param(req, "key"), dry_run, &out, &err);
-    reply(resp, ok, 200, &out, &err);
-  }
-  bson_destroy(body);
+  target_action(req, resp, ctx, "key", obx_ops_key_release);
 }
 
 static void status_get(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
-  char who[32];
-  obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
-  obx_err_t err = OBX_ERR_INIT;
-  bson_t out = BSON_INITIALIZER;
-  bool ok = obx_ops_status(&ops, obx_http_req_org(req), &out, &err);
-  reply(resp, ok, 200, &out, &err);
+  ops_call_t c;
+  call_init(&c, ctx, req);
+  call_reply(&c, resp, obx_ops_status(&c.ops, c.org, &c.out, &c.err), 200);
 }
 
 static void audit_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
@@ -344,12 +324,9 @@ static void audit_list(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
   if (!query_page(req, resp, &page) || !time_value(resp, "since", obx_http_req_query(req, "since"), &f.since_ms) ||
       !time_value(resp, "until", obx_http_req_query(req, "until"), &f.until_ms))
     return;
-  char who[32];
-  obx_ops_t ops = request_ops(ctx, req, who, sizeof who);
-  obx_err_t err = OBX_ERR_INIT;
-  bson_t out = BSON_INITIALIZER;
-  bool ok = obx_ops_audit_list(&ops, &f, &page, &out, &err);
-  reply(resp, ok, 200, &out, &err);
+  ops_call_t c;
+  call_init(&c, ctx, req);
+  call_reply(&c, resp, obx_ops_audit_list(&c.ops, &f, &page, &c.out, &c.err), 200);
 }
 
 static void ladder_keep(void *ladder) { obx_ladder_tick(ladder); }

@@ -1,10 +1,10 @@
 /* apikey.c - `outboxctl apikey`: API keys for the HTTP API
  *
- *   outboxctl apikey new --org ORG --perm p1,p2 [--store file|db] [-c FILE] [-X key=value]
+ *   outboxctl apikey new --org ORG --perm p1,p2 [--name NAME] [--store file|db] [-c FILE] [-X key=value]
  *       Prints a fresh random key (shown once: only its SHA-256 is stored) and the line to
  *       append to API_KEYS_FILE; with --store db inserts {_id: sha256, orgId, permissions,
- *       createdAt} into the api_keys collection instead (read by outboxd every
- *       API_KEYS_REFRESH).
+ *       name, createdAt} into the api_keys collection instead (read by outboxd every
+ *       API_KEYS_REFRESH). NAME is who the key's operator actions are recorded as.
  *   outboxctl apikey hash KEY
  *       Prints the SHA-256 of an existing key (to find or revoke its line).
  *
@@ -20,7 +20,8 @@
 #include "obx/obx_event.h"
 
 /* Inserts the key's hash into api_keys; prints why on failure. */
-static bool apikey_store_db(const obx_ctl_conf_opts_t *opts, const char *hash, const char *org, const char *perms) {
+static bool apikey_store_db(const obx_ctl_conf_opts_t *opts, const char *hash, const char *org, const char *perms,
+                            const char *name) {
   obx_conf_t conf;
   obx_err_t err = OBX_ERR_INIT;
   obx_mongo_t *mongo = NULL;
@@ -44,6 +45,7 @@ static bool apikey_store_db(const obx_ctl_conf_opts_t *opts, const char *hash, c
   }
   free(copy);
   bson_append_array_end(&doc, &arr);
+  if (name) BSON_APPEND_UTF8(&doc, "name", name);
   BSON_APPEND_DATE_TIME(&doc, "createdAt", obx_time_now_ms());
   mongoc_client_t *client = obx_mongo_pop(mongo);
   mongoc_collection_t *coll = obx_mongo_collection(mongo, client, "api_keys");
@@ -63,22 +65,26 @@ static int apikey_new(int argc, char **argv) {
   static const struct option longopts[] = {{"org", required_argument, NULL, 'o'},
                                            {"perm", required_argument, NULL, 'p'},
                                            {"store", required_argument, NULL, 's'},
+                                           {"name", required_argument, NULL, 'n'},
                                            {"help", no_argument, NULL, 'h'},
                                            {0}};
-  const char *org = NULL, *perms = NULL, *store = "file";
+  const char *org = NULL, *perms = NULL, *store = "file", *name = NULL;
   obx_ctl_conf_opts_t opts = {0};
   int opt, rc = OBX_CTL_USAGE;
   optind = 0;
-  while ((opt = getopt_long(argc, argv, "o:p:s:h" OBX_CTL_CONF_OPTSTRING, longopts, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, "o:p:s:n:h" OBX_CTL_CONF_OPTSTRING, longopts, NULL)) != -1) {
     if (obx_ctl_conf_option(&opts, opt, optarg)) continue;
     switch (opt) {
     case 'o': org = optarg; break;
     case 'p': perms = optarg; break;
     case 's': store = optarg; break;
+    case 'n': name = optarg; break;
     case 'h':
-      printf("usage: outboxctl apikey new --org ORG --perm p1,p2 [--store file|db] [-c FILE] [-X key=value]\n\n"
+      printf("usage: outboxctl apikey new --org ORG --perm p1,p2 [--name NAME] [--store file|db] [-c FILE] [-X key=value]\n\n"
              "Prints a new API key for ORG with the given permissions (e.g. orders:write,orders:read,\n"
              "outbox:read; `*` grants all). The key is shown once: only its SHA-256 is kept.\n"
+             "  --name NAME    who the key's operator actions are recorded as in audit_log (letters,\n"
+             "                 digits, '-', '_', '.', '@'); without it, apikey:<first 16 hex of its sha256>\n"
              "  --store file   print the line to append to API_KEYS_FILE (default)\n"
              "  --store db     insert it into the api_keys collection (outboxd reads it every\n"
              "                 API_KEYS_REFRESH)\n" OBX_CTL_CONF_USAGE);
@@ -93,7 +99,7 @@ static int apikey_new(int argc, char **argv) {
   }
   obx_err_t err = OBX_ERR_INIT;
   char key[OBX_AUTH_KEY_LEN + 1], hash[OBX_AUTH_HASH_LEN + 1];
-  if (!obx_auth_validate_entry(org, perms, &err)) {
+  if (!obx_auth_validate_entry(org, perms, &err) || (name && !obx_auth_validate_name(name, &err))) {
     obx_ctl_errorf("apikey new: %s", err.msg);
     goto done;
   }
@@ -104,10 +110,10 @@ static int apikey_new(int argc, char **argv) {
   }
   obx_auth_hash(key, hash);
   if (strcmp(store, "db") == 0) {
-    if (!apikey_store_db(&opts, hash, org, perms)) goto done;
-    printf("key:    %s\nstored: api_keys %s %s %s\n", key, hash, org, perms);
+    if (!apikey_store_db(&opts, hash, org, perms, name)) goto done;
+    printf("key:    %s\nstored: api_keys %s %s %s%s%s\n", key, hash, org, perms, name ? " " : "", name ? name : "");
   } else {
-    printf("key:  %s\nline: %s %s %s\n", key, hash, org, perms);
+    printf("key:  %s\nline: %s %s %s%s%s\n", key, hash, org, perms, name ? " " : "", name ? name : "");
   }
   rc = OBX_CTL_OK;
 done:
@@ -132,7 +138,7 @@ static int apikey_hash(int argc, char **argv) {
 
 int obx_ctl_apikey(int argc, char **argv) {
   static const obx_ctl_sub_t subs[] = {
-    {"new", "--org ORG --perm p1,p2 [--store file|db]", "Create a key; print it and its API_KEYS_FILE line, or store it in api_keys", apikey_new},
+    {"new", "--org ORG --perm p1,p2 [--name NAME] [--store file|db]", "Create a key; print it and its API_KEYS_FILE line, or store it in api_keys", apikey_new},
     {"hash", "KEY", "Print the SHA-256 of a key, as stored in API_KEYS_FILE", apikey_hash},
   };
   return obx_ctl_dispatch("API keys of the HTTP API", subs, (int)(sizeof subs / sizeof subs[0]), argc, argv);

@@ -45,38 +45,29 @@ static void print_item(const bson_t *dl) {
          ops_ctl_date(dl, "lastFailureAt", last), ops_ctl_str(dl, "reason", "-"));
 }
 
+static bool fetch_list(const ops_ctl_t *ctl, const ops_ctl_args_t *args, bson_t *out, obx_err_t *err) {
+  obx_ops_dl_filter_t f = filter_of(args);
+  obx_ops_page_t page = ops_ctl_page(args);
+  return obx_ops_dl_list(&ctl->ops, &f, &page, out, err);
+}
+
 static int dlq_list(int argc, char **argv) {
-  ops_ctl_args_t args;
-  int rc = ops_ctl_parse(&args, argc, argv,
-                         "usage: outboxctl dlq list [FILTERS] [--limit N] [--after CURSOR] [--json]\n\n"
-                         "Lists dead letters, newest failure first.\n" DLQ_FILTERS);
-  if (rc >= 0) goto done_args;
-  rc = OBX_CTL_USAGE;
-  if (args.npos) {
-    obx_ctl_errorf("dlq list: takes no arguments (filters are options)");
-    goto done_args;
-  }
-  ops_ctl_t ctl;
-  if ((rc = ops_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
-    bson_t out = BSON_INITIALIZER;
-    obx_err_t err = OBX_ERR_INIT;
-    obx_ops_dl_filter_t f = filter_of(&args);
-    obx_ops_page_t page = ops_ctl_page(&args);
-    if (!obx_ops_dl_list(&ctl.ops, &f, &page, &out, &err)) rc = ops_ctl_fail(&ctl, "dlq list", &err);
-    else ops_ctl_print_list(&args, &out, print_header, print_item);
-    bson_destroy(&out);
-  }
-  ops_ctl_close(&ctl);
-done_args:
-  ops_ctl_args_cleanup(&args);
-  return rc;
+  static const ops_ctl_read_t cmd = {.what = "dlq list", .max_ids = OPS_CTL_MAX_IDS, .fetch = fetch_list,
+                                     .print_header = print_header, .print_item = print_item,
+                                     .usage = "usage: outboxctl dlq list [FILTERS] [--limit N] [--after CURSOR] [--json]\n\n"
+                                              "Lists dead letters, newest failure first.\n" DLQ_FILTERS};
+  return ops_ctl_read(&cmd, argc, argv);
+}
+
+static bool fetch_one(const ops_ctl_t *ctl, const ops_ctl_args_t *args, bson_t *out, obx_err_t *err) {
+  return obx_ops_dl_get(&ctl->ops, NULL, args->pos[0], out, err);
 }
 
 static int dlq_peek(int argc, char **argv) {
-  static const ops_ctl_show_t show = {
-    "dlq peek", "dead-letter id",
-    "usage: outboxctl dlq peek ID\n\nShows one dead letter as JSON: headers, payload, history.\n", obx_ops_dl_get};
-  return ops_ctl_show(&show, argc, argv);
+  static const ops_ctl_read_t cmd = {
+    .what = "dlq peek", .pos_name = "dead-letter id", .pos_required = true, .fetch = fetch_one,
+    .usage = "usage: outboxctl dlq peek ID\n\nShows one dead letter as JSON: headers, payload, history.\n"};
+  return ops_ctl_read(&cmd, argc, argv);
 }
 
 /* The answer of redrive/delete/purge: --json as is, else the ids and a count line. */
@@ -114,7 +105,7 @@ static int dlq_act(int argc, char **argv, const char *usage, bool purge, bool ne
     goto done_args;
   }
   ops_ctl_t ctl;
-  if ((rc = ops_ctl_open(&ctl, &args, need_amqp)) == OBX_CTL_OK) {
+  if ((rc = ops_ctl_open(&ctl, &args, (need_amqp ? OPS_CTL_AMQP : 0) | OPS_CTL_AUDITED)) == OBX_CTL_OK) {
     bson_t out = BSON_INITIALIZER;
     obx_err_t err = OBX_ERR_INIT;
     obx_ops_dl_filter_t f = filter_of(&args);
@@ -172,7 +163,7 @@ static int dlq_export(int argc, char **argv) {
     goto done_args;
   }
   ops_ctl_t ctl;
-  if ((rc = ops_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
+  if ((rc = ops_ctl_open(&ctl, &args, OPS_CTL_AUDITED)) == OBX_CTL_OK) {
     obx_err_t err = OBX_ERR_INIT;
     obx_ops_dl_filter_t f = filter_of(&args);
     int64_t n = 0;

@@ -37,22 +37,30 @@ static void print_entry_header(void) {
          "LAST ERROR");
 }
 
+static bool fetch_list(const ops_ctl_t *ctl, const ops_ctl_args_t *args, bson_t *out, obx_err_t *err) {
+  obx_ops_page_t page = ops_ctl_page(args);
+  return obx_ops_list(&ctl->ops, OBX_OPS_INBOX, args->org, args->npos ? args->pos[0] : args->status, &page, out, err);
+}
+
 static int inbox_list(int argc, char **argv) {
-  static const ops_ctl_list_t list = {
-    "inbox list", OBX_OPS_INBOX,
-    "usage: outboxctl inbox list [STATUS] [--limit N] [--json]\n\n"
-    "Lists the newest inbox entries, optionally of one status (RECEIVED, PROCESSING, DONE,\n"
-    "SKIPPED, RETRYING, DEAD, BLOCKED).\n",
-    print_entry_header, print_entry_line};
-  return ops_ctl_list(&list, argc, argv);
+  static const ops_ctl_read_t cmd = {
+    .what = "inbox list", .pos_name = "status", .fetch = fetch_list, .print_header = print_entry_header,
+    .print_item = print_entry_line,
+    .usage = "usage: outboxctl inbox list [STATUS] [--org ORG] [--limit N] [--after CURSOR] [--json]\n\n"
+             "Lists the newest inbox entries, optionally of one status (RECEIVED, PROCESSING, DONE,\n"
+             "SKIPPED, RETRYING, DEAD, BLOCKED).\n"};
+  return ops_ctl_read(&cmd, argc, argv);
+}
+
+static bool fetch_one(const ops_ctl_t *ctl, const ops_ctl_args_t *args, bson_t *out, obx_err_t *err) {
+  return obx_ops_inbox_get(&ctl->ops, NULL, args->pos[0], out, err);
 }
 
 static int inbox_show(int argc, char **argv) {
-  static const ops_ctl_show_t show = {"inbox show", "event id",
-                                      "usage: outboxctl inbox show EVENT_ID\n\n"
-                                      "Prints the inbox entry and its executions (with their steps) as JSON.\n",
-                                      obx_ops_inbox_get};
-  return ops_ctl_show(&show, argc, argv);
+  static const ops_ctl_read_t cmd = {
+    .what = "inbox show", .pos_name = "event id", .pos_required = true, .fetch = fetch_one,
+    .usage = "usage: outboxctl inbox show EVENT_ID\n\nPrints the inbox entry and its executions (with their steps) as JSON.\n"};
+  return ops_ctl_read(&cmd, argc, argv);
 }
 
 static void progress_bar(void *ctx, int64_t done, int64_t total) {
@@ -83,7 +91,7 @@ static int inbox_replay(int argc, char **argv) {
     goto done_args;
   }
   ops_ctl_t ctl;
-  if ((rc = ops_ctl_open(&ctl, &args, !args.dry_run)) == OBX_CTL_OK) {
+  if ((rc = ops_ctl_open(&ctl, &args, (args.dry_run ? 0 : OPS_CTL_AMQP) | OPS_CTL_AUDITED)) == OBX_CTL_OK) {
     obx_ops_replay_filter_t f = {.org = args.org, .status = args.status, .type = args.type, .key = args.key,
                                  .event_id = args.npos ? args.pos[0] : NULL, .since_ms = args.since_ms,
                                  .until_ms = args.until_ms, .include_finished = args.include_finished};

@@ -25,27 +25,15 @@ static void print_item(const bson_t *item) {
          ops_ctl_str(item, "reason", ""));
 }
 
+static bool fetch(const ops_ctl_t *ctl, const ops_ctl_args_t *args, bson_t *out, obx_err_t *err) {
+  return obx_ops_keys_list(&ctl->ops, args->org, out, err);
+}
+
 static int keys_list(int argc, char **argv) {
-  ops_ctl_args_t args;
-  int rc = ops_ctl_parse(&args, argc, argv, "usage: outboxctl keys list [--org ORG] [--json]\n\nLists the parked keys.\n");
-  if (rc >= 0) goto done_args;
-  rc = OBX_CTL_USAGE;
-  if (args.npos) {
-    obx_ctl_errorf("keys list: takes no arguments");
-    goto done_args;
-  }
-  ops_ctl_t ctl;
-  if ((rc = ops_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
-    bson_t out = BSON_INITIALIZER;
-    obx_err_t err = OBX_ERR_INIT;
-    if (!obx_ops_keys_list(&ctl.ops, args.org, &out, &err)) rc = ops_ctl_fail(&ctl, "keys list", &err);
-    else ops_ctl_print_list(&args, &out, print_header, print_item);
-    bson_destroy(&out);
-  }
-  ops_ctl_close(&ctl);
-done_args:
-  ops_ctl_args_cleanup(&args);
-  return rc;
+  static const ops_ctl_read_t cmd = {.what = "keys list", .fetch = fetch, .print_header = print_header,
+                                     .print_item = print_item,
+                                     .usage = "usage: outboxctl keys list [--org ORG] [--json]\n\nLists the parked keys.\n"};
+  return ops_ctl_read(&cmd, argc, argv);
 }
 
 static int keys_release(int argc, char **argv) {
@@ -60,7 +48,7 @@ static int keys_release(int argc, char **argv) {
     goto done_args;
   }
   ops_ctl_t ctl;
-  if ((rc = ops_ctl_open(&ctl, &args, !args.dry_run)) == OBX_CTL_OK) {
+  if ((rc = ops_ctl_open(&ctl, &args, (args.dry_run ? 0 : OPS_CTL_AMQP) | OPS_CTL_AUDITED)) == OBX_CTL_OK) {
     bson_t out = BSON_INITIALIZER;
     obx_err_t err = OBX_ERR_INIT;
     if (!obx_ops_key_release(&ctl.ops, args.org, args.pos[0], args.dry_run, &out, &err)) {

@@ -133,7 +133,23 @@ static void amqp_where(const char *url, char *host, size_t hlen, char *vhost, si
   free(copy);
 }
 
-int ops_ctl_open(ops_ctl_t *ctl, const ops_ctl_args_t *args, bool need_amqp) {
+/* The operator: --who, else the first of $OUTBOXCTL_WHO, $USER, $LOGNAME that is set, else
+ * "unknown"; *from names the source (obx_ops_t.who_from). */
+static const char *operator_of(const ops_ctl_args_t *args, const char **from) {
+  static const char *const vars[] = {"OUTBOXCTL_WHO", "USER", "LOGNAME"};
+  static const char *const froms[] = {"$OUTBOXCTL_WHO", "$USER", "$LOGNAME"};
+  *from = "--who";
+  if (args->who && *args->who) return args->who;
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    *from = froms[i];
+    if (v && *v) return v;
+  }
+  *from = "none";
+  return "unknown";
+}
+
+int ops_ctl_open(ops_ctl_t *ctl, const ops_ctl_args_t *args, unsigned flags) {
   memset(ctl, 0, sizeof *ctl);
   if (!obx_ctl_conf_load(&args->conf, &ctl->conf)) return OBX_CTL_USAGE;
   obx_err_t err = OBX_ERR_INIT;
@@ -149,7 +165,7 @@ int ops_ctl_open(ops_ctl_t *ctl, const ops_ctl_args_t *args, bool need_amqp) {
     return OBX_CTL_FAILED;
   }
   snprintf(ctl->target, sizeof ctl->target, "MongoDB %s at %s", obx_mongo_db_name(ctl->mongo), hosts);
-  if (need_amqp) {
+  if (flags & OPS_CTL_AMQP) {
     obx_ladder_opts_t lo = {.url = ctl->conf.amqp_url, .prefix = ctl->conf.worker_queue_prefix,
                             .tiers_ms = ctl->conf.retry_ladder.ms, .ntiers = ctl->conf.retry_ladder.n};
     obx_amqp_settings_from_conf(&lo.amqp, &ctl->conf);
@@ -162,14 +178,14 @@ int ops_ctl_open(ops_ctl_t *ctl, const ops_ctl_args_t *args, bool need_amqp) {
     snprintf(ctl->target + strlen(ctl->target), sizeof ctl->target - strlen(ctl->target),
              ", RabbitMQ vhost %s at %s (queues %s.*)", vhost, host, ctl->conf.worker_queue_prefix);
   }
-  const char *who = args->who;
-  if (!who || !*who) who = getenv("OUTBOXCTL_WHO");
-  if (!who || !*who) who = getenv("USER");
-  if (!who || !*who) {
-    who = "unknown";
-    fprintf(stderr, "outboxctl: recording the operator as \"unknown\" (no --who, OUTBOXCTL_WHO or USER)\n");
+  const char *from, *who = operator_of(args, &from);
+  if ((flags & OPS_CTL_AUDITED) && !args->dry_run && strcmp(from, "--who") != 0) {
+    if (strcmp(from, "none") == 0)
+      fprintf(stderr, "outboxctl: recording the operator as \"unknown\" (no --who, $OUTBOXCTL_WHO, $USER or $LOGNAME)\n");
+    else
+      fprintf(stderr, "outboxctl: recording the operator as \"%s\" (from %s; --who NAME sets it)\n", who, from);
   }
-  ctl->ops = (obx_ops_t){ctl->mongo, ctl->ladder, ctl->conf.worker_group, who};
+  ctl->ops = (obx_ops_t){ctl->mongo, ctl->ladder, ctl->conf.worker_group, who, from};
   return OBX_CTL_OK;
 }
 
@@ -210,8 +226,8 @@ const char *ops_ctl_date(const bson_t *doc, const char *path, char buf[32]) {
 
 obx_ops_page_t ops_ctl_page(const ops_ctl_args_t *args) { return (obx_ops_page_t){args->limit, args->after}; }
 
-void ops_ctl_print_list(const ops_ctl_args_t *args, const bson_t *out, void (*print_header)(void),
-                        void (*print_item)(const bson_t *item)) {
+static void print_list(const ops_ctl_args_t *args, const bson_t *out, void (*print_header)(void),
+                       void (*print_item)(const bson_t *item)) {
   if (args->json) {
     obx_ctl_print_json(out);
     return;
@@ -231,47 +247,29 @@ void ops_ctl_print_list(const ops_ctl_args_t *args, const bson_t *out, void (*pr
   if (next) printf("next page: --after %s\n", next);
 }
 
-int ops_ctl_show(const ops_ctl_show_t *show, int argc, char **argv) {
-  ops_ctl_args_t args;
-  int rc = ops_ctl_parse(&args, argc, argv, show->usage);
-  if (rc >= 0) goto done_args;
-  rc = OBX_CTL_USAGE;
-  if (args.npos != 1) {
-    obx_ctl_errorf("%s: wants one %s", show->what, show->id_name);
-    goto done_args;
-  }
-  ops_ctl_t ctl;
-  if ((rc = ops_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
-    bson_t out = BSON_INITIALIZER;
-    obx_err_t err = OBX_ERR_INIT;
-    if (!show->get(&ctl.ops, NULL, args.pos[0], &out, &err)) rc = ops_ctl_fail(&ctl, show->what, &err);
-    else obx_ctl_print_json(&out);
-    bson_destroy(&out);
-  }
-  ops_ctl_close(&ctl);
-done_args:
-  ops_ctl_args_cleanup(&args);
-  return rc;
+/* Whether args fit cmd (reported, naming what is wrong, when not). */
+static bool read_args_fit(const ops_ctl_read_t *cmd, const ops_ctl_args_t *args) {
+  if (cmd->pos_required && args->npos != 1) obx_ctl_errorf("%s: wants one %s", cmd->what, cmd->pos_name);
+  else if (!cmd->pos_name && args->npos) obx_ctl_errorf("%s: takes no arguments (filters are options)", cmd->what);
+  else if (args->npos > 1) obx_ctl_errorf("%s: takes at most one %s", cmd->what, cmd->pos_name);
+  else if (args->nids > cmd->max_ids) obx_ctl_errorf("%s: takes %s --id", cmd->what, cmd->max_ids ? "at most one" : "no");
+  else return true;
+  return false;
 }
 
-int ops_ctl_list(const ops_ctl_list_t *list, int argc, char **argv) {
+int ops_ctl_read(const ops_ctl_read_t *cmd, int argc, char **argv) {
   ops_ctl_args_t args;
-  int rc = ops_ctl_parse(&args, argc, argv, list->usage);
+  int rc = ops_ctl_parse(&args, argc, argv, cmd->usage);
   if (rc >= 0) goto done_args;
   rc = OBX_CTL_USAGE;
-  if (args.npos > 1) {
-    obx_ctl_errorf("%s: takes at most one status", list->what);
-    goto done_args;
-  }
+  if (!read_args_fit(cmd, &args)) goto done_args;
   ops_ctl_t ctl;
-  if ((rc = ops_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
+  if ((rc = ops_ctl_open(&ctl, &args, 0)) == OBX_CTL_OK) {
     bson_t out = BSON_INITIALIZER;
     obx_err_t err = OBX_ERR_INIT;
-    obx_ops_page_t page = ops_ctl_page(&args);
-    if (!obx_ops_list(&ctl.ops, list->store, args.org, args.npos ? args.pos[0] : args.status, &page, &out, &err))
-      rc = ops_ctl_fail(&ctl, list->what, &err);
-    else
-      ops_ctl_print_list(&args, &out, list->print_header, list->print_item);
+    if (!cmd->fetch(&ctl, &args, &out, &err)) rc = ops_ctl_fail(&ctl, cmd->what, &err);
+    else if (cmd->print_header) print_list(&args, &out, cmd->print_header, cmd->print_item);
+    else obx_ctl_print_json(&out);
     bson_destroy(&out);
   }
   ops_ctl_close(&ctl);

@@ -46,9 +46,16 @@ typedef struct {
   char target[512];     /* "MongoDB <db> at <hosts>[, RabbitMQ vhost <v> at <host:port>]" */
 } ops_ctl_t;
 
+/* What a command needs opened beside MongoDB (flags of ops_ctl_open). */
+enum {
+  OPS_CTL_AMQP = 1,    /* RabbitMQ (the ladder) */
+  OPS_CTL_AUDITED = 2, /* it records the operator in audit_log: a fallback of who is said on stderr */
+};
+
 /* Returns OBX_CTL_OK, or the exit code after reporting the problem. Close in every case. The
- * operator is --who, else $OUTBOXCTL_WHO, else $USER, else "unknown" (said on stderr). */
-int ops_ctl_open(ops_ctl_t *ctl, const ops_ctl_args_t *args, bool need_amqp);
+ * operator is --who, else $OUTBOXCTL_WHO, else $USER, else $LOGNAME, else "unknown"; with
+ * OPS_CTL_AUDITED (and no --dry-run) anything but --who is said on stderr. */
+int ops_ctl_open(ops_ctl_t *ctl, const ops_ctl_args_t *args, unsigned flags);
 void ops_ctl_close(ops_ctl_t *ctl);
 
 /* Reports err (with the service's host:port when it is a connection problem) and returns the
@@ -60,31 +67,23 @@ const char *ops_ctl_str(const bson_t *doc, const char *path, const char *dflt);
 /* A date field as RFC 3339 into buf ("-" when absent). */
 const char *ops_ctl_date(const bson_t *doc, const char *path, char buf[32]);
 
-/* Prints a list answer {items, count, next}: --json prints it whole; otherwise print_header,
- * print_item per item, and "next page: --after <cursor>" when there is one. */
-void ops_ctl_print_list(const ops_ctl_args_t *args, const bson_t *out, void (*print_header)(void),
-                        void (*print_item)(const bson_t *item));
-
 /* The page of args (--limit, --after). */
 obx_ops_page_t ops_ctl_page(const ops_ctl_args_t *args);
 
-/* One `list [STATUS]` command over obx_ops_list (every org). */
+/* One reading command (`dlq list`, `audit list`, `keys list`, `outbox list [STATUS]`, `dlq peek
+ * ID`, `inbox show ID`): parse, check the arguments, open MongoDB, fetch the answer, print it
+ * (a list answer {items, count, next}: --json whole, else print_header, print_item per item and
+ * "next page: --after <cursor>" when there is one; one document: as JSON), close. */
 typedef struct {
-  const char *what; /* "outbox list", in messages */
-  obx_ops_store_t store;
-  const char *usage; /* printed for --help */
-  void (*print_header)(void);
+  const char *what;     /* "dlq list", in messages */
+  const char *usage;    /* printed for --help */
+  const char *pos_name; /* its one positional argument ("status", "dead-letter id"); NULL: none */
+  bool pos_required;    /* the argument must be given (show) rather than may (list) */
+  int max_ids;          /* how many --id it takes: 0, 1 or OPS_CTL_MAX_IDS */
+  bool (*fetch)(const ops_ctl_t *ctl, const ops_ctl_args_t *args, bson_t *out, obx_err_t *err);
+  void (*print_header)(void); /* NULL: the answer is one document, printed as JSON */
   void (*print_item)(const bson_t *item);
-} ops_ctl_list_t;
-int ops_ctl_list(const ops_ctl_list_t *list, int argc, char **argv);
-
-/* One `show ID` command: the document get() finds for the one id (every org), printed as JSON. */
-typedef struct {
-  const char *what;    /* "dlq peek", in messages */
-  const char *id_name; /* "dead-letter id", in the usage error */
-  const char *usage;   /* printed for --help */
-  bool (*get)(const obx_ops_t *ops, const char *org, const char *id, bson_t *out, obx_err_t *err);
-} ops_ctl_show_t;
-int ops_ctl_show(const ops_ctl_show_t *show, int argc, char **argv);
+} ops_ctl_read_t;
+int ops_ctl_read(const ops_ctl_read_t *cmd, int argc, char **argv);
 
 #endif

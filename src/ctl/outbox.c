@@ -37,13 +37,18 @@ static void print_event_header(void) {
          "LAST ERROR");
 }
 
+static bool fetch(const ops_ctl_t *ctl, const ops_ctl_args_t *args, bson_t *out, obx_err_t *err) {
+  obx_ops_page_t page = ops_ctl_page(args);
+  return obx_ops_list(&ctl->ops, OBX_OPS_OUTBOX, args->org, args->npos ? args->pos[0] : args->status, &page, out, err);
+}
+
 static int outbox_list(int argc, char **argv) {
-  static const ops_ctl_list_t list = {
-    "outbox list", OBX_OPS_OUTBOX,
-    "usage: outboxctl outbox list [STATUS] [--limit N] [--json]\n\n"
-    "Lists the newest outbox events, optionally of one status (PENDING, PUBLISHED, FAILED).\n",
-    print_event_header, print_event_line};
-  return ops_ctl_list(&list, argc, argv);
+  static const ops_ctl_read_t cmd = {
+    .what = "outbox list", .pos_name = "status", .fetch = fetch, .print_header = print_event_header,
+    .print_item = print_event_line,
+    .usage = "usage: outboxctl outbox list [STATUS] [--org ORG] [--limit N] [--after CURSOR] [--json]\n\n"
+             "Lists the newest outbox events, optionally of one status (PENDING, PUBLISHED, FAILED, SKIPPED).\n"};
+  return ops_ctl_read(&cmd, argc, argv);
 }
 
 static int outbox_counts(int argc, char **argv) {
@@ -56,7 +61,7 @@ static int outbox_counts(int argc, char **argv) {
     goto done_args;
   }
   ops_ctl_t ctl;
-  if ((rc = ops_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
+  if ((rc = ops_ctl_open(&ctl, &args, 0)) == OBX_CTL_OK) {
     bson_t out = BSON_INITIALIZER;
     obx_err_t err = OBX_ERR_INIT;
     if (!obx_ops_counts(&ctl.ops, OBX_OPS_OUTBOX, args.org, &out, &err)) {
@@ -88,7 +93,7 @@ static int outbox_move(int argc, char **argv, const char *usage, const char *wha
     goto done_args;
   }
   ops_ctl_t ctl;
-  if ((rc = ops_ctl_open(&ctl, &args, false)) == OBX_CTL_OK) {
+  if ((rc = ops_ctl_open(&ctl, &args, OPS_CTL_AUDITED)) == OBX_CTL_OK) {
     bson_t out = BSON_INITIALIZER;
     obx_err_t err = OBX_ERR_INIT;
     if (!fn(&ctl.ops, args.org, args.pos[0], args.dry_run, &out, &err))

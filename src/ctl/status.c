@@ -125,7 +125,7 @@ int obx_ctl_status(int argc, char **argv) {
     goto done_args;
   }
   ops_ctl_t ctl;
-  if ((rc = ops_ctl_open(&ctl, &args, true)) == OBX_CTL_OK) {
+  if ((rc = ops_ctl_open(&ctl, &args, OPS_CTL_AMQP)) == OBX_CTL_OK) {
     for (;;) {
       obx_err_t err = OBX_ERR_INIT;
       bool degraded = false;

@@ -13,7 +13,9 @@ bool obx_ops_audit(const obx_ops_t *ops, mongoc_client_session_t *session, const
   obx_uuid7(id);
   bson_t entry = BSON_INITIALIZER, opts = BSON_INITIALIZER, reply = BSON_INITIALIZER;
   BSON_APPEND_UTF8(&entry, "_id", id);
-  BSON_APPEND_UTF8(&entry, "who", ops->who && ops->who[0] ? ops->who : "unknown");
+  bool known = ops->who && ops->who[0];
+  BSON_APPEND_UTF8(&entry, "who", known ? ops->who : "unknown");
+  BSON_APPEND_UTF8(&entry, "whoFrom", known && ops->who_from ? ops->who_from : "none");
   BSON_APPEND_DATE_TIME(&entry, "when", obx_time_now_ms());
   BSON_APPEND_UTF8(&entry, "action", action);
   BSON_APPEND_UTF8(&entry, "target", target ? target : "");

@@ -160,14 +160,7 @@ static int group_setup(void **state) {
     fprintf(stderr, "ladder: %s\n", err.msg);
     return -1;
   }
-  char mongo_arg[300], keys_arg[340], amqp_arg[300], prefix_arg[100];
-  snprintf(mongo_arg, sizeof mongo_arg, "mongo.uri=%s", mongo.uri);
-  snprintf(keys_arg, sizeof keys_arg, "api.keys_file=%s", keys_path);
-  snprintf(amqp_arg, sizeof amqp_arg, "amqp.url=%s", amqp_url);
-  snprintf(prefix_arg, sizeof prefix_arg, "worker.queue_prefix=%s", prefix);
-  char *args[] = {"--roles", "api", "-X", mongo_arg, "-X", keys_arg, "-X", amqp_arg, "-X", prefix_arg, NULL};
-  if (!obx_test_outboxd_start(&outboxd, args) || !obx_test_wait_for(obx_test_http_ready, &outboxd.port, 30000, 100))
-    return -1;
+  if (!obx_test_outboxd_start_api(&outboxd, mongo.uri, keys_path, amqp_url, prefix)) return -1;
   return 0;
 }
 

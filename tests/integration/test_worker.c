@@ -500,7 +500,7 @@ static void test_parked_keys_metric(void **state) {
   wt_wait_status(fx, other.id, "DONE");
   wait_parked_keys(fx, 1);
 
-  obx_ops_t ops = {fx->mongo, fx->ladder, fx->group, "tester"};
+  obx_ops_t ops = {fx->mongo, fx->ladder, fx->group, "tester", "--who"};
   bson_t out = BSON_INITIALIZER;
   obx_err_t err = OBX_ERR_INIT;
   if (!obx_ops_key_release(&ops, NULL, "K-P", false, &out, &err)) fail_msg("release: %s", err.msg);

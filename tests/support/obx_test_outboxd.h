@@ -24,6 +24,10 @@ bool obx_test_outboxd_start(obx_test_outboxd_t *d, char *const args[]);
 /* obx_test_outboxd_start with the command that runs outboxd given: cmd (a path, then its
  * arguments, NULL-terminated; e.g. podman run ... IMAGE) instead of the built binary. */
 bool obx_test_outboxd_start_cmd(obx_test_outboxd_t *d, char *const cmd[], char *const args[]);
+/* `outboxd --roles api` on MongoDB mongo_uri, the keys file keys_path, RabbitMQ amqp_url with
+ * queues under prefix; waits (30 s) until /readyz answers 200. False (reported) otherwise. */
+bool obx_test_outboxd_start_api(obx_test_outboxd_t *d, const char *mongo_uri, const char *keys_path,
+                                const char *amqp_url, const char *prefix);
 /* SIGTERM and wait; returns the wait status. Safe on a zeroed struct. */
 int obx_test_outboxd_stop(obx_test_outboxd_t *d);
 

@@ -59,6 +59,20 @@ bool obx_test_outboxd_start_cmd(obx_test_outboxd_t *d, char *const cmd[], char *
   return true;
 }
 
+bool obx_test_outboxd_start_api(obx_test_outboxd_t *d, const char *mongo_uri, const char *keys_path,
+                                const char *amqp_url, const char *prefix) {
+  char mongo_arg[300], keys_arg[340], amqp_arg[300], prefix_arg[100];
+  snprintf(mongo_arg, sizeof mongo_arg, "mongo.uri=%s", mongo_uri);
+  snprintf(keys_arg, sizeof keys_arg, "api.keys_file=%s", keys_path);
+  snprintf(amqp_arg, sizeof amqp_arg, "amqp.url=%s", amqp_url);
+  snprintf(prefix_arg, sizeof prefix_arg, "worker.queue_prefix=%s", prefix);
+  char *args[] = {"--roles", "api", "-X", mongo_arg, "-X", keys_arg, "-X", amqp_arg, "-X", prefix_arg, NULL};
+  if (!obx_test_outboxd_start(d, args)) return false;
+  if (obx_test_wait_for(obx_test_http_ready, &d->port, 30000, 100)) return true;
+  fprintf(stderr, "outboxd --roles api not ready in 30 s; log: %s\n", d->proc.log_path);
+  return false;
+}
+
 int obx_test_outboxd_stop(obx_test_outboxd_t *d) { return obx_test_proc_stop(&d->proc, SIGTERM, 20000); }
 
 typedef struct {

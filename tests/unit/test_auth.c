@@ -31,7 +31,7 @@ static void test_load_and_find(void **state) {
   obx_auth_key_generate(key2, NULL);
   obx_auth_hash(key1, h1);
   obx_auth_hash(key2, h2);
-  snprintf(text, sizeof text, "# keys\n\n%s acme orders:write,orders:read  # ops team\n  %s globex *\n", h1, h2);
+  snprintf(text, sizeof text, "# keys\n\n%s acme orders:write,orders:read ops-alice@acme  # ops team\n  %s globex *\n", h1, h2);
   obx_test_write_file(path, text);
   obx_auth_t *auth = obx_auth_load(path, &err);
   if (!auth) print_error("load: %s\n", err.msg);
@@ -60,6 +60,8 @@ static void test_load_and_find(void **state) {
   }
   assert_null(obx_auth_find(auth, ""));
   assert_null(obx_auth_find(auth, NULL));
+  assert_string_equal(obx_auth_find(auth, key1)->name, "ops-alice@acme"); /* the fourth field */
+  assert_null(obx_auth_find(auth, key2)->name);                         /* none */
   obx_auth_destroy(auth);
 }
 
@@ -71,7 +73,8 @@ static void test_load_rejects(void **state) {
     {"# ok\nba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad acme\n", ":2:"},
     {"ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad ac/me orders:write\n", "org id"},
     {"ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad acme orders:write,,x\n", "permissions"},
-    {"ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad acme a b\n", ":1:"},
+    {"ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad acme a b c\n", ":1:"},
+    {"ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad acme orders:write ops/alice\n", "key name"},
   };
   char path[300];
   snprintf(path, sizeof path, "%s/keys-bad", obx_test_tmpdir());
@@ -113,8 +116,8 @@ static void test_db_keys(void **state) {
   assert_non_null(auth);
   assert_null(obx_auth_find(auth, kdb));
 
-  const obx_auth_entry_t first[] = {{hdb, "globex", "outbox:read,dlq:read"}, {"not-a-hash", "globex", "*"},
-                                    {hdb2, "bad org!", "*"}};
+  const obx_auth_entry_t first[] = {{hdb, "globex", "outbox:read,dlq:read", NULL}, {"not-a-hash", "globex", "*", NULL},
+                                    {hdb2, "bad org!", "*", NULL}};
   obx_auth_set_db_keys(auth, first, 3);
   const obx_auth_key_t *k = obx_auth_find(auth, kdb);
   assert_non_null(k);
@@ -129,7 +132,7 @@ static void test_db_keys(void **state) {
   assert_ptr_equal(obx_auth_find(auth, kdb), k);
   assert_int_equal(obx_auth_count(auth), 2);
 
-  const obx_auth_entry_t changed[] = {{hdb, "globex", "outbox:read"}};
+  const obx_auth_entry_t changed[] = {{hdb, "globex", "outbox:read", NULL}};
   obx_auth_set_db_keys(auth, changed, 1);
   const obx_auth_key_t *k2 = obx_auth_find(auth, kdb);
   assert_non_null(k2);
@@ -138,10 +141,21 @@ static void test_db_keys(void **state) {
   assert_true(k->revoked);
   assert_true(obx_auth_key_allows(k, "dlq:read")); /* the revoked entry is still readable */
 
+  /* a name given (api_keys name) is a change too: a new entry carrying it; a bad one is skipped */
+  const obx_auth_entry_t named[] = {{hdb, "globex", "outbox:read", "desk-bot"}, {hdb2, "globex", "*", "bad name"}};
+  obx_auth_set_db_keys(auth, named, 2);
+  const obx_auth_key_t *k3 = obx_auth_find(auth, kdb);
+  assert_non_null(k3);
+  assert_ptr_not_equal(k3, k2);
+  assert_string_equal(k3->name, "desk-bot");
+  assert_null(obx_auth_find(auth, kdb2));
+  obx_auth_set_db_keys(auth, named, 1); /* the same again: the same entry */
+  assert_ptr_equal(obx_auth_find(auth, kdb), k3);
+
   obx_auth_set_db_keys(auth, NULL, 0);
   assert_null(obx_auth_find(auth, kdb));
   assert_non_null(obx_auth_find(auth, kfile));
-  assert_int_equal(obx_auth_count(auth), 3);
+  assert_int_equal(obx_auth_count(auth), 4);
   obx_auth_destroy(auth);
 }
 
