@@ -124,6 +124,8 @@ typedef struct {
     "Events of different keys run in parallel by one worker")                                    \
   X(worker_max_inflight, INT, "worker.max_inflight", "WORKER_MAX_INFLIGHT", "1000", 1, 1000000, NULL, 0, \
     "Events one worker holds at most (queued or running, all keys); past it the partition read is paused") \
+  X(worker_lease, DURATION, "worker.lease", "WORKER_LEASE", "10s", 1000, 3600000, NULL, 0, \
+    "Lease of an inbox claim; renewed every third of it while the event runs, taken over by a peer once expired") \
   X(worker_infra_attempts, INT, "worker.infra_attempts", "WORKER_INFRA_ATTEMPTS", "30", 1, 1000, NULL, 0, \
     "Tries of one step of an event while MongoDB or RabbitMQ is unavailable, before it is dead-lettered (class infra)") \
   X(worker_infra_timeout, DURATION, "worker.infra_timeout", "WORKER_INFRA_TIMEOUT", "5m", 100, 86400000, NULL, 0, \

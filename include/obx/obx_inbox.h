@@ -1,10 +1,10 @@
-/* obx_inbox.h - the worker's inbox (dedup per consumer and event) and the parked keys
+/* obx_inbox.h - the worker's inbox (claims per consumer and event) and the parked keys
  *
  * DESIGN: DESIGN.md §3 and §6. Collection `inbox`, one document per (consumer, event):
  *   { _id: {consumer, eventId}, eventType, orgId, partitionKey, status, attempts,
  *     headers: {<CloudEvent header>: <string>}, payload: {...},      // kept for replay
  *     source: {topic, partition, offset} | {kind: "http"|"amqp"}, seq,
- *     receivedAt, processedAt, lastError, executionIds: [...] }
+ *     receivedAt, processedAt, lastError, executionIds: [...], owner, member, leaseUntil, retrySent }
  * status: RECEIVED -> PROCESSING -> DONE | SKIPPED | RETRYING -> ... | DEAD; BLOCKED while the
  * event waits behind the head of its key. processedAt is set when an entry reaches DONE,
  * SKIPPED or DEAD, and the TTL index on it (INBOX_RETENTION) removes finished entries. `seq`
@@ -62,6 +62,9 @@ typedef struct {
   const char *source_kind;         /* when topic is NULL: "http", "amqp", ... */
   int64_t seq;                     /* order among the events of the key */
   const char *traceparent;         /* W3C context of the consumer span that stored it; NULL: none */
+  const char *owner;               /* claim: the worker process storing it (NULL: no claim) */
+  const char *member;              /* claim: its static group member (WORKER_INSTANCE_ID; NULL: none) */
+  int64_t lease_ms;                /* claim: leaseUntil = now + lease_ms */
 } obx_inbox_entry_t;
 
 /* Inserts the entry as `status` (RECEIVED or BLOCKED). When the event is already there,
@@ -77,6 +80,54 @@ bool obx_inbox_claim(mongoc_client_t *client, const char *db, mongoc_client_sess
 bool obx_inbox_set_status(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                           const char *consumer, const char *event_id, obx_inbox_status_t status, int attempts,
                           const char *last_error, const char *execution_id, obx_err_t *err);
+
+/* ---- claims ------------------------------------------------------------------------------
+ * An entry that runs is claimed: {owner, leaseUntil}. The owner renews the lease while it runs
+ * (obx_inbox_renew); a peer that meets a live claim never runs the event; an expired claim (its
+ * owner died or stalled past the lease) is taken over. The owner's status writes are
+ * compare-and-set on the claim (owner, status RECEIVED or PROCESSING, the attempts it was
+ * claimed with: obx_inbox_set_status_owned), so an owner whose claim was taken over, or a copy
+ * of another attempt, records nothing. RETRYING is the intent of a retry: written (with
+ * retrySent false and a lease of its own) before the tier publish, then obx_inbox_retry_sent;
+ * final statuses end the claim. */
+
+/* The claim a status write is conditional on. */
+typedef struct {
+  const char *owner;
+  int attempts;     /* the entry's attempts when it was claimed */
+  int64_t lease_ms; /* RETRYING: the intent's lease (a peer resends the tier copy only past it) */
+} obx_inbox_cas_t;
+
+/* Takes the claim of an existing entry met in `status` for owner: sets owner, leaseUntil, status
+ * PROCESSING and attempts = set_attempts. attempts >= 0: a retry tier's copy, taken only while
+ * the entry has exactly that many attempts (a stale copy is never taken), from RETRYING whatever
+ * the intent's lease (the copy exists, so it was published); otherwise, and for every other
+ * status, only when no other owner holds a live lease, or the lease is held by the same static group member
+ * (`member`, not NULL: a restarted process of it; the broker fences the old one). *taken says
+ * whether it did. */
+bool obx_inbox_take(mongoc_client_t *client, const char *db, const char *consumer, const char *event_id,
+                    const char *owner, const char *member, int64_t lease_ms, obx_inbox_status_t status, int attempts,
+                    int set_attempts, bool *taken, obx_err_t *err);
+/* Takes over the tier publish of a RETRYING entry whose intent's owner went away before it
+ * recorded the send (retrySent false, lease expired): owner and a new lease; *taken says
+ * whether it did. Then publish and obx_inbox_retry_sent. */
+bool obx_inbox_take_resend(mongoc_client_t *client, const char *db, const char *consumer, const char *event_id,
+                           const char *owner, int64_t lease_ms, int attempts, bool *taken, obx_err_t *err);
+/* Records that the tier copy of RETRYING attempt `attempts` was published (retrySent true, the
+ * intent's lease ended); a no-op once the entry moved on. */
+bool obx_inbox_retry_sent(mongoc_client_t *client, const char *db, const char *consumer, const char *event_id,
+                          int attempts, obx_err_t *err);
+/* Extends the leases of owner's claims on the given events (RECEIVED or PROCESSING) to now +
+ * lease_ms (one write). */
+bool obx_inbox_renew(mongoc_client_t *client, const char *db, const char *consumer, const char *owner,
+                     const char *const *event_ids, int n, int64_t lease_ms, obx_err_t *err);
+/* obx_inbox_set_status, only while cas holds (see above): OBX_ERR_CONFLICT (not retriable)
+ * otherwise. From RETRYING (a tier publish that failed) to DEAD when status is DEAD and the
+ * entry is RETRYING at cas->attempts + 1 of cas->owner. */
+bool obx_inbox_set_status_owned(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                                const char *consumer, const char *event_id, const obx_inbox_cas_t *cas,
+                                obx_inbox_status_t status, int attempts, const char *last_error,
+                                const char *execution_id, obx_err_t *err);
 
 /* Reads one entry into out (initialised by the caller); *found false when absent. */
 bool obx_inbox_get(mongoc_client_t *client, const char *db, mongoc_client_session_t *session, const char *consumer,

@@ -115,6 +115,11 @@ bool obx_inbox_claim(mongoc_client_t *client, const char *db, mongoc_client_sess
   bson_append_document_end(&doc, &child);
   BSON_APPEND_INT64(&doc, "seq", entry->seq);
   if (entry->traceparent) BSON_APPEND_UTF8(&doc, "traceparent", entry->traceparent);
+  if (entry->owner && status == OBX_INBOX_RECEIVED) { /* a BLOCKED entry is claimed when it is released */
+    BSON_APPEND_UTF8(&doc, "owner", entry->owner);
+    if (entry->member) BSON_APPEND_UTF8(&doc, "member", entry->member);
+    BSON_APPEND_DATE_TIME(&doc, "leaseUntil", obx_time_now_ms() + entry->lease_ms);
+  }
   BSON_APPEND_DATE_TIME(&doc, "receivedAt", obx_time_now_ms());
   BSON_APPEND_NULL(&doc, "lastError");
   BSON_APPEND_ARRAY_BEGIN(&doc, "executionIds", &child);
@@ -154,22 +159,62 @@ done_noopts:
   return ok;
 }
 
-bool obx_inbox_set_status(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
-                          const char *consumer, const char *event_id, obx_inbox_status_t status, int attempts,
-                          const char *last_error, const char *execution_id, obx_err_t *err) {
+static void append_status_in(bson_t *doc, const char *field, const obx_inbox_status_t *statuses, int n) {
+  bson_t in, arr;
+  BSON_APPEND_DOCUMENT_BEGIN(doc, field, &in);
+  BSON_APPEND_ARRAY_BEGIN(&in, "$in", &arr);
+  for (int i = 0; i < n; i++) {
+    char idx[16];
+    const char *k;
+    bson_uint32_to_string((uint32_t)i, &k, idx, sizeof idx);
+    BSON_APPEND_UTF8(&arr, k, obx_inbox_status_name(statuses[i]));
+  }
+  bson_append_array_end(&in, &arr);
+  bson_append_document_end(doc, &in);
+}
+
+/* The claim condition of an owned status write (obx_inbox.h): {owner, $or: [{status: running,
+ * attempts}, {status: RETRYING, retrySent: false, attempts + 1}]}. */
+static void append_cas(bson_t *filter, const obx_inbox_cas_t *cas) {
+  static const obx_inbox_status_t running[] = {OBX_INBOX_RECEIVED, OBX_INBOX_PROCESSING};
+  bson_t or, c;
+  BSON_APPEND_UTF8(filter, "owner", cas->owner);
+  BSON_APPEND_ARRAY_BEGIN(filter, "$or", &or);
+  BSON_APPEND_DOCUMENT_BEGIN(&or, "0", &c);
+  append_status_in(&c, "status", running, 2);
+  BSON_APPEND_INT32(&c, "attempts", cas->attempts);
+  bson_append_document_end(&or, &c);
+  BSON_APPEND_DOCUMENT_BEGIN(&or, "1", &c);
+  BSON_APPEND_UTF8(&c, "status", obx_inbox_status_name(OBX_INBOX_RETRYING));
+  BSON_APPEND_BOOL(&c, "retrySent", false);
+  BSON_APPEND_INT32(&c, "attempts", cas->attempts + 1);
+  bson_append_document_end(&or, &c);
+  bson_append_array_end(filter, &or);
+}
+
+/* The status update of set_status, with the claim condition (cas not NULL). */
+static bool set_status(mongoc_client_t *client, const char *db, mongoc_client_session_t *session, const char *consumer,
+                       const char *event_id, const obx_inbox_cas_t *cas, obx_inbox_status_t status, int attempts,
+                       const char *last_error, const char *execution_id, obx_err_t *err) {
   bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, set, child;
   append_id(&filter, "_id", consumer, "eventId", event_id);
+  if (cas) append_cas(&filter, cas);
+  bool intent = cas && status == OBX_INBOX_RETRYING;
   BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &set);
   BSON_APPEND_UTF8(&set, "status", obx_inbox_status_name(status));
   if (attempts >= 0) BSON_APPEND_INT32(&set, "attempts", attempts);
   if (last_error) BSON_APPEND_UTF8(&set, "lastError", last_error);
   if (obx_inbox_status_final(status)) BSON_APPEND_DATE_TIME(&set, "processedAt", obx_time_now_ms());
-  bson_append_document_end(&update, &set);
-  if (!obx_inbox_status_final(status)) {
-    BSON_APPEND_DOCUMENT_BEGIN(&update, "$unset", &child);
-    BSON_APPEND_UTF8(&child, "processedAt", "");
-    bson_append_document_end(&update, &child);
+  if (intent) { /* the tier publish follows; a peer resends it only once this lease is past */
+    BSON_APPEND_BOOL(&set, "retrySent", false);
+    BSON_APPEND_DATE_TIME(&set, "leaseUntil", obx_time_now_ms() + cas->lease_ms);
   }
+  bson_append_document_end(&update, &set);
+  BSON_APPEND_DOCUMENT_BEGIN(&update, "$unset", &child);
+  if (!obx_inbox_status_final(status)) BSON_APPEND_UTF8(&child, "processedAt", "");
+  if (obx_inbox_status_final(status)) BSON_APPEND_UTF8(&child, "leaseUntil", "");
+  if (!intent) BSON_APPEND_UTF8(&child, "retrySent", "");
+  bson_append_document_end(&update, &child);
   if (execution_id) {
     BSON_APPEND_DOCUMENT_BEGIN(&update, "$push", &child);
     BSON_APPEND_UTF8(&child, "executionIds", execution_id);
@@ -178,9 +223,154 @@ bool obx_inbox_set_status(mongoc_client_t *client, const char *db, mongoc_client
   int64_t matched;
   bool ok = write_one(client, db, "inbox", session, &filter, &update, false, &matched, err);
   if (ok && matched == 0) {
-    obx_err_set(err, OBX_ERR_NOT_FOUND, 0, false, "no inbox entry for event %s of %s", event_id, consumer);
+    if (cas)
+      obx_err_set(err, OBX_ERR_CONFLICT, 0, false,
+                  "the claim of event %s of %s is no longer %s's at attempt %d (taken over or moved on)", event_id,
+                  consumer, cas->owner, cas->attempts);
+    else
+      obx_err_set(err, OBX_ERR_NOT_FOUND, 0, false, "no inbox entry for event %s of %s", event_id, consumer);
     ok = false;
   }
+  bson_destroy(&update);
+  bson_destroy(&filter);
+  return ok;
+}
+
+bool obx_inbox_set_status(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                          const char *consumer, const char *event_id, obx_inbox_status_t status, int attempts,
+                          const char *last_error, const char *execution_id, obx_err_t *err) {
+  return set_status(client, db, session, consumer, event_id, NULL, status, attempts, last_error, execution_id, err);
+}
+
+bool obx_inbox_set_status_owned(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                                const char *consumer, const char *event_id, const obx_inbox_cas_t *cas,
+                                obx_inbox_status_t status, int attempts, const char *last_error,
+                                const char *execution_id, obx_err_t *err) {
+  return set_status(client, db, session, consumer, event_id, cas, status, attempts, last_error, execution_id, err);
+}
+
+/* {$or: [no lease, lease in the past, owner's own, member's own]} appended to filter. */
+static void append_claimable(bson_t *filter, const char *owner, const char *member) {
+  bson_t or, c, cond;
+  BSON_APPEND_ARRAY_BEGIN(filter, "$or", &or);
+  BSON_APPEND_DOCUMENT_BEGIN(&or, "0", &c);
+  BSON_APPEND_DOCUMENT_BEGIN(&c, "leaseUntil", &cond);
+  BSON_APPEND_BOOL(&cond, "$exists", false);
+  bson_append_document_end(&c, &cond);
+  bson_append_document_end(&or, &c);
+  BSON_APPEND_DOCUMENT_BEGIN(&or, "1", &c);
+  BSON_APPEND_DOCUMENT_BEGIN(&c, "leaseUntil", &cond);
+  BSON_APPEND_DATE_TIME(&cond, "$lt", obx_time_now_ms());
+  bson_append_document_end(&c, &cond);
+  bson_append_document_end(&or, &c);
+  BSON_APPEND_DOCUMENT_BEGIN(&or, "2", &c);
+  BSON_APPEND_UTF8(&c, "owner", owner);
+  bson_append_document_end(&or, &c);
+  if (member) {
+    BSON_APPEND_DOCUMENT_BEGIN(&or, "3", &c);
+    BSON_APPEND_UTF8(&c, "member", member);
+    bson_append_document_end(&or, &c);
+  }
+  bson_append_array_end(filter, &or);
+}
+
+bool obx_inbox_take(mongoc_client_t *client, const char *db, const char *consumer, const char *event_id,
+                    const char *owner, const char *member, int64_t lease_ms, obx_inbox_status_t status, int attempts,
+                    int set_attempts, bool *taken, obx_err_t *err) {
+  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child;
+  append_id(&filter, "_id", consumer, "eventId", event_id);
+  BSON_APPEND_UTF8(&filter, "status", obx_inbox_status_name(status));
+  /* a tier's copy runs only the recorded attempt; RETRYING's lease guards the resend, not the run */
+  if (attempts >= 0) BSON_APPEND_INT32(&filter, "attempts", attempts);
+  if (attempts < 0 || status != OBX_INBOX_RETRYING) append_claimable(&filter, owner, member);
+  BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &child);
+  BSON_APPEND_UTF8(&child, "owner", owner);
+  if (member) BSON_APPEND_UTF8(&child, "member", member);
+  BSON_APPEND_DATE_TIME(&child, "leaseUntil", obx_time_now_ms() + lease_ms);
+  BSON_APPEND_UTF8(&child, "status", obx_inbox_status_name(OBX_INBOX_PROCESSING));
+  BSON_APPEND_INT32(&child, "attempts", set_attempts);
+  bson_append_document_end(&update, &child);
+  BSON_APPEND_DOCUMENT_BEGIN(&update, "$unset", &child);
+  BSON_APPEND_UTF8(&child, "processedAt", "");
+  BSON_APPEND_UTF8(&child, "retrySent", "");
+  if (!member) BSON_APPEND_UTF8(&child, "member", "");
+  bson_append_document_end(&update, &child);
+  int64_t matched = 0;
+  bool ok = write_one(client, db, "inbox", NULL, &filter, &update, false, &matched, err);
+  *taken = ok && matched > 0;
+  bson_destroy(&update);
+  bson_destroy(&filter);
+  return ok;
+}
+
+bool obx_inbox_take_resend(mongoc_client_t *client, const char *db, const char *consumer, const char *event_id,
+                           const char *owner, int64_t lease_ms, int attempts, bool *taken, obx_err_t *err) {
+  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child, cond;
+  append_id(&filter, "_id", consumer, "eventId", event_id);
+  BSON_APPEND_UTF8(&filter, "status", obx_inbox_status_name(OBX_INBOX_RETRYING));
+  BSON_APPEND_INT32(&filter, "attempts", attempts);
+  BSON_APPEND_BOOL(&filter, "retrySent", false);
+  BSON_APPEND_DOCUMENT_BEGIN(&filter, "leaseUntil", &cond);
+  BSON_APPEND_DATE_TIME(&cond, "$lt", obx_time_now_ms());
+  bson_append_document_end(&filter, &cond);
+  BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &child);
+  BSON_APPEND_UTF8(&child, "owner", owner);
+  BSON_APPEND_DATE_TIME(&child, "leaseUntil", obx_time_now_ms() + lease_ms);
+  bson_append_document_end(&update, &child);
+  int64_t matched = 0;
+  bool ok = write_one(client, db, "inbox", NULL, &filter, &update, false, &matched, err);
+  *taken = ok && matched > 0;
+  bson_destroy(&update);
+  bson_destroy(&filter);
+  return ok;
+}
+
+bool obx_inbox_retry_sent(mongoc_client_t *client, const char *db, const char *consumer, const char *event_id,
+                          int attempts, obx_err_t *err) {
+  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child;
+  append_id(&filter, "_id", consumer, "eventId", event_id);
+  BSON_APPEND_UTF8(&filter, "status", obx_inbox_status_name(OBX_INBOX_RETRYING));
+  BSON_APPEND_INT32(&filter, "attempts", attempts);
+  BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &child);
+  BSON_APPEND_BOOL(&child, "retrySent", true);
+  bson_append_document_end(&update, &child);
+  BSON_APPEND_DOCUMENT_BEGIN(&update, "$unset", &child);
+  BSON_APPEND_UTF8(&child, "leaseUntil", "");
+  bson_append_document_end(&update, &child);
+  bool ok = write_one(client, db, "inbox", NULL, &filter, &update, false, NULL, err);
+  bson_destroy(&update);
+  bson_destroy(&filter);
+  return ok;
+}
+
+bool obx_inbox_renew(mongoc_client_t *client, const char *db, const char *consumer, const char *owner,
+                     const char *const *event_ids, int n, int64_t lease_ms, obx_err_t *err) {
+  if (n == 0) return true;
+  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child, in, arr;
+  BSON_APPEND_UTF8(&filter, "_id.consumer", consumer);
+  BSON_APPEND_DOCUMENT_BEGIN(&filter, "_id.eventId", &in);
+  BSON_APPEND_ARRAY_BEGIN(&in, "$in", &arr);
+  for (int i = 0; i < n; i++) {
+    char idx[16];
+    const char *k;
+    bson_uint32_to_string((uint32_t)i, &k, idx, sizeof idx);
+    BSON_APPEND_UTF8(&arr, k, event_ids[i]);
+  }
+  bson_append_array_end(&in, &arr);
+  bson_append_document_end(&filter, &in);
+  BSON_APPEND_UTF8(&filter, "owner", owner);
+  static const obx_inbox_status_t running[] = {OBX_INBOX_RECEIVED, OBX_INBOX_PROCESSING};
+  append_status_in(&filter, "status", running, 2);
+  BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &child);
+  BSON_APPEND_DATE_TIME(&child, "leaseUntil", obx_time_now_ms() + lease_ms);
+  bson_append_document_end(&update, &child);
+  mongoc_collection_t *c = coll(client, db, "inbox");
+  bson_t reply;
+  bson_error_t berr;
+  bool ok = mongoc_collection_update_many(c, &filter, &update, NULL, &reply, &berr);
+  if (!ok) obx_err_from_bson(err, &berr, &reply);
+  bson_destroy(&reply);
+  mongoc_collection_destroy(c);
   bson_destroy(&update);
   bson_destroy(&filter);
   return ok;

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "obx/obx_event.h"
 #include "obx/obx_health.h"
@@ -53,6 +54,12 @@ struct obx_worker {
   const char *db;
   int max_attempts;
   int infra_attempts;       /* WORKER_INFRA_ATTEMPTS */
+  char owner[128];          /* this process's name on its inbox claims: host:pid:uuid */
+  const char *member;       /* WORKER_INSTANCE_ID when set: claims of a restarted process of it are its own */
+  int64_t lease_ms;         /* WORKER_LEASE */
+  pthread_mutex_t claims_mu; /* the events this process runs now (their leases are renewed) */
+  char (*claims)[OBX_UUID_LEN + 1];
+  int nclaims, claims_cap;
   int64_t infra_timeout_ms; /* WORKER_INFRA_TIMEOUT */
   obx_mongo_t *mongo;
   obx_schema_guard_t *schema; /* runners start once the worker's collections and indexes exist */
@@ -246,6 +253,47 @@ done:
   complete(w, job);
 }
 
+/* ---- claims: the events this process runs, their leases renewed by the work-queue thread ---- */
+
+static void claims_add(obx_worker_t *w, const char *id) {
+  pthread_mutex_lock(&w->claims_mu);
+  if (w->nclaims == w->claims_cap) {
+    w->claims_cap = w->claims_cap ? w->claims_cap * 2 : 16;
+    w->claims = realloc(w->claims, (size_t)w->claims_cap * sizeof *w->claims);
+    assert(w->claims);
+  }
+  snprintf(w->claims[w->nclaims++], OBX_UUID_LEN + 1, "%s", id);
+  pthread_mutex_unlock(&w->claims_mu);
+}
+
+static void claims_remove(obx_worker_t *w, const char *id) {
+  pthread_mutex_lock(&w->claims_mu);
+  for (int i = 0; i < w->nclaims; i++)
+    if (strcmp(w->claims[i], id) == 0) {
+      memcpy(w->claims[i], w->claims[--w->nclaims], sizeof w->claims[i]);
+      break;
+    }
+  pthread_mutex_unlock(&w->claims_mu);
+}
+
+/* Extends the leases of every event this process runs (one write; a third of the lease apart). */
+static void claims_renew(obx_worker_t *w, mongoc_client_t *client) {
+  pthread_mutex_lock(&w->claims_mu);
+  int n = w->nclaims;
+  char(*copy)[OBX_UUID_LEN + 1] = n ? malloc((size_t)n * sizeof *copy) : NULL;
+  if (n) memcpy(copy, w->claims, (size_t)n * sizeof *copy);
+  pthread_mutex_unlock(&w->claims_mu);
+  if (!n) return;
+  const char **ids = malloc((size_t)n * sizeof *ids);
+  assert(ids);
+  for (int i = 0; i < n; i++) ids[i] = copy[i];
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_inbox_renew(client, w->db, w->consumer, w->owner, ids, n, w->lease_ms, &err))
+    obx_warn("renewing %d claims failed (a peer may take them over after the lease): %s", n, err.msg);
+  free(ids);
+  free(copy);
+}
+
 /* ---- bounded steps ------------------------------------------------------------------------ */
 
 typedef enum {
@@ -315,6 +363,12 @@ static step_result_t publish(obx_worker_t *w, const obx_ladder_msg_t *msg, int t
 
 /* ---- the event's lifecycle ---------------------------------------------------------------- */
 
+typedef enum {
+  CLAIM_TAKEN, /* this process holds the claim */
+  CLAIM_LIVE,  /* a live peer holds it */
+  CLAIM_MOVED, /* the entry is no longer in the status (or attempt) it was met in */
+} claim_t;
+
 /* One event on its way through worker_handle: what it is, where it came from, what happened. */
 typedef struct {
   obx_worker_t *w;
@@ -324,7 +378,10 @@ typedef struct {
   mongoc_client_t *client;
   obx_inbox_entry_t entry;
   const char *names[OBX_LADDER_MAX_HEADERS], *values[OBX_LADDER_MAX_HEADERS];
-  bool claimed;            /* an inbox entry exists for it */
+  bool claimed;            /* an inbox entry exists for it and this process holds its claim */
+  obx_inbox_cas_t cas;     /* that claim: every status write of this run is conditional on it */
+  claim_t claim;
+  char holder[128];        /* CLAIM_LIVE: the peer */
   /* admit */
   bool blocked, inserted;
   obx_inbox_status_t existing;
@@ -339,6 +396,7 @@ typedef struct {
 typedef struct {
   obx_worker_t *w;
   const obx_event_t *ev;
+  const obx_inbox_cas_t *cas;
   int attempts;
   const char *reason;
 } dead_txn_t;
@@ -346,8 +404,8 @@ typedef struct {
 static bool dead_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *err) {
   dead_txn_t *t = ctx;
   mongoc_client_t *client = mongoc_client_session_get_client(session);
-  return obx_inbox_set_status(client, t->w->db, session, t->w->consumer, t->ev->id, OBX_INBOX_DEAD, t->attempts,
-                              t->reason, NULL, err) &&
+  return obx_inbox_set_status_owned(client, t->w->db, session, t->w->consumer, t->ev->id, t->cas, OBX_INBOX_DEAD,
+                                    t->attempts, t->reason, NULL, err) &&
          obx_inbox_park_key(client, t->w->db, session, t->w->consumer, t->ev->partition_key, t->ev->id,
                             obx_inbox_status_name(OBX_INBOX_DEAD), err);
 }
@@ -408,7 +466,7 @@ static worker_outcome_t dead_letter(event_t *e, const char *failure_class, const
   char stored[2400];
   snprintf(stored, sizeof stored, "%s%s%s", reason, published == STEP_OK ? "" : "; not in the DLQ: ",
            published == STEP_OK ? "" : err.msg);
-  dead_txn_t t = {.w = w, .ev = &e->ev, .attempts = msg->attempt, .reason = stored};
+  dead_txn_t t = {.w = w, .ev = &e->ev, .cas = &e->cas, .attempts = msg->attempt, .reason = stored};
   step_result_t recorded = retry_step(w, "recording DEAD", e->ev.id, dead_step, &t, 0, true, &err);
   if (recorded != STEP_OK && published != STEP_OK) return WORKER_INFRA;
   return WORKER_DEAD;
@@ -471,6 +529,7 @@ typedef struct {
   obx_worker_t *w;
   obx_pipeline_run_t *run;  /* NULL when no pipeline ran */
   const obx_event_t *ev;
+  const obx_inbox_cas_t *cas; /* the run's claim (compare-and-set) */
   obx_inbox_status_t status;
   int attempts;
   const char *last_error;
@@ -483,8 +542,8 @@ static bool outcome_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *
   const char *db = t->w->db;
   if (t->run && !obx_pipeline_run_commit(t->run, client, db, session, err)) return false;
   const char *exec_id = t->run ? obx_pipeline_run_execution_id(t->run) : NULL;
-  if (!obx_inbox_set_status(client, db, session, t->w->consumer, t->ev->id, t->status, t->attempts, t->last_error,
-                            exec_id, err))
+  if (!obx_inbox_set_status_owned(client, db, session, t->w->consumer, t->ev->id, t->cas, t->status, t->attempts,
+                                  t->last_error, exec_id, err))
     return false;
   if (t->park && !obx_inbox_park_key(client, db, session, t->w->consumer, t->ev->partition_key, t->ev->id,
                                      obx_inbox_status_name(t->status), err))
@@ -507,25 +566,81 @@ static bool lookup_step(void *ctx, obx_err_t *err) {
 
 /* Records the outcome of a finished run (or of no run). Only the recording is retried: the run's
  * result is kept, so a pipeline that ran is never run again because its recording failed. When
- * the recording cannot be made, the event is dead-lettered (class terminal for a non-retriable
- * error, infra when the bounds are spent), unless a retry tier already holds its next attempt. */
+ * the claim is no longer this run's (taken over by a peer after the lease, or moved on) nothing
+ * is recorded and the event is the peer's (WORKER_DUPLICATE). When the recording cannot be
+ * made, the event is dead-lettered (class terminal for a non-retriable error, infra when the
+ * bounds are spent). */
 static worker_outcome_t record(event_t *e, outcome_txn_t *t, worker_outcome_t outcome, bool dlq_published) {
   obx_err_t err = OBX_ERR_INIT;
   step_result_t r = retry_step(e->w, "recording the outcome", e->ev.id, outcome_step, t, 0, true, &err);
   if (r == STEP_OK) return outcome;
-  if (outcome == WORKER_RETRYING) {
-    obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id,
-                  "recording RETRYING failed (%s); the retry tier's copy carries the event on", err.msg);
-    return outcome;
+  if (err.domain == OBX_ERR_CONFLICT) {
+    obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id, "%s; this run's outcome is not recorded", err.msg);
+    return WORKER_DUPLICATE;
   }
   char cause[700];
   snprintf(cause, sizeof cause, "recording the outcome (%s) failed: %s", obx_inbox_status_name(t->status), err.msg);
   if (dlq_published) { /* the DLQ has it already: only the inbox is left to say DEAD */
-    dead_txn_t d = {.w = e->w, .ev = &e->ev, .attempts = e->msg->attempt, .reason = cause};
+    dead_txn_t d = {.w = e->w, .ev = &e->ev, .cas = &e->cas, .attempts = e->msg->attempt, .reason = cause};
     return retry_step(e->w, "recording DEAD", e->ev.id, dead_step, &d, 0, true, &err) == STEP_OK ? WORKER_DEAD
                                                                                                    : outcome;
   }
-  return dead_letter(e, r == STEP_FAILED ? "terminal" : "infra", cause, false);
+  return dead_letter(e, r == STEP_FAILED ? "terminal" : "infra", cause, outcome == WORKER_RETRYING);
+}
+
+/* A transient failure with attempts left goes up the ladder, intent first: one transaction
+ * records the run, RETRYING with the attempt number and the parked key (compare-and-set on the
+ * claim); then the confirmed publish to the tier; then retrySent. A copy is therefore never on a
+ * tier before its attempt is recorded, so it cannot run early; a copy of an attempt the entry no
+ * longer records never runs (obx_inbox_take). When the process stops between the commit and the
+ * publish, the next delivery of the event finds the intent unsent past its lease and publishes
+ * it (resend_intent). When the tier cannot be reached within the bounds, the DLQ. */
+static worker_outcome_t retry(event_t *e, outcome_txn_t *t, int attempt, const char *error) {
+  obx_worker_t *w = e->w;
+  t->status = OBX_INBOX_RETRYING;
+  worker_outcome_t outcome = record(e, t, WORKER_RETRYING, false);
+  if (outcome != WORKER_RETRYING) return outcome; /* not this run's any more, or dead-lettered */
+  obx_err_t err = OBX_ERR_INIT;
+  int tier = attempt - 1;
+  if (publish(w, e->msg, tier, &err) != STEP_OK) {
+    char cause[700];
+    snprintf(cause, sizeof cause, "attempt %d failed (%s) and the retry tier cannot be reached: %s", attempt, error,
+             err.msg);
+    free(e->msg->reason);
+    e->msg->reason = NULL;
+    return dead_letter(e, "infra", cause, true); /* DEAD from this run's unsent RETRYING */
+  }
+  int ntiers = obx_ladder_ntiers(w->ladder);
+  count_retry(w, tier < ntiers ? tier : ntiers - 1);
+  obx_log_event(OBX_LOG_INFO, e->ev.id, e->ev.correlation_id, "attempt %d failed (transient: %s); retry tier %d",
+                attempt, error, tier + 1);
+  if (!obx_inbox_retry_sent(e->client, w->db, w->consumer, e->ev.id, attempt, &err))
+    obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id,
+                  "recording the tier publish failed (%s): the copy runs anyway, a later delivery may send another",
+                  err.msg);
+  return WORKER_RETRYING;
+}
+
+/* Before a failed run goes up the ladder or to the DLQ: is the event still this process's? A
+ * process that stalled past its lease (paused, swapped out) finds its claim taken over and
+ * sends nothing; the new owner settles the event. When MongoDB cannot say, it goes on (at least
+ * once). */
+static bool claim_held(event_t *e) {
+  bson_t doc = BSON_INITIALIZER;
+  bool found = false;
+  obx_err_t err = OBX_ERR_INIT;
+  bool held = true;
+  if (obx_inbox_get(e->client, e->w->db, NULL, e->w->consumer, e->ev.id, &doc, &found, &err) && found) {
+    const char *owner = obx_mongo_doc_str(&doc, "owner"), *status = obx_mongo_doc_str(&doc, "status");
+    held = owner && strcmp(owner, e->w->owner) == 0 && status &&
+           (strcmp(status, obx_inbox_status_name(OBX_INBOX_RECEIVED)) == 0 ||
+            strcmp(status, obx_inbox_status_name(OBX_INBOX_PROCESSING)) == 0);
+  }
+  bson_destroy(&doc);
+  if (!held)
+    obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id,
+                  "the claim was taken over while the pipeline ran: its failure is not sent on");
+  return held;
 }
 
 /* Runs the pipeline of the event once and settles it: recorded, retried on a tier, or in the DLQ. */
@@ -549,7 +664,7 @@ static worker_outcome_t run_event(event_t *e) {
     outcome = dead_letter(e, looked == STEP_FAILED ? "terminal" : "infra", cause, false);
     goto done;
   }
-  outcome_txn_t t = {.w = w, .ev = ev, .attempts = attempt};
+  outcome_txn_t t = {.w = w, .ev = ev, .cas = &e->cas, .attempts = attempt};
   bool dlq_published = false;
   if (!e->pipeline) {
     t.status = OBX_INBOX_SKIPPED;
@@ -581,29 +696,19 @@ static worker_outcome_t run_event(event_t *e) {
       t.park = true;
       msg_continue_trace(msg);
       obx_ladder_msg_fail(msg, transient ? "transient" : "terminal", rerr->msg, obx_time_now_ms());
-      step_result_t published = STEP_FAILED;
       if (transient && attempt < w->max_attempts) {
-        int tier = attempt - 1;
-        published = publish(w, msg, tier, &err);
-        if (published == STEP_OK) {
-          int ntiers = obx_ladder_ntiers(w->ladder);
-          count_retry(w, tier < ntiers ? tier : ntiers - 1);
-          t.status = OBX_INBOX_RETRYING;
-          outcome = WORKER_RETRYING;
-          obx_log_event(OBX_LOG_INFO, ev->id, ev->correlation_id, "attempt %d failed (transient: %s); retry tier %d",
-                        attempt, rerr->msg, tier + 1);
-          break;
-        }
+        outcome = retry(e, &t, attempt, rerr->msg);
+        goto done;
       }
-      /* Terminal, attempts exhausted, or no retry tier to be had: the DLQ. */
+      if (!claim_held(e)) { /* the DLQ copy goes before the recording: look first */
+        outcome = WORKER_DUPLICATE;
+        goto done;
+      }
+      /* Terminal, or attempts exhausted: the DLQ. */
       char cause[700];
-      if (transient && attempt < w->max_attempts)
-        snprintf(cause, sizeof cause, "attempt %d failed (%s) and the retry tier cannot be reached: %s", attempt,
-                 rerr->msg, err.msg);
-      else
-        snprintf(cause, sizeof cause, "%s after attempt %d: %s", transient ? "attempts exhausted" : "terminal failure",
-                 attempt, rerr->msg);
-      const char *fclass = !transient ? "terminal" : attempt >= w->max_attempts ? "exhausted" : "infra";
+      snprintf(cause, sizeof cause, "%s after attempt %d: %s", transient ? "attempts exhausted" : "terminal failure",
+               attempt, rerr->msg);
+      const char *fclass = transient ? "exhausted" : "terminal";
       free(msg->reason);
       msg->reason = NULL;
       /* The run's record and DEAD go in one transaction below; the DLQ copy goes first. */
@@ -658,10 +763,104 @@ static bool admit_step(void *ctx, obx_err_t *err) {
   return obx_inbox_claim(e->client, w->db, NULL, &e->entry, OBX_INBOX_RECEIVED, &e->inserted, &e->existing, err);
 }
 
-static bool processing_step(void *ctx, obx_err_t *err) {
+/* Takes the claim of an entry met in `existing`. A retry tier's copy (work queue, attempt > 0,
+ * not an operator's replay) runs only when its attempt is the one the entry records: a stale or
+ * early copy never runs. When the claim is not taken, the entry tells whether a live peer runs it
+ * (RECEIVED or PROCESSING under a lease that is not past) or it moved on. */
+static bool take_step(void *ctx, obx_err_t *err) {
   event_t *e = ctx;
-  return obx_inbox_set_status(e->client, e->w->db, NULL, e->w->consumer, e->ev.id, OBX_INBOX_PROCESSING, -1, NULL,
-                              NULL, err);
+  obx_worker_t *w = e->w;
+  bool tier_copy = e->source == WORKER_SOURCE_WORK && e->msg->attempt > 0 && !e->msg->replay_id;
+  bool taken = false;
+  if (!obx_inbox_take(e->client, w->db, w->consumer, e->ev.id, w->owner, w->member, w->lease_ms, e->existing,
+                      tier_copy ? e->msg->attempt : -1, e->msg->attempt, &taken, err))
+    return false;
+  e->claim = CLAIM_TAKEN;
+  if (taken) return true;
+  bson_t doc = BSON_INITIALIZER;
+  bool found = false;
+  bool ok = obx_inbox_get(e->client, w->db, NULL, w->consumer, e->ev.id, &doc, &found, err);
+  bson_iter_t it;
+  int64_t until = found && bson_iter_init_find(&it, &doc, "leaseUntil") && BSON_ITER_HOLDS_DATE_TIME(&it)
+                    ? bson_iter_date_time(&it) : 0;
+  const char *holder = found ? obx_mongo_doc_str(&doc, "owner") : NULL, *status = obx_mongo_doc_str(&doc, "status");
+  bool running = status && (strcmp(status, obx_inbox_status_name(OBX_INBOX_RECEIVED)) == 0 ||
+                            strcmp(status, obx_inbox_status_name(OBX_INBOX_PROCESSING)) == 0);
+  e->claim = running && until > obx_time_now_ms() && holder && strcmp(holder, w->owner) != 0 ? CLAIM_LIVE : CLAIM_MOVED;
+  if (e->claim == CLAIM_LIVE) snprintf(e->holder, sizeof e->holder, "%s", holder);
+  bson_destroy(&doc);
+  return ok;
+}
+
+/* An entry met RETRYING whose intent's owner went away between its commit and the tier publish
+ * (retrySent false, the intent's lease past): this delivery publishes the tier copy of the
+ * recorded attempt, so a parked key never waits for a message that is nowhere. A work-queue copy
+ * of exactly that attempt is the publish itself and sends nothing. True when it sent the copy. */
+static bool resend_intent(event_t *e) {
+  obx_worker_t *w = e->w;
+  bson_t doc = BSON_INITIALIZER;
+  bool found = false, taken = false, sent = false;
+  obx_err_t err = OBX_ERR_INIT;
+  bson_iter_t it;
+  if (!obx_inbox_get(e->client, w->db, NULL, w->consumer, e->ev.id, &doc, &found, &err) || !found ||
+      !bson_iter_init_find(&it, &doc, "retrySent") || !BSON_ITER_HOLDS_BOOL(&it) || bson_iter_bool(&it))
+    goto done;
+  int attempts = bson_iter_init_find(&it, &doc, "attempts") && BSON_ITER_HOLDS_INT(&it) ? (int)bson_iter_as_int64(&it) : 0;
+  if (attempts < 1 || (e->source == WORKER_SOURCE_WORK && e->msg->attempt == attempts)) goto done;
+  if (!obx_inbox_take_resend(e->client, w->db, w->consumer, e->ev.id, w->owner, w->lease_ms, attempts, &taken, &err) ||
+      !taken)
+    goto done;
+  const char *last_error = obx_mongo_doc_str(&doc, "lastError");
+  e->msg->attempt = attempts - 1;
+  obx_ladder_msg_fail(e->msg, "transient", last_error ? last_error : "", obx_time_now_ms());
+  if (publish(w, e->msg, attempts - 1, &err) != STEP_OK) {
+    obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id,
+                  "the unsent tier copy of attempt %d cannot be published (%s); the next delivery tries again",
+                  attempts, err.msg);
+    goto done;
+  }
+  obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id,
+                "attempt %d was recorded RETRYING but its tier copy was never sent: sent now", attempts);
+  if (!obx_inbox_retry_sent(e->client, w->db, w->consumer, e->ev.id, attempts, &err))
+    obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id, "recording the tier publish failed: %s", err.msg);
+  sent = true;
+done:
+  bson_destroy(&doc);
+  return sent;
+}
+
+/* A claim not taken. Moved on (finished, or a copy of another attempt): a duplicate. Held by a
+ * live peer: the event is never run here. A work-queue copy goes back to the first retry tier
+ * (it comes back after the delay and looks again); a Kafka record waits, holding its key, up to
+ * two leases for the peer to finish or its claim to expire, then goes the same way; an HTTP
+ * delivery is answered 503 (the sender delivers again). */
+static worker_outcome_t claim_not_taken(event_t *e) {
+  obx_worker_t *w = e->w;
+  if (e->claim == CLAIM_MOVED) {
+    obx_log_event(OBX_LOG_INFO, e->ev.id, e->ev.correlation_id, "stale copy (attempt %d): the entry moved on; skipped",
+                  e->msg->attempt);
+    return WORKER_DUPLICATE;
+  }
+  obx_log_event(OBX_LOG_INFO, e->ev.id, e->ev.correlation_id, "claimed by %s, who runs it now: not run here", e->holder);
+  if (e->source == WORKER_SOURCE_HTTP) return WORKER_INFRA;
+  if (e->source == WORKER_SOURCE_KAFKA) {
+    int64_t deadline = obx_time_now_ms() + 2 * w->lease_ms, backoff = INFRA_BACKOFF_MIN_MS;
+    while (obx_time_now_ms() < deadline) {
+      if (!nap_backoff(w, &backoff)) return WORKER_INFRA;
+      obx_err_t err = OBX_ERR_INIT;
+      if (!admit_step(e, &err)) continue;
+      if (e->existing == OBX_INBOX_RETRYING) (void)resend_intent(e);
+      if (e->existing == OBX_INBOX_DONE || e->existing == OBX_INBOX_SKIPPED || e->existing == OBX_INBOX_RETRYING ||
+          e->existing == OBX_INBOX_DEAD || e->existing == OBX_INBOX_BLOCKED)
+        return WORKER_DUPLICATE; /* the peer settled it */
+      if (take_step(e, &err) && e->claim == CLAIM_TAKEN) return WORKER_DONE; /* taken over: the caller runs it */
+      if (e->claim == CLAIM_MOVED) return WORKER_DUPLICATE;
+    }
+  }
+  obx_err_t err = OBX_ERR_INIT;
+  if (obx_ladder_ntiers(w->ladder) == 0 || publish(w, e->msg, 0, &err) != STEP_OK) return WORKER_INFRA;
+  obx_log_event(OBX_LOG_INFO, e->ev.id, e->ev.correlation_id, "sent to the first retry tier to look again later");
+  return WORKER_DUPLICATE;
 }
 
 /* One release step of a key after its head `done` finished, in a transaction: the head moves
@@ -901,7 +1100,8 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
   }
   e.entry = (obx_inbox_entry_t){.consumer = w->consumer, .event = &e.ev, .header_names = e.names,
                                 .header_values = e.values, .nheaders = msg->nheaders,
-                                .seq = offset >= 0 ? offset : obx_time_now_ms(), .traceparent = traceparent};
+                                .seq = offset >= 0 ? offset : obx_time_now_ms(), .traceparent = traceparent,
+                                .owner = w->owner, .member = w->member, .lease_ms = w->lease_ms};
   if (source == WORKER_SOURCE_KAFKA) {
     e.entry.topic = w->conf->kafka_topic;
     e.entry.partition = partition;
@@ -925,8 +1125,11 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
     outcome = WORKER_BLOCKED;
     goto done;
   }
-  e.claimed = true;
   if (!e.inserted) {
+    if (e.existing == OBX_INBOX_RETRYING && resend_intent(&e)) { /* the copy sent now carries it on */
+      outcome = WORKER_DUPLICATE;
+      goto done;
+    }
     bool finished = e.existing == OBX_INBOX_DONE || e.existing == OBX_INBOX_SKIPPED;
     /* From Kafka or HTTP, an event the ladder, the DLQ or its key already owns is a duplicate
      * too; from the work queue those are exactly the events to run again. */
@@ -941,21 +1144,29 @@ worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladd
       if (finished && source == WORKER_SOURCE_WORK && !release_if_head(&e)) outcome = WORKER_INFRA;
       goto done;
     }
-    if (e.existing != OBX_INBOX_RECEIVED) {
-      step_result_t r = retry_step(w, "inbox update", e.ev.id, processing_step, &e, pre_tries, false, &err);
-      if (r == STEP_STOPPED || (r == STEP_EXHAUSTED && source == WORKER_SOURCE_HTTP)) goto done;
-      if (r != STEP_OK) {
-        char cause[600];
-        snprintf(cause, sizeof cause, "marking the inbox entry PROCESSING failed: %s", err.msg);
-        outcome = dead_letter(&e, r == STEP_FAILED ? "terminal" : "infra", cause, false);
-        goto done;
-      }
+    /* claim: never run what a live peer runs; take over an expired claim */
+    step_result_t r = retry_step(w, "inbox claim", e.ev.id, take_step, &e, pre_tries, false, &err);
+    if (r == STEP_STOPPED || (r == STEP_EXHAUSTED && source == WORKER_SOURCE_HTTP)) goto done;
+    if (r != STEP_OK) {
+      char cause[600];
+      snprintf(cause, sizeof cause, "claiming the inbox entry failed: %s", err.msg);
+      outcome = dead_letter(&e, r == STEP_FAILED ? "terminal" : "infra", cause, false);
+      goto done;
+    }
+    if (e.claim != CLAIM_TAKEN) {
+      outcome = claim_not_taken(&e);
+      if (e.claim != CLAIM_TAKEN) goto done;
     }
   }
+  /* the claim's attempts: a fresh entry's 0, a taken one's the copy's (obx_inbox_take) */
+  e.cas = (obx_inbox_cas_t){.owner = w->owner, .attempts = e.inserted ? 0 : msg->attempt, .lease_ms = w->lease_ms};
+  e.claimed = true;
+  claims_add(w, e.ev.id);
   outcome = run_event(&e);
   if ((outcome == WORKER_DONE || outcome == WORKER_SKIPPED) && source == WORKER_SOURCE_WORK && !release_if_head(&e))
     outcome = WORKER_INFRA;
 done:
+  if (e.claimed) claims_remove(w, e.ev.id);
   obx_pipeline_destroy(e.pipeline);
   if (e.client) obx_mongo_push(w->mongo, e.client);
   obx_event_cleanup(&e.ev);
@@ -1305,7 +1516,7 @@ static void *wq_main(void *arg) {
   obx_worker_t *w = arg;
   pthread_setname_np(pthread_self(), "obx-workq");
   obx_log_set_role("worker");
-  int64_t last_warn = 0, last_parked = 0, last_tick = 0;
+  int64_t last_warn = 0, last_parked = 0, last_tick = 0, last_renew = 0;
   obx_health_register("worker", "work queue");
   while (!atomic_load(&w->stop)) {
     obx_health_stamp("settling work queue messages");
@@ -1313,6 +1524,12 @@ static void *wq_main(void *arg) {
     if (obx_time_now_ms() - last_tick >= 1000) { /* in every mode: heartbeats, reconnects */
       obx_ladder_tick(w->ladder);
       last_tick = obx_time_now_ms();
+    }
+    if (obx_time_now_ms() - last_renew >= w->lease_ms / 3) {
+      last_renew = obx_time_now_ms();
+      mongoc_client_t *client = obx_mongo_pop(w->mongo);
+      claims_renew(w, client);
+      obx_mongo_push(w->mongo, client);
     }
     if (obx_time_now_ms() - last_parked >= 5000) {
       last_parked = obx_time_now_ms();
@@ -1359,6 +1576,13 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   w->max_attempts = (int)conf->order_post_attempts;
   w->infra_attempts = (int)conf->worker_infra_attempts;
   w->infra_timeout_ms = conf->worker_infra_timeout;
+  w->lease_ms = conf->worker_lease;
+  char host[64] = "worker", uuid[OBX_UUID_LEN + 1];
+  gethostname(host, sizeof host - 1);
+  obx_uuid7(uuid);
+  snprintf(w->owner, sizeof w->owner, "%s:%d:%s", host, (int)getpid(), uuid);
+  w->member = conf->worker_instance_id[0] ? conf->worker_instance_id : NULL;
+  pthread_mutex_init(&w->claims_mu, NULL);
   w->nrunners = (int)conf->order_post_concurrency;
   w->max_inflight = (int)conf->worker_max_inflight;
   pthread_once(&metrics_once, metrics_register);
@@ -1450,6 +1674,8 @@ void obx_worker_destroy(obx_worker_t *w) {
   obx_schema_guard_destroy(w->schema);
   obx_mongo_destroy(w->mongo);
   pthread_mutex_destroy(&w->done_mu);
+  pthread_mutex_destroy(&w->claims_mu);
+  free(w->claims);
   free(w);
 }
 

@@ -3,8 +3,9 @@
  * DESIGN: the worker reaches RabbitMQ through a TCP proxy inside the test, which can refuse
  * connections ("down": listener closed, every proxied connection cut) and accept them again
  * ("up", same port). Events that need no retry run while RabbitMQ is down; an event that must
- * go to a retry tier waits on its lane (nothing recorded, offset not committed) and completes
- * once the broker is back. A Kafka broker outage in the middle of consumption loses nothing
+ * go to a retry tier waits on its runner with its retry recorded first (RETRYING, retrySent
+ * false; offset not committed), is published once the broker is back (retrySent true) and
+ * completes. A Kafka broker outage in the middle of consumption loses nothing
  * either: that test has a real broker of its own, frozen (SIGSTOP) and later killed (SIGKILL)
  * and started again on the same port and data. */
 #include <arpa/inet.h>
@@ -162,6 +163,17 @@ static int teardown(void **state) {
   return 0;
 }
 
+/* retrySent of an inbox entry: 1 true, 0 false, -1 absent. */
+static int retry_sent(wt_fx_t *fx, const char *id) {
+  bson_t doc;
+  bson_iter_t it;
+  int v = -1;
+  if (wt_inbox(fx, id, &doc) && bson_iter_init_find(&it, &doc, "retrySent") && BSON_ITER_HOLDS_BOOL(&it))
+    v = bson_iter_bool(&it) ? 1 : 0;
+  bson_destroy(&doc);
+  return v;
+}
+
 static void test_starts_with_rabbitmq_down_and_catches_up(void **state) {
   WT_NEED_BROKER();
   outage_fx_t *o = *state;
@@ -180,13 +192,15 @@ static void test_starts_with_rabbitmq_down_and_catches_up(void **state) {
   wt_produce(fx, &failing);
   wt_wait_status(fx, ok.id, "DONE"); /* success needs no RabbitMQ */
   wt_wait_calls(fx, "U-2", 1);
-  /* The failed event cannot reach its retry tier: nothing is recorded for it meanwhile. */
+  /* The failed event cannot reach its retry tier: its retry is recorded first (intent), not sent. */
+  wt_wait_status(fx, failing.id, "RETRYING");
   usleep(1500 * 1000);
-  wt_wait_status(fx, failing.id, "RECEIVED");
+  if (retry_sent(fx, failing.id) != 0) fail_msg("retrySent with RabbitMQ down: got %d, want 0 (false)", retry_sent(fx, failing.id));
   assert_int_equal(wt_erp_calls(fx, "U-2"), 1);
 
   atomic_store(&o->proxy.up, true);
-  wt_wait_status(fx, failing.id, "RETRYING");
+  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
+  while (retry_sent(fx, failing.id) == 0 && obx_test_now_ms() < deadline) usleep(20000);
   wt_route(fx, "U-2", 200);
   wt_wait_status(fx, failing.id, "DONE");
 

@@ -88,12 +88,23 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind, const 
   return MHD_YES;
 }
 
-static void record(obx_test_httpd_t *httpd, struct MHD_Connection *connection, const char *method, const char *url,
-                   upload_t *up) {
+static int64_t wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Records the request; returns its index (-1 past the recorded ones). */
+static int record(obx_test_httpd_t *httpd, struct MHD_Connection *connection, const char *method, const char *url,
+                  upload_t *up) {
+  int idx = -1;
   pthread_mutex_lock(&httpd->mu);
   httpd->total++;
   if (httpd->nrequests < HTTPD_MAX_REQUESTS) {
+    idx = httpd->nrequests;
     obx_test_httpd_request_t *req = &httpd->requests[httpd->nrequests++];
+    req->start_ms = wall_ms();
+    req->end_ms = 0;
     snprintf(req->method, sizeof req->method, "%s", method);
     snprintf(req->path, sizeof req->path, "%s", url);
     bson_init(&req->headers);
@@ -103,6 +114,14 @@ static void record(obx_test_httpd_t *httpd, struct MHD_Connection *connection, c
     req->body[up->len] = '\0';
     req->body_len = up->len;
   }
+  pthread_mutex_unlock(&httpd->mu);
+  return idx;
+}
+
+static void record_end(obx_test_httpd_t *httpd, int idx) {
+  if (idx < 0) return;
+  pthread_mutex_lock(&httpd->mu);
+  httpd->requests[idx].end_ms = wall_ms();
   pthread_mutex_unlock(&httpd->mu);
 }
 
@@ -121,7 +140,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *connection, cons
     *upload_data_size = 0;
     return MHD_YES;
   }
-  record(httpd, connection, method, url, up);
+  int idx = record(httpd, connection, method, url, up);
 
   obx_test_httpd_route_t r = {.status = 404, .body = "{\"error\":\"no route\"}"};
   char *copy_body = NULL, *copy_type = NULL, *copy_location = NULL;
@@ -140,6 +159,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *connection, cons
   struct MHD_Response *resp = NULL;
   enum MHD_Result ret = MHD_NO;
   if (r.delay_ms && !nap(httpd, r.delay_ms)) goto done;
+  record_end(httpd, idx);
   const char *body = copy_body ? copy_body : "";
   if (r.body_bytes || r.chunk_delay_ms || r.chunked) {
     gen_t *g = calloc(1, sizeof *g);
@@ -297,6 +317,8 @@ bool obx_test_httpd_request(obx_test_httpd_t *httpd, int i, obx_test_httpd_reque
     out->body = malloc(req->body_len + 1);
     memcpy(out->body, req->body, req->body_len + 1);
     out->body_len = req->body_len;
+    out->start_ms = req->start_ms;
+    out->end_ms = req->end_ms;
     ok = true;
   }
   pthread_mutex_unlock(&httpd->mu);

@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <bson/bson.h>
 
 typedef struct obx_test_httpd obx_test_httpd_t;
@@ -33,6 +34,8 @@ typedef struct {
   bson_t headers;  /* lower-case name -> value */
   char *body;      /* NUL-terminated */
   size_t body_len;
+  int64_t start_ms; /* wall clock: when the request was read, and when its answer was queued */
+  int64_t end_ms;   /* (0 while it is still being answered) */
 } obx_test_httpd_request_t;
 
 /* NULL when the server cannot start. */
