@@ -39,14 +39,16 @@ fi
 # listener binds over them, so a restart on the same port works at once.
 port_free() { ! ss -Htan state listening state established "( sport = :$1 )" 2>/dev/null | grep -q .; }
 
-# Picks the AMQP port P and derives the others from it: distribution P+10000, CLI range
-# P+20000..P+20010, epmd P+30000. Every one must be free.
+# Picks the AMQP port P and derives the others from it: distribution P+1, CLI range P+2..P+12,
+# epmd P+13. Every one must be free. The block sits below the kernel's ephemeral range
+# (32768 up), so an outgoing connection elsewhere on the machine never takes one of its ports
+# between a stop and the next start.
+block_free() { local i; for i in $(seq 0 13); do port_free $(($1 + i)) || return 1; done; }
 pick_ports() {
   local tries=0 p
   while :; do
-    if [ -n "${OBX_RMQ_PORT:-}" ]; then p=$OBX_RMQ_PORT; else p=$((20000 + RANDOM % 9000)); fi
-    if port_free "$p" && port_free $((p + 10000)) && port_free $((p + 20000)) &&
-       port_free $((p + 30000)); then
+    if [ -n "${OBX_RMQ_PORT:-}" ]; then p=$OBX_RMQ_PORT; else p=$((20000 + 16 * (RANDOM % 750))); fi
+    if block_free "$p"; then
       PORT=$p
       return 0
     fi
@@ -71,11 +73,11 @@ node_env() {
     RABBITMQ_NODENAME="$NODE"
     RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
     RABBITMQ_NODE_PORT="$PORT"
-    RABBITMQ_DIST_PORT=$((PORT + 10000))
+    RABBITMQ_DIST_PORT=$((PORT + 1))
     RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
-    RABBITMQ_CTL_DIST_PORT_MIN=$((PORT + 20000))
-    RABBITMQ_CTL_DIST_PORT_MAX=$((PORT + 20010))
-    ERL_EPMD_PORT=$((PORT + 30000))
+    RABBITMQ_CTL_DIST_PORT_MIN=$((PORT + 2))
+    RABBITMQ_CTL_DIST_PORT_MAX=$((PORT + 12))
+    ERL_EPMD_PORT=$((PORT + 13))
     ERL_EPMD_ADDRESS=127.0.0.1
     RABBITMQ_CONF_ENV_FILE="$DIR/rabbitmq-env.conf"
     RABBITMQ_CONFIG_FILE="$DIR/rabbitmq.conf"
