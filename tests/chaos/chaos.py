@@ -7,7 +7,7 @@ NAME
 
 SYNOPSIS
   chaos.py --build DIR [--scenario NAME ...] [--orders N] [--events N] [--keys N]
-           [--cycles N] [--seed N] [--quiet-timeout S] [--list]
+           [--cycles N] [--period S] [--seed N] [--raw KIND,...] [--quiet-timeout S] [--list]
 
 DESCRIPTION
   Services: a private devmongod per scenario; Kafka from KAFKA_BROKERS (the real broker of
@@ -15,25 +15,37 @@ DESCRIPTION
   it) or, without it, a private kafka-mockd; RabbitMQ from AMQP_URL (OBX_RMQ_DIR names the node
   of scripts/rabbitmq.sh, which the rabbitmq scenario stops and starts). Every scenario has its
   own database, topic, consumer group and RabbitMQ queue prefix, so scenarios share nothing.
+  Each outboxd role connects to MongoDB as appName chaos-<role>, so failCommand can aim at one.
 
   Workload: N orders through POST /orders (their OrderConfirmed events run the order.post
   pipeline) and N third-party events written by this script through pymongo (another official
   MongoDB driver) in its own transactions, in the public outbox schema, over K keys with a
   per-key sequence number (their ChaosTick events run an event.ChaosTick pipeline). Both
   pipelines call one stub endpoint in this process, which records every call (start, end,
-  answer, Idempotency-Key) and can answer 503, hang, or refuse poison events with 400.
+  answer, Idempotency-Key) and can answer 503, hang, or refuse poison events. The poison
+  scenario mixes in poison of every class (POISON_CLASSES below): 400 answers (terminal), 503
+  answers until the attempts run out (exhausted), third-party ChaosShip events whose pipeline's
+  set-status names an order that does not exist (terminal), and records produced straight to
+  the topic with confluent-kafka (RAW_KINDS: malformed ones, and an empty key).
 
   Ledger (one line per scenario; the assertions below are what "nothing lost, no side effect
   doubled, per-key order kept" means here):
-    written        outbox events written (api + third-party)
+    orders         orders accepted by POST /orders
+    api / third    outbox events written by the API / by the third-party writer
+    written        api + third (must equal their sum)
+    raw            records produced straight to Kafka (each must have a dead letter of its class)
     kafka          distinct event ids read back from the topic (must equal written)
-    done / dead    inbox entries DONE / DEAD (dead must be exactly the poison events)
+    done / dead    inbox entries DONE / DEAD (dead must be exactly the poison events, each with
+                   a dead letter whose failureClass is the one its class must end in)
+    dead_letters   documents in dead_letters
     effects        distinct Idempotency-Keys the endpoint answered 2xx for (= done events)
     concurrent     keys with two calls in flight at once (must be 0)
     repeats        keys answered 2xx more than once, one after the other (at-least-once
                    repeats, allowed only by the scenarios that kill a worker mid-call)
     inversions     third-party events whose first effect came after a later event of their key
-    lost           written and neither DONE nor dead-lettered with a reason (must be 0)
+    lost           written and neither DONE nor dead-lettered with a reason, plus raw records
+                   without their dead letter (must be 0)
+    faults         faults injected (kills, outages; for failCommand the times it fired)
 
 EXIT
   0 when every ledger holds, 1 when one does not, 2 on bad usage or a missing prerequisite.
@@ -64,9 +76,10 @@ from datetime import datetime, timezone
 
 try:
     import pymongo
+    from bson.codec_options import CodecOptions
     from pymongo.read_concern import ReadConcern
     from pymongo.write_concern import WriteConcern
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 except ImportError as e:  # the venv of scripts/pyenv.sh has both
     print(f"chaos.py: {e}: run it with the interpreter of scripts/pyenv.sh", file=sys.stderr)
@@ -221,9 +234,13 @@ class Endpoint:
         self.thread.start()
 
     def answer(self, body, conn):
-        poison = body.get("poison") in (True, "true") or str(body.get("email", "")).startswith("poison")
-        if poison and not self.poison_fixed:
-            return 400
+        # A poison tick names its answer ("400": terminal at once, "503": transient until its
+        # attempts are exhausted); a poison order's email starts with "poison" (400).
+        poison = str(body.get("poison", ""))
+        if str(body.get("email", "")).startswith("poison"):
+            poison = "400"
+        if poison in ("400", "503") and not self.poison_fixed:
+            return int(poison)
         mode = self.mode
         if mode == "503":
             return 503
@@ -288,6 +305,10 @@ class Stack:
         self.mongo_uri = f"mongodb://127.0.0.1:{port}/?replicaSet=rs0"
         self.client = pymongo.MongoClient(self.mongo_uri, serverSelectionTimeoutMS=10000)
         self.mdb = self.client[self.db]
+        # A dead letter keeps a record's bytes as received: a header value that is not UTF-8 is
+        # stored in a BSON string as it came, which pymongo only decodes with a replacing handler.
+        self.dead_letters = self.mdb.get_collection(
+            "dead_letters", codec_options=CodecOptions(unicode_decode_error_handler="backslashreplace"))
 
     def start_kafka(self):
         self.brokers = os.environ.get("KAFKA_BROKERS")
@@ -332,11 +353,18 @@ class Stack:
         with open(os.path.join(pdir, "tick.json"), "w") as f:
             json.dump(pipeline("chaos-tick", "event.ChaosTick", "/tick",
                                {"key": "{{payload.key}}", "seq": "{{payload.seq}}", "poison": "{{payload.poison}}"}), f)
+        with open(os.path.join(pdir, "ship.json"), "w") as f:
+            ship = pipeline("chaos-ship", "event.ChaosShip", "/ship", {})
+            ship["nodes"][1] = {"id": "status", "type": "set-status",
+                                "config": {"statusTag": "shipped", "name": "Shipped"}}
+            ship["edges"][0]["to"] = "status"
+            json.dump(ship, f)
         self.pipelines_dir = pdir
 
-    def conf_args(self):
+    def conf_args(self, role):
         a = self.args
-        kv = {"mongo.uri": self.mongo_uri, "mongo.db": self.db, "kafka.brokers": self.brokers,
+        # appName per role: the mongo scenario aims failCommand at one role at a time.
+        kv = {"mongo.uri": f"{self.mongo_uri}&appName=chaos-{role}", "mongo.db": self.db, "kafka.brokers": self.brokers,
               "kafka.topic": self.topic, "amqp.url": self.amqp_url, "worker.group": self.group,
               "worker.queue_prefix": self.prefix, "http.port": "0", "http.bind": "127.0.0.1",
               "api.keys_file": self.keys_file, "egress.allow_networks": "127.0.0.0/8",
@@ -374,7 +402,10 @@ class Stack:
     def outboxd(self, name, roles):
         p = self.procs.get(name)
         if p is None:
-            argv = [os.path.join(self.args.build, "outboxd"), "--roles", roles] + self.conf_args()
+            argv = [os.path.join(self.args.build, "outboxd"), "--roles", roles] + self.conf_args(roles)
+            if roles == "worker":   # static membership, as the production guide runs pods: a
+                # restarted worker gets its partitions back at once (dynamic: after session.timeout.ms)
+                argv += ["-X", f"worker.instance_id={self.group}-{name}"]
             p = self.procs[name] = Proc(name, argv, self.dir)
         return p.start()
 
@@ -427,22 +458,53 @@ class Stack:
 
 # ---- workload ------------------------------------------------------------------------------
 
-class Workload:
-    """Writes the orders and third-party events; remembers every id it wrote."""
+# Poison classes a scenario can mix into its workload, each with the dead-letter class
+# (x-failure-class, dead_letters.failureClass) it must end in:
+#   4xx            orders and ticks the endpoint refuses with 400 -> terminal
+#   exhausted      ticks the endpoint answers 503 until their attempts run out -> exhausted
+#   missing-order  third-party events whose pipeline's set-status names an order that does not
+#                  exist -> terminal
+#   malformed      records produced straight to the topic (confluent-kafka) that do not decode
+#                  or cannot be stored: a header value that is not UTF-8, no CloudEvent headers,
+#                  a record key over 1 KB, more than 24 headers, a payload key starting with "$"
+#                  -> malformed (no inbox entry: only a dead letter)
+POISON_CLASSES = ("4xx", "exhausted", "missing-order", "malformed")
+DEAD_CLASS = {"4xx": "terminal", "exhausted": "exhausted", "missing-order": "terminal", "malformed": "malformed"}
+# Records produced straight to the topic, and the dead-letter class each must end in: the
+# malformed ones, and an empty record key (a key like any other: the record decodes, and its
+# payload lacks what the pipeline's template reads, a terminal failure). empty-header (a header
+# with an empty name) is not in the default set: its dead letter stops the DLQ drain (see README).
+RAW_KINDS = {"non-utf8-header": "malformed", "not-a-cloudevent": "malformed", "key-over-1kb": "malformed",
+             "too-many-headers": "malformed", "empty-key": "terminal", "empty-header": "malformed"}
+RAW_DEFAULT = ("non-utf8-header", "not-a-cloudevent", "key-over-1kb", "too-many-headers", "empty-key")
 
-    def __init__(self, stack, n_orders, n_events, n_keys, poison_every):
+
+class Workload:
+    """Writes the orders and third-party events (and the poison of the scenario's classes);
+    remembers every id it wrote and the dead-letter class each poison event must end in."""
+
+    def __init__(self, stack, n_orders, n_events, n_keys, poison_every, classes, rng):
         self.stack = stack
         self.n_orders, self.n_events, self.n_keys = n_orders, n_events, n_keys
-        self.poison_every = poison_every
-        self.event_ids = {}      # event id -> "order" | "tick"
-        self.key_of = {}         # event id -> partition key
+        self.poison_every = poison_every if classes else 0
+        self.classes = classes
+        self.rng = rng            # the workload's own generator: ids and choices replay with --seed
+        self.event_ids = {}       # event id -> "order" | "tick" | "ship"
+        self.key_of = {}          # event id -> partition key
         self.poison_ids = set()
+        self.poison_class = {}    # event id or malformed marker -> the dead-letter class it must end in
+        self.raw = {}             # marker -> kind, of the records produced straight to Kafka
         self.orders = 0
+        self.by_api = self.by_third_party = 0
         self.seq = {}
         self.lock = threading.Lock()
+        self.producer = None
+
+    def new_id(self):
+        return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
 
     def place_order(self, i):
-        poison = self.poison_every and i % self.poison_every == self.poison_every - 1
+        poison = "4xx" in self.classes and i % self.poison_every == self.poison_every - 1
         email = f"{'poison' if poison else 'c'}{i}@chaos.test"   # the endpoint refuses poison* for good
         body = {"customerEmail": email, "amount": "10.00", "orderNumber": f"C-{i:05d}"}
         key = f"chaos-{self.stack.args.seed}-{i}"
@@ -457,45 +519,127 @@ class Workload:
         with self.lock:
             self.orders += 1
             for ev in order.get("eventIds", reply.get("eventIds", [])):
+                self.by_api += 1
                 self.event_ids[ev] = "order"
                 self.key_of[ev] = order["_id"]
                 if poison:
                     self.poison_ids.add(ev)
+                    self.poison_class[ev] = DEAD_CLASS["4xx"]
+
+    def third_party_write(self, doc, side_effect):
+        """Inserts doc in the public outbox schema in a transaction of its own (pymongo), with
+        side_effect(db, session), the writer's own business write."""
+        client = self.stack.client
+        with client.start_session() as s:
+            def txn(sess):
+                db = client[self.stack.db]
+                side_effect(db, sess)
+                db.outbox.insert_one(doc, session=sess)
+            s.with_transaction(txn, read_concern=ReadConcern("snapshot"),
+                               write_concern=WriteConcern("majority"))
+        with self.lock:
+            self.by_third_party += 1
+
+    def outbox_doc(self, ev_id, etype, agg_type, agg_id, key, payload):
+        t = datetime.now(timezone.utc)
+        return {"_id": ev_id, "eventType": etype, "eventVersion": 1, "orgId": ORG,
+                "aggregateType": agg_type, "aggregateId": agg_id, "partitionKey": key,
+                "correlationId": None, "causationId": None, "payload": payload,
+                "occurredAt": t, "status": "PENDING", "attempts": 0, "availableAt": t, "lastError": None}
+
+    def tick_poison(self, i):
+        """The poison class of tick i: at most one per key (the third event of every other key),
+        so it heads its key; the classes the endpoint decides (4xx, exhausted) alternate."""
+        tick_classes = [c for c in ("4xx", "exhausted") if c in self.classes]
+        if not tick_classes or i // self.n_keys != 2 or (i % self.n_keys) % 2:
+            return None
+        return tick_classes[(i % self.n_keys) // 2 % len(tick_classes)]
 
     def write_tick(self, i):
         key = f"k{i % self.n_keys}"
         with self.lock:
             seq = self.seq.get(key, 0) + 1
             self.seq[key] = seq
-        # At most one poison event per key (the third of every other key): it heads its key.
-        poison = bool(self.poison_every) and i // self.n_keys == 2 and (i % self.n_keys) % 2 == 0
-        ev_id = str(uuid.uuid4())
-        t = datetime.now(timezone.utc)
-        doc = {"_id": ev_id, "eventType": "ChaosTick", "eventVersion": 1, "orgId": ORG,
-               "aggregateType": "Thing", "aggregateId": key, "partitionKey": key,
-               "correlationId": None, "causationId": None,
-               "payload": {"key": key, "seq": seq, "poison": poison},
-               "occurredAt": t, "status": "PENDING", "attempts": 0, "availableAt": t, "lastError": None}
-        client = self.stack.client
-        with client.start_session() as s:
-            def txn(sess):
-                db = client[self.stack.db]
-                db.things.update_one({"_id": key}, {"$set": {"seq": seq}}, upsert=True, session=sess)
-                db.outbox.insert_one(doc, session=sess)
-            s.with_transaction(txn, read_concern=ReadConcern("snapshot"),
-                               write_concern=WriteConcern("majority"))
+        cls = self.tick_poison(i)
+        ev_id = self.new_id()
+        answer = {"4xx": "400", "exhausted": "503"}.get(cls, "")
+        doc = self.outbox_doc(ev_id, "ChaosTick", "Thing", key, key, {"key": key, "seq": seq, "poison": answer})
+        self.third_party_write(doc, lambda db, sess: db.things.update_one({"_id": key}, {"$set": {"seq": seq}},
+                                                                            upsert=True, session=sess))
         with self.lock:
             self.event_ids[ev_id] = "tick"
             self.key_of[ev_id] = key
-            if poison:
+            if cls:
                 self.poison_ids.add(ev_id)
+                self.poison_class[ev_id] = DEAD_CLASS[cls]
+
+    def write_ship(self, i):
+        """A third-party OrderShipped-like event about an order that does not exist: its
+        pipeline's set-status cannot record the status (terminal, a key of its own)."""
+        ev_id = self.new_id()
+        missing = self.new_id()
+        key = f"ship-{i}"
+        doc = self.outbox_doc(ev_id, "ChaosShip", "Order", missing, key, {"order": missing})
+        self.third_party_write(doc, lambda db, sess: db.shipments.insert_one({"_id": ev_id, "order": missing},
+                                                                              session=sess))
+        with self.lock:
+            self.event_ids[ev_id] = "ship"
+            self.key_of[ev_id] = key
+            self.poison_ids.add(ev_id)
+            self.poison_class[ev_id] = DEAD_CLASS["missing-order"]
+
+    def produce_raw(self, i):
+        """One record of kind --raw[i % n] straight to the topic; its marker (the record's ce_id,
+        also in its value) finds its dead letter."""
+        kinds = self.stack.args.raw
+        kind = kinds[i % len(kinds)]
+        marker = self.new_id()      # a valid ce_id (36 characters): the record is malformed for its kind only
+        key = f"bad-{i}".encode()
+        value = json.dumps({"marker": marker}).encode()
+        ce = [("ce_specversion", b"1.0"), ("ce_id", marker.encode()), ("ce_source", b"/chaos/producer"),
+              ("ce_type", b"ChaosTick"), ("ce_time", datetime.now(timezone.utc).isoformat().encode()),
+              ("ce_orgid", ORG.encode()), ("ce_partitionkey", key), ("content-type", b"application/json")]
+        subject = ("ce_subject", b"Thing/\xff\xfe\xc3(" if kind == "non-utf8-header" else b"Thing/" + key)
+        ce.append(subject)
+        if kind == "non-utf8-header":
+            headers = ce
+        elif kind == "not-a-cloudevent":
+            headers = [("content-type", b"application/json")]
+        elif kind == "key-over-1kb":
+            key = (f"bad-{i}-" + "k" * 1100).encode()
+            headers = [(k, key if k == "ce_partitionkey" else v) for k, v in ce]
+        elif kind == "too-many-headers":
+            headers = ce + [(f"x-extra-{n}", b"v") for n in range(25)]
+        elif kind == "empty-header":     # decodes, but the inbox document cannot hold the header
+            headers = ce + [("", b"1")]
+        else:   # empty-key
+            key = b""
+            headers = [(k, key if k == "ce_partitionkey" else v) for k, v in ce]
+        if self.producer is None:
+            self.producer = Producer({"bootstrap.servers": self.stack.brokers, "acks": "all",
+                                      "message.timeout.ms": 60000})
+        errors = []
+        self.producer.produce(self.stack.topic, value=value, key=key, headers=headers,
+                              on_delivery=lambda err, msg: err and errors.append(err))
+        left = self.producer.flush(90)
+        if left or errors:
+            raise RuntimeError(f"malformed record {marker} not delivered: {errors or 'flush timed out'}")
+        with self.lock:
+            self.raw[marker] = kind
+            self.poison_class[marker] = RAW_KINDS[kind]
 
     def run(self, pace):
-        """Interleaves orders and ticks; pace seconds between writes (the faults run meanwhile)."""
-        jobs = [("o", i) for i in range(self.n_orders)] + [("t", i) for i in range(self.n_events)]
-        jobs.sort(key=lambda j: (j[1] / max(1, self.n_orders if j[0] == "o" else self.n_events), j[0]))
+        """Interleaves orders, ticks and the poison of the scenario's classes; pace seconds
+        between writes (the faults run meanwhile)."""
+        n_ship = -(-self.n_events // 20) if "missing-order" in self.classes else 0
+        n_raw = len(self.stack.args.raw) * -(-self.n_events // 40) if "malformed" in self.classes else 0
+        kinds = {"o": (self.n_orders, self.place_order), "t": (self.n_events, self.write_tick),
+                 "s": (n_ship, self.write_ship), "m": (n_raw, self.produce_raw)}
+        jobs = [(k, i) for k, (n, _) in kinds.items() for i in range(n)]
+        # Spread each kind over the run (the fraction of its kind done), ties in a fixed order.
+        jobs.sort(key=lambda j: ((j[1] + 0.5) / kinds[j[0]][0], j[0]))
         for kind, i in jobs:
-            (self.place_order if kind == "o" else self.write_tick)(i)
+            kinds[kind][1](i)
             time.sleep(pace)
 
 
@@ -532,7 +676,8 @@ def parked_keys(stack):
 
 
 def settled(stack, work, allow_parked):
-    """Every written event is DONE or DEAD, or (allow_parked) BLOCKED behind a parked key."""
+    """Every written event is DONE or DEAD, or (allow_parked) BLOCKED behind a parked key, and
+    every malformed record is dead-lettered."""
     st = inbox_status(stack)
     parked = parked_keys(stack) if allow_parked else set()
     for ev, kind in work.event_ids.items():
@@ -542,27 +687,49 @@ def settled(stack, work, allow_parked):
         if s == "BLOCKED" and work.key_of[ev] in parked:
             continue
         return False
-    return True
+    # and every record produced straight to Kafka has its dead letter
+    return not work.raw or set(work.raw) <= set(dead_letter_index(stack, work))
 
 
 def quiesce(stack, work, timeout, allow_parked=False):
     return wait_for(lambda: settled(stack, work, allow_parked), timeout, "every event settled", poll=0.5)
 
 
-def ledger(stack, work, allow_repeats):
+def dead_letter_index(stack, work):
+    """{event id or malformed marker: [(failureClass, reason)]} of the dead_letters documents."""
+    out = {}
+    markers = list(work.raw)
+    for d in stack.dead_letters.find({}):
+        entry = (d.get("failureClass"), d.get("reason") or d.get("lastError"))
+        ev = d.get("eventId")
+        if ev in work.event_ids:
+            out.setdefault(ev, []).append(entry)
+            continue
+        text = repr(d)     # a malformed record's marker is in its id, key or body, as stored
+        for m in markers:
+            if m in text:
+                out.setdefault(m, []).append(entry)
+                break
+    return out
+
+
+def ledger(stack, work, allowed):
     kafka, records = kafka_ids(stack, set(work.event_ids), 30)
     st = inbox_status(stack)
+    letters = dead_letter_index(stack, work)
     calls = stack.endpoint.snapshot()
     by_key = {}
     for c in calls:
         by_key.setdefault(c["ikey"], []).append(c)
     concurrent = repeats = 0
-    for lst in by_key.values():
+    twice = []
+    for ikey, lst in by_key.items():
         lst.sort(key=lambda c: c["t0"])
         if any(lst[i + 1]["t0"] < lst[i]["t1"] for i in range(len(lst) - 1)):
             concurrent += 1
         if sum(1 for c in lst if c["status"] and c["status"] < 300) > 1:
             repeats += 1
+            twice.append(ikey)
     effects = sum(1 for lst in by_key.values() if any(c["status"] and c["status"] < 300 for c in lst))
     # First effect per (key, seq), in the order the endpoint answered them.
     first = {}
@@ -582,45 +749,65 @@ def ledger(stack, work, allow_repeats):
             top = max(top, seq)
     done = sum(1 for ev in work.event_ids if st.get(ev, (None,))[0] == "DONE")
     dead = {ev for ev in work.event_ids if st.get(ev, (None,))[0] == "DEAD"}
-    dead_no_reason = [ev for ev in dead if not st[ev][1]]
-    lost = [ev for ev in work.event_ids if st.get(ev, (None,))[0] not in ("DONE", "DEAD")] + dead_no_reason
+
+    def lettered(ev):    # dead-lettered with a reason (and, for poison, in the class it must end in)
+        want = work.poison_class.get(ev)
+        return any(reason and (want is None or cls == want) for cls, reason in letters.get(ev, []))
+    # Lost: written and neither DONE nor dead-lettered with a reason; a record produced straight
+    # to Kafka is lost unless it has a dead letter of its class with a reason.
+    lost = [ev for ev in work.event_ids if st.get(ev, (None,))[0] != "DONE" and not (ev in dead and lettered(ev))]
+    lost += [m for m in work.raw if not lettered(m)]
+    for m, kind in sorted(work.raw.items(), key=lambda kv: kv[1])[:len(RAW_KINDS)]:
+        log(f"raw record {kind}: {letters.get(m)}")
     try:
-        dead_letters = stack.mdb.dead_letters.count_documents({})
+        dead_letters = stack.dead_letters.count_documents({})
     except pymongo.errors.PyMongoError:
         dead_letters = -1
-    row = {"orders": work.orders, "written": len(work.event_ids), "kafka": len(kafka & set(work.event_ids)),
-           "records": records, "done": done, "dead": len(dead), "poison": len(work.poison_ids),
-           "dead_letters": dead_letters, "effects": effects, "concurrent": concurrent, "repeats": repeats,
-           "inversions": inversions, "lost": len(lost)}
+    row = {"orders": work.orders, "api": work.by_api, "third": work.by_third_party, "written": len(work.event_ids),
+           "kafka": len(kafka & set(work.event_ids)), "records": records, "raw": len(work.raw),
+           "done": done, "dead": len(dead), "poison": len(work.poison_ids), "dead_letters": dead_letters,
+           "effects": effects, "concurrent": concurrent, "repeats": repeats, "inversions": inversions,
+           "lost": len(lost)}
     problems = []
     if row["kafka"] != row["written"]:
         problems.append(f"{row['written'] - row['kafka']} written events never reached Kafka")
+    if row["api"] + row["third"] != row["written"]:
+        problems.append(f"written {row['written']} != api {row['api']} + third party {row['third']}")
     if lost:
-        problems.append(f"lost {len(lost)} (e.g. {lost[:3]}: {[st.get(e) for e in lost[:3]]})")
+        problems.append(f"lost {len(lost)} (e.g. {lost[:3]}: {[(st.get(e), letters.get(e)) for e in lost[:3]]})")
     if dead != work.poison_ids:
         problems.append(f"dead {sorted(dead - work.poison_ids)[:3]} are not poison; poison not dead "
                         f"{sorted(work.poison_ids - dead)[:3]}")
+    wrong = {ev: letters.get(ev) for ev in work.poison_class if not lettered(ev)}
+    if wrong:
+        problems.append(f"{len(wrong)} poison events without a dead letter of their class "
+                        f"(e.g. {[(ev, work.poison_class[ev], got) for ev, got in list(wrong.items())[:3]]})")
     if effects != done:
         problems.append(f"effects {effects} != done {done}")
     if concurrent:
         problems.append(f"{concurrent} events ran twice at once")
-    if repeats and not allow_repeats:
-        problems.append(f"{repeats} side effects repeated")
-    if inversions:
+    if repeats and "repeats" not in allowed:
+        problems.append(f"{repeats} side effects repeated (e.g. {twice[:3]})")
+    if inversions and "inversions" not in allowed:
         problems.append(f"{inversions} per-key inversions")
     return row, problems
 
 
 # ---- faults --------------------------------------------------------------------------------
 
-def relay_leader(stack):
-    doc = stack.mdb.leases.find_one({}, sort=[("expiresAt", -1)])
-    holder = (doc or {}).get("holder") or (doc or {}).get("owner") or ""
-    for n in ("relay-1", "relay-2"):
-        p = stack.procs[n]
-        if p.alive() and str(p.p.pid) in str(holder):
-            return n
-    return stack.rng.choice(["relay-1", "relay-2"])
+def relay_leader(stack, timeout=30):
+    """The relay process holding the lease (owner "host:pid:serial"), waiting with a deadline
+    for a live one (after a kill the standby takes over once the lease expires)."""
+    def holder():
+        doc = stack.mdb.leases.find_one({"_id": "relay"}) or {}
+        parts = str(doc.get("owner", "")).split(":")
+        pid = parts[-2] if len(parts) >= 3 else ""
+        for n in ("relay-1", "relay-2"):
+            p = stack.procs[n]
+            if p.alive() and str(p.p.pid) == pid:
+                return n
+        return None
+    return wait_for(holder, timeout, "a live relay leader")
 
 
 def repeat(stack, stop, cycles, period, action):
@@ -632,21 +819,28 @@ def repeat(stack, stop, cycles, period, action):
 
 
 def fault_relay_kill(stack, stop, a):
+    """Two kill -9s of the relay leader per cycle, each of the process that holds the lease; the
+    second of a cycle --period after the first's successor took over."""
     def act(i):
         n = relay_leader(stack)
-        log(f"kill -9 {n} (cycle {i + 1})")
+        if not n:
+            raise RuntimeError(f"no live relay leader to kill (kill {i + 1})")
+        if i and stop.wait(a.period):
+            return
+        log(f"kill -9 {n}, the relay leader (kill {i + 1})")
         stack.procs[n].kill9()
         stack.outboxd(n, "relay")
-    repeat(stack, stop, a.cycles, a.period, act)
+    repeat(stack, stop, 2 * a.cycles, a.period / 2, act)
 
 
 def fault_worker_kill(stack, stop, a):
+    """Two kill -9s of a worker per cycle (either one, as the seed picks)."""
     def act(i):
         n = stack.rng.choice(["worker-1", "worker-2"])
-        log(f"kill -9 {n} (cycle {i + 1})")
+        log(f"kill -9 {n} (kill {i + 1})")
         stack.procs[n].kill9()
         stack.outboxd(n, "worker")
-    repeat(stack, stop, a.cycles, a.period, act)
+    repeat(stack, stop, 2 * a.cycles, a.period / 2, act)
 
 
 def fault_kafka(stack, stop, a):
@@ -716,46 +910,59 @@ def fault_rebalance(stack, stop, a):
 
 
 def fault_mongo(stack, stop, a):
-    """failCommand on the server: commits answered with the transaction labels, then closed
-    connections, a few at a time, on every client (api, relay, worker)."""
-    schedule = [
-        {"failCommands": ["commitTransaction"], "errorCode": 91, "errorLabels": ["UnknownTransactionCommitResult"]},
-        {"failCommands": ["commitTransaction"], "errorCode": 112, "errorLabels": ["TransientTransactionError"]},
-        {"failCommands": ["insert", "update", "find", "getMore", "aggregate"], "closeConnection": True},
-    ]
-
-    fired = 0
+    """failCommand on the server, aimed at one role at a time by its appName (each outboxd role
+    connects as chaos-<role>): commits answered with the UnknownTransactionCommitResult and
+    TransientTransactionError labels (api and worker, the roles that run transactions) and
+    closed connections (api, worker, relay). Each step is armed for 3 firings and polled until
+    they happened or its deadline passed; every (role, fault) must have fired."""
+    commit = ["commitTransaction"]
+    ops = ["insert", "update", "find", "getMore", "aggregate", "findAndModify"]
+    kinds = {"commit-unknown": {"failCommands": commit, "errorCode": 91, "errorLabels": ["UnknownTransactionCommitResult"]},
+             "commit-transient": {"failCommands": commit, "errorCode": 112, "errorLabels": ["TransientTransactionError"]},
+             "close": {"failCommands": ops, "closeConnection": True}}
+    steps = [(role, kind) for role in ("api", "worker") for kind in kinds] + [("relay", "close")]
+    fired = {step: 0 for step in steps}
 
     def arm(mode, data):
         reply = stack.client.admin.command({"configureFailPoint": "failCommand", "mode": mode, "data": data})
         return int(reply.get("count", 0))
 
-    for i in range(a.cycles * len(schedule)):
-        if stop.wait(a.period / len(schedule)):
-            break
-        data = schedule[i % len(schedule)]
-        log(f"failCommand {data} x3 (step {i + 1})")
-        fired += arm({"times": 3}, data)
-    stop.wait(a.period)
-    fired += arm("off", {})
-    stack.faults = fired
-    if not fired:
-        raise RuntimeError("failCommand never fired: the scenario injected nothing")
+    for cycle in range(a.cycles):
+        for role, kind in steps:
+            if stop.wait(a.period / len(steps)):
+                break
+            data = dict(kinds[kind], appName=f"chaos-{role}")
+            log(f"failCommand {kind} on the {role} x3 (cycle {cycle + 1})")
+            arm({"times": 3}, data)
+            got = 0
+            deadline = now() + max(a.period, 5)
+            while got < 3 and now() < deadline and not stop.wait(0.2):
+                got += arm({"times": 3 - got}, data)   # re-arming reads the firings so far
+            got += arm("off", {})
+            fired[(role, kind)] += got
+    stack.faults = sum(fired.values())
+    log("failCommand fired: " + ", ".join(f"{r}/{k} {n}" for (r, k), n in fired.items()))
+    never = [f"{r}/{k}" for (r, k), n in fired.items() if not n]
+    if never:
+        raise RuntimeError(f"failCommand never fired on {', '.join(never)}: the scenario injected nothing there")
 
 
 SCENARIOS = {
-    # name: (fault, poison events, repeats allowed, what it shows)
-    "baseline": (None, False, False, "no fault: the ledger of a clean run"),
-    "relay-kill": (fault_relay_kill, False, False, "kill -9 of the relay leader, repeated"),
-    "worker-kill": (fault_worker_kill, False, True, "kill -9 of a worker, repeated (a call in flight may repeat)"),
-    "kafka": (fault_kafka, False, False, "the Kafka broker stopped and started again"),
-    "rabbitmq": (fault_rabbitmq, False, False, "RabbitMQ stopped while events sit in the retry tiers"),
-    "endpoint-503": (fault_endpoint("503"), False, False, "the endpoint answers 503 for a while, then 200"),
-    "endpoint-hang": (fault_endpoint("hang"), False, False, "the endpoint hangs past the call timeout, then answers"),
-    "poison": (None, True, False, "poison events mixed into the workload end dead-lettered with a reason"),
-    "redrive": (None, True, False, "dead letters redriven unfixed (dead again), then fixed (done)"),
-    "rebalance": (fault_rebalance, False, False, "a worker joins and one leaves mid-run"),
-    "mongo": (fault_mongo, False, False, "failCommand: commit labels and closed connections on every role"),
+    # name: (fault, poison classes mixed in, departures the README allows ("repeats": at-least-once
+    # repeats; "inversions": per-key order), what it shows)
+    "baseline": (None, (), set(), "no fault: the ledger of a clean run"),
+    "relay-kill": (fault_relay_kill, (), {"inversions"},
+                   "kill -9 of the relay leader, twice per cycle (a key's events may be inverted, see README)"),
+    "worker-kill": (fault_worker_kill, (), {"repeats"}, "kill -9 of a worker, twice per cycle (a call in flight may repeat)"),
+    "kafka": (fault_kafka, (), set(), "the Kafka broker stopped and started again"),
+    "rabbitmq": (fault_rabbitmq, (), set(), "RabbitMQ stopped while events sit in the retry tiers"),
+    "endpoint-503": (fault_endpoint("503"), (), set(), "the endpoint answers 503 for a while, then 200"),
+    "endpoint-hang": (fault_endpoint("hang"), (), set(), "the endpoint hangs past the call timeout, then answers"),
+    "poison": (None, POISON_CLASSES, set(), "poison of every class (4xx, exhausted, missing order, malformed "
+               "records) ends dead-lettered in its class while the other keys flow"),
+    "redrive": (None, ("4xx",), set(), "dead letters redriven unfixed (dead again), then fixed (done)"),
+    "rebalance": (fault_rebalance, (), set(), "a worker joins and one leaves mid-run"),
+    "mongo": (fault_mongo, (), set(), "failCommand: commit labels and closed connections on the api, relay and worker"),
 }
 
 
@@ -783,7 +990,7 @@ def release_parked(stack):
 
 
 def run_scenario(args, name):
-    fault, poison, allow_repeats, what = SCENARIOS[name]
+    fault, poison, allowed, what = SCENARIOS[name]
     rng = random.Random(f"{args.seed}-{name}")
     log(f"== {name}: {what} (seed {args.seed})")
     stack = Stack(args, name, rng)
@@ -791,7 +998,8 @@ def run_scenario(args, name):
     row = {}
     try:
         stack.start_outboxd()
-        work = Workload(stack, args.orders, args.events, args.keys, args.poison_every if poison else 0)
+        work = Workload(stack, args.orders, args.events, args.keys, args.poison_every, poison,
+                        random.Random(f"{args.seed}-{name}-workload"))
         stop = threading.Event()
         th = None
         fault_errors = []
@@ -809,7 +1017,7 @@ def run_scenario(args, name):
         if th:
             th.join()
         problems += fault_errors
-        if not quiesce(stack, work, args.quiet_timeout, allow_parked=poison):
+        if not quiesce(stack, work, args.quiet_timeout, allow_parked=bool(poison)):
             problems.append("not quiescent within the deadline")
         parked = sum(1 for ev in work.event_ids if inbox_status(stack).get(ev, (None,))[0] == "BLOCKED")
         if name == "redrive":
@@ -820,12 +1028,12 @@ def run_scenario(args, name):
             runs, n = redrive_all(stack, work)
             if runs != n:
                 problems.append(f"redrive of {n} fixed dead letters made {runs} endpoint calls (want {n})")
-            work.poison_ids = set()   # fixed: every event must now be DONE
+            work.poison_ids, work.poison_class = set(), {}   # fixed: every event must now be DONE
         elif poison:
             log(f"releasing parked keys {release_parked(stack)}")
         if not quiesce(stack, work, args.quiet_timeout):
             problems.append("not quiescent within the deadline after the operator's action")
-        row, more = ledger(stack, work, allow_repeats)
+        row, more = ledger(stack, work, allowed)
         row["parked"] = parked
         row["faults"] = stack.faults
         row["seconds"] = round(now() - t0, 1)
@@ -842,7 +1050,7 @@ def run_scenario(args, name):
     return name, row, problems
 
 
-COLS = ["orders", "written", "kafka", "done", "dead", "parked", "dead_letters", "effects", "concurrent", "repeats",
+COLS = ["orders", "api", "third", "written", "raw", "kafka", "done", "dead", "parked", "dead_letters", "effects", "concurrent", "repeats",
         "inversions", "lost", "faults", "seconds"]
 
 
@@ -858,12 +1066,19 @@ def main():
     ap.add_argument("--outage", type=float, default=4.0, help="seconds a service stays down")
     ap.add_argument("--pace", type=float, default=0.05, help="seconds between workload writes")
     ap.add_argument("--poison-every", type=int, default=10)
+    ap.add_argument("--raw", default=",".join(RAW_DEFAULT),
+                    help=f"kinds of records the poison scenario produces straight to Kafka ({', '.join(RAW_KINDS)}, or all)")
     ap.add_argument("--ladder", default="1s,2s,4s", help="retry tiers (their sum outlasts --outage)")
     ap.add_argument("--attempts", type=int, default=5)
     ap.add_argument("--seed", type=int, default=int(os.environ.get("OBX_CHAOS_SEED", "1")))
     ap.add_argument("--quiet-timeout", type=float, default=120)
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
     args = ap.parse_args()
+    args.raw = list(RAW_KINDS) if args.raw == "all" else args.raw.split(",")
+    if not args.raw or not set(args.raw) <= set(RAW_KINDS):
+        print(f"chaos.py: --raw: want kinds of {', '.join(RAW_KINDS)} (or all), got '{','.join(args.raw)}'",
+              file=sys.stderr)
+        return 2
     args.root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if args.list:
         for n, (_, _, _, what) in SCENARIOS.items():
@@ -874,7 +1089,11 @@ def main():
         if n not in SCENARIOS:
             print(f"chaos.py: unknown scenario '{n}' (--list shows them)", file=sys.stderr)
             return 2
-    results = [run_scenario(args, n) for n in names]
+    results = []
+    for n in names:
+        results.append(run_scenario(args, n))
+        _, row, problems = results[-1]
+        log(f"{n}: {'ok' if not problems else 'FAIL'} " + " ".join(f"{c}={row.get(c, '-')}" for c in COLS))
     print(f"{'scenario':14} " + " ".join(f"{c:>10}" for c in COLS) + "  result")
     failed = 0
     for name, row, problems in results:
