@@ -387,10 +387,9 @@ static void test_event_pipeline_emits_into_outbox(void **state) {
 /* A second worker joins the group mid-run, so the first one's partitions are revoked while its
  * runners hold events. The revoke drops the queued events (the next owner reads them) and waits
  * for the running ones; commits made while the group rebalances may be refused, and whatever is
- * read again is a finished duplicate for the inbox: every event runs exactly once. kafka-mockd's
- * coordinator holds a join to a non-empty group for session.timeout.ms - 1 s (librdkafka's mock
- * cgrp), so the session timeout is 6 s here: with the default 45 s the dropped events waited
- * 44 s for their next owner. */
+ * read again is a finished duplicate for the inbox: every event runs exactly once. The group is
+ * on the real broker (the fixture); the 6 s session timeout is kept from kafka-mockd, whose
+ * coordinator held a join to a non-empty group for session.timeout.ms - 1 s. */
 static void test_rebalance_runs_each_event_once(void **state) {
   WT_NEED_BROKER();
   wt_fx_t *fx = *state;
