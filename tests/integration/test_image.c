@@ -107,7 +107,8 @@ static void image_need(void) {
          OBX_BUILD_DIR) != 0)
     fail_msg("scripts/image.sh ref failed");
   chomp(out);
-  snprintf(ref, sizeof ref, "%s", out);
+  if (strlen(out) >= sizeof ref) fail_msg("scripts/image.sh ref: %zu bytes, more than an image reference", strlen(out));
+  memcpy(ref, out, strlen(out) + 1);
   inspect("{{.Id}}", image_id, sizeof image_id);
   built = true;
 }
