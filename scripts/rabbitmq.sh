@@ -4,6 +4,8 @@
 #   scripts/rabbitmq.sh start     start the node (no-op if it already runs), wait until ready
 #   scripts/rabbitmq.sh stop      stop it and make sure its processes are gone (idempotent)
 #   scripts/rabbitmq.sh status    exit 0 and print the URL if it runs, exit 3 if not
+#   scripts/rabbitmq.sh ctl ARGS  run `rabbitmqctl ARGS` against the node (e.g. list_queues
+#                                 name arguments); exit 3 if it does not run
 #
 # Everything lives in $OBX_RMQ_DIR (default /tmp/obx-rmq; created if missing): mnesia, logs,
 # config, its own Erlang cookie, and `env`, written once the node is ready:
@@ -234,12 +236,25 @@ status() {
   return 3
 }
 
+ctl_node() {
+  [ -d "$DIR" ] || { log "no node (no $DIR)"; return 3; }
+  DIR=$(cd "$DIR" && pwd)
+  STATE=$DIR/node.conf
+  if ! load_state || [ -z "$(node_pids)" ]; then
+    log "no node runs in $DIR"
+    return 3
+  fi
+  node_env
+  ctl "$@"
+}
+
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) status ;;
+  ctl) shift; ctl_node "$@" ;;
   *)
-    echo "usage: $0 start|stop|status" >&2
+    echo "usage: $0 start|stop|status|ctl ARGS..." >&2
     exit 2
     ;;
 esac

@@ -7,8 +7,14 @@
  *                       its own name as routing key; x-message-ttl = the tier delay;
  *                       dead-lettered (at-least-once strategy, overflow reject-publish) through
  *                       the default exchange to P.work when the TTL expires
- *   P.work              durable quorum queue the worker consumes to run retries
+ *   P.work              durable quorum queue the worker consumes to run retries; a message
+ *                       delivered more than OBX_LADDER_WORK_DELIVERY_LIMIT times (given back by
+ *                       lost connections, crash loops, infra give-backs) is dead-lettered
+ *                       (at-least-once) into P.dlq by RabbitMQ, with x-death reason delivery_limit
  *   P.dlq               durable quorum queue, the parking lot
+ * Every queue declares x-delivery-limit (tiers and P.work OBX_LADDER_WORK_DELIVERY_LIMIT, P.dlq
+ * OBX_LADDER_DLQ_DELIVERY_LIMIT) instead of inheriting RabbitMQ 4.x's default of 20. A queue
+ * that already exists with other arguments is used as it is, with a warning.
  * Tier queues are named by their delay, so changing RETRY_LADDER declares new queues instead of
  * failing on an argument mismatch; old tiers keep draining into P.work.
  *
@@ -41,6 +47,9 @@
 #include "obx_err.h"
 #include "obx_event.h"
 
+/* x-delivery-limit of P.work and the tiers, and of P.dlq (never reached: the DLQ is the end). */
+#define OBX_LADDER_WORK_DELIVERY_LIMIT 100
+#define OBX_LADDER_DLQ_DELIVERY_LIMIT 1000000000
 /* One header limit everywhere: the Kafka decoder, the ladder and the inbox keep as many. */
 #define OBX_LADDER_MAX_HEADERS OBX_CE_MAX_HEADERS
 /* AMQP field names are short strings; longer header names are left out of a publish. */

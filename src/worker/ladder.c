@@ -272,11 +272,38 @@ static amqp_table_entry_t arg_i64(const char *key, int64_t value) {
   return e;
 }
 
+/* Declares a durable queue with args. A queue that exists with other arguments (declared by an
+ * older outboxd, before x-delivery-limit and the work queue's dead-lettering: RabbitMQ refuses
+ * the declare with 406 PRECONDITION_FAILED "inequivalent arg") is used as it is: channel 1 is
+ * reopened, the queue's existence checked with a passive declare, and a warning names the
+ * argument and how to get the new ones (README "RabbitMQ"). Called before channel 1 is put in
+ * confirm mode or consumes, so reopening it loses nothing. */
 static bool declare_queue(amqp_connection_state_t conn, const char *queue, amqp_table_entry_t *args, int nargs,
                           obx_err_t *err) {
   amqp_table_t table = {nargs, args};
   amqp_queue_declare(conn, CH_PUBLISH, amqp_cstring_bytes(queue), 0, 1, 0, 0, table);
-  if (rpc_ok(conn, "queue.declare", err)) return true;
+  amqp_rpc_reply_t r = amqp_get_rpc_reply(conn);
+  if (r.reply_type == AMQP_RESPONSE_NORMAL) return true;
+  const amqp_channel_close_t *close = r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+                                          r.reply.id == AMQP_CHANNEL_CLOSE_METHOD ? r.reply.decoded : NULL;
+  if (close && close->reply_code == AMQP_PRECONDITION_FAILED) {
+    char why[256];
+    snprintf(why, sizeof why, "%.*s", (int)close->reply_text.len, (const char *)close->reply_text.bytes);
+    amqp_channel_close_ok_t ok = {0};
+    amqp_send_method(conn, CH_PUBLISH, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
+    amqp_channel_open(conn, CH_PUBLISH);
+    if (!rpc_ok(conn, "channel.open", err)) return false;
+    amqp_queue_declare(conn, CH_PUBLISH, amqp_cstring_bytes(queue), 1, 1, 0, 0, amqp_empty_table);
+    if (!rpc_ok(conn, "queue.declare (passive)", err)) {
+      obx_err_prefix(err, "declaring %s", queue);
+      return false;
+    }
+    obx_warn("RabbitMQ queue %s exists with other arguments (%s); using it as it is. Its delivery limit is "
+             "RabbitMQ's (4.x: 20, then dropped): set a delivery-limit policy, or delete the queue once it is "
+             "empty so it is declared again (README: RabbitMQ)", queue, why);
+    return true;
+  }
+  obx_err_from_amqp(err, &r, "queue.declare");
   obx_err_prefix(err, "declaring %s", queue);
   return false;
 }
@@ -285,12 +312,25 @@ static bool declare_topology(amqp_connection_state_t conn, const names_t *n, obx
   amqp_exchange_declare(conn, CH_PUBLISH, amqp_cstring_bytes(n->exchange), amqp_cstring_bytes("direct"), 0, 1, 0, 0,
                         amqp_empty_table);
   if (!rpc_ok(conn, "exchange.declare", err)) return false;
-  amqp_table_entry_t quorum[] = {arg_str("x-queue-type", "quorum")};
-  if (!declare_queue(conn, n->work, quorum, 1, err)) return false;
-  if (!declare_queue(conn, n->dlq, quorum, 1, err)) return false;
+  /* Every queue's delivery limit is explicit (RabbitMQ 4.x would otherwise apply 20 and drop
+   * what exceeds it). The work queue's bounds what is given back (lost connections, crash
+   * loops, infra give-backs) and parks the message in the DLQ past it; the DLQ's is never
+   * reached (it is the end: nothing to dead-letter to). */
+  amqp_table_entry_t work[] = {
+    arg_str("x-queue-type", "quorum"),
+    arg_i64("x-delivery-limit", OBX_LADDER_WORK_DELIVERY_LIMIT),
+    arg_str("x-dead-letter-exchange", ""),
+    arg_str("x-dead-letter-routing-key", n->dlq),
+    arg_str("x-dead-letter-strategy", "at-least-once"),
+    arg_str("x-overflow", "reject-publish"),
+  };
+  if (!declare_queue(conn, n->work, work, (int)(sizeof work / sizeof work[0]), err)) return false;
+  amqp_table_entry_t dlq[] = {arg_str("x-queue-type", "quorum"), arg_i64("x-delivery-limit", OBX_LADDER_DLQ_DELIVERY_LIMIT)};
+  if (!declare_queue(conn, n->dlq, dlq, (int)(sizeof dlq / sizeof dlq[0]), err)) return false;
   for (int i = 0; i < n->ntiers; i++) {
     amqp_table_entry_t args[] = {
       arg_str("x-queue-type", "quorum"),
+      arg_i64("x-delivery-limit", OBX_LADDER_WORK_DELIVERY_LIMIT), /* nothing consumes a tier: never reached */
       arg_i64("x-message-ttl", n->tiers_ms[i]),
       arg_str("x-dead-letter-exchange", ""),
       arg_str("x-dead-letter-routing-key", n->work),
