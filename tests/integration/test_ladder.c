@@ -47,27 +47,9 @@ static int teardown(void **state) {
   return 0;
 }
 
-static void make_msg(obx_ladder_msg_t *msg, const char *id, const char *key) {
-  obx_ce_header_t h[] = {
-    {"ce_specversion", "1.0", 3}, {"ce_id", id, strlen(id)}, {"ce_type", "OrderConfirmed", 14},
-    {"ce_source", "/test", 5},    {"content-type", "application/json", 16},
-  };
-  obx_ladder_msg_init(msg);
-  const char *body = "{\"orderNumber\":\"A-1\"}";
-  obx_ladder_msg_from_record(msg, id, key, strlen(key), body, strlen(body), h, 5);
-}
-
 /* Waits for the next work-queue message; fails the test after timeout_ms. */
 static void next_msg(fx_t *fx, obx_ladder_msg_t *got, int timeout_ms) {
-  int64_t deadline = obx_test_now_ms() + timeout_ms;
-  obx_ladder_msg_init(got);
-  while (obx_test_now_ms() < deadline) {
-    bool have = false;
-    obx_err_t err = OBX_ERR_INIT;
-    if (!obx_ladder_consumer_next(fx->consumer, got, 200, &have, &err)) print_message("consume: %s\n", err.msg);
-    if (have) return;
-  }
-  fail_msg("no message on the work queue within %d ms", timeout_ms);
+  if (!wt_ladder_next(fx->consumer, got, timeout_ms)) fail_msg("no message on the work queue within %d ms", timeout_ms);
 }
 
 static uint32_t depth(fx_t *fx, const char *queue) {
@@ -151,7 +133,7 @@ static int declare(amqp_connection_state_t conn, amqp_channel_t ch, const char *
   return ((amqp_channel_close_t *)r.reply.decoded)->reply_code;
 }
 
-/* The tiers and the DLQ are quorum queues with the ladder's arguments: the broker accepts a
+/* The tiers and the DLQ are quorum queues with the ladder's arguments (x-delivery-limit included): the broker accepts a
  * re-declaration with exactly those and closes the channel with PRECONDITION_FAILED (406) for a
  * classic queue, a missing queue type or another TTL. */
 static void test_queues_are_quorum_with_their_arguments(void **state) {
@@ -165,8 +147,9 @@ static void test_queues_are_quorum_with_their_arguments(void **state) {
     amqp_table_entry_t same[] = {str_arg("x-queue-type", "quorum"), i64_arg("x-message-ttl", tiers[i]),
                                  str_arg("x-dead-letter-exchange", ""), str_arg("x-dead-letter-routing-key", work),
                                  str_arg("x-dead-letter-strategy", "at-least-once"),
-                                 str_arg("x-overflow", "reject-publish")};
-    int got = declare(conn, ch++, tier, same, 6);
+                                 str_arg("x-overflow", "reject-publish"),
+                                 i64_arg("x-delivery-limit", OBX_LADDER_WORK_DELIVERY_LIMIT)};
+    int got = declare(conn, ch++, tier, same, 7);
     if (got != 0) fail_msg("re-declare %s with its own arguments: got reply %d, want accepted", tier, got);
     amqp_table_entry_t classic[] = {str_arg("x-queue-type", "classic"), i64_arg("x-message-ttl", tiers[i]),
                                     str_arg("x-dead-letter-exchange", ""),
@@ -174,14 +157,15 @@ static void test_queues_are_quorum_with_their_arguments(void **state) {
     if ((got = declare(conn, ch++, tier, classic, 4)) != AMQP_PRECONDITION_FAILED)
       fail_msg("re-declare %s as a classic queue: got reply %d, want 406", tier, got);
     same[1] = i64_arg("x-message-ttl", tiers[i] + 1);
-    if ((got = declare(conn, ch++, tier, same, 6)) != AMQP_PRECONDITION_FAILED)
+    if ((got = declare(conn, ch++, tier, same, 7)) != AMQP_PRECONDITION_FAILED)
       fail_msg("re-declare %s with another TTL: got reply %d, want 406", tier, got);
     if ((got = declare(conn, ch++, tier, NULL, 0)) != AMQP_PRECONDITION_FAILED)
       fail_msg("re-declare %s without arguments: got reply %d, want 406", tier, got);
   }
-  amqp_table_entry_t quorum[] = {str_arg("x-queue-type", "quorum")}, classic[] = {str_arg("x-queue-type", "classic")};
-  int got = declare(conn, ch++, dlq, quorum, 1);
-  if (got != 0) fail_msg("re-declare %s as quorum: got reply %d, want accepted", dlq, got);
+  amqp_table_entry_t quorum[] = {str_arg("x-queue-type", "quorum"), i64_arg("x-delivery-limit", OBX_LADDER_DLQ_DELIVERY_LIMIT)},
+                     classic[] = {str_arg("x-queue-type", "classic")};
+  int got = declare(conn, ch++, dlq, quorum, 2);
+  if (got != 0) fail_msg("re-declare %s as quorum with its delivery limit: got reply %d, want accepted", dlq, got);
   if ((got = declare(conn, ch++, dlq, classic, 1)) != AMQP_PRECONDITION_FAILED)
     fail_msg("re-declare %s as a classic queue: got reply %d, want 406", dlq, got);
   amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
@@ -199,7 +183,7 @@ static void test_tiers_return_to_work_queue_after_their_delay(void **state) {
     char id[40];
     snprintf(id, sizeof id, "0190f0e0-0000-7000-8000-00000000000%zu", i);
     obx_ladder_msg_t msg, got;
-    make_msg(&msg, id, "K-1");
+    wt_ladder_msg(&msg, id, "K-1");
     for (int a = 0; a <= cases[i].tier; a++) obx_ladder_msg_fail(&msg, "transient", "HTTP 503 from \"erp\"", 1000 + a);
     obx_err_t err = OBX_ERR_INIT;
     int64_t t0 = obx_test_now_ms();
@@ -251,7 +235,7 @@ static void test_dlq_browse_redrive_purge(void **state) {
   obx_err_t err = OBX_ERR_INIT;
   for (int i = 0; i < 3; i++) {
     obx_ladder_msg_t msg;
-    make_msg(&msg, ids[i], "K-2");
+    wt_ladder_msg(&msg, ids[i], "K-2");
     obx_ladder_msg_fail(&msg, "terminal", "HTTP 400", 5000);
     msg.reason = strdup("terminal failure");
     if (!obx_ladder_publish_dlq(fx->ladder, &msg, &err)) fail_msg("publish dlq: %s", err.msg);
@@ -313,7 +297,7 @@ static void test_redrive_all(void **state) {
     char id[40];
     snprintf(id, sizeof id, "0190f0e0-0000-7000-8000-00000000001%d", i);
     obx_ladder_msg_t msg;
-    make_msg(&msg, id, "K-3");
+    wt_ladder_msg(&msg, id, "K-3");
     if (!obx_ladder_publish_dlq(fx->ladder, &msg, &err)) fail_msg("publish dlq: %s", err.msg);
     obx_ladder_msg_cleanup(&msg);
   }
@@ -347,7 +331,7 @@ static void test_ticked_idle_connection_survives_heartbeats(void **state) {
     usleep(200 * 1000);
   }
   obx_ladder_msg_t msg;
-  make_msg(&msg, "0190f0e0-0000-7000-8000-0000000000d4", "K-4");
+  wt_ladder_msg(&msg, "0190f0e0-0000-7000-8000-0000000000d4", "K-4");
   if (!obx_ladder_publish_dlq(ladder, &msg, &err)) fail_msg("publish after idling: %s", err.msg);
   obx_ladder_msg_cleanup(&msg);
   obx_ladder_destroy(ladder);

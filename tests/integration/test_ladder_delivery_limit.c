@@ -84,40 +84,17 @@ static void test_declared_limits(void **state) {
   fx_cleanup(&fx);
 }
 
-static void make_msg(obx_ladder_msg_t *msg, const char *id) {
-  obx_ce_header_t h[] = {
-    {"ce_specversion", "1.0", 3}, {"ce_id", id, strlen(id)}, {"ce_type", "OrderConfirmed", 14},
-    {"ce_source", "/test", 5},    {"content-type", "application/json", 16},
-  };
-  obx_ladder_msg_init(msg);
-  const char *body = "{\"orderNumber\":\"A-1\"}";
-  obx_ladder_msg_from_record(msg, id, "k", 1, body, strlen(body), h, 5);
-}
-
-/* The next message of consumer within timeout_ms into got (initialised here); false on none. */
-static bool next_within(obx_ladder_consumer_t *consumer, obx_ladder_msg_t *got, int timeout_ms) {
-  int64_t deadline = obx_test_now_ms() + timeout_ms;
-  obx_ladder_msg_init(got);
-  while (obx_test_now_ms() < deadline) {
-    bool have = false;
-    obx_err_t err = OBX_ERR_INIT;
-    if (!obx_ladder_consumer_next(consumer, got, 100, &have, &err)) print_message("consume: %s\n", err.msg);
-    if (have) return true;
-  }
-  return false;
-}
-
 static void test_limit_parks_in_dlq(void **state) {
   fx_t fx;
   fx_init(&fx);
   obx_err_t err = OBX_ERR_INIT;
   obx_ladder_msg_t msg, got;
-  make_msg(&msg, "limit-1");
+  wt_ladder_msg(&msg, "limit-1", "k");
   if (!obx_ladder_publish_work(fx.ladder, &msg, &err)) fail_msg("publish: %s", err.msg);
   obx_ladder_consumer_t *work = obx_ladder_consumer_new(&fx.opts, 1, &err);
   assert_non_null(work);
   int deliveries = 0;
-  while (deliveries <= OBX_LADDER_WORK_DELIVERY_LIMIT + 5 && next_within(work, &got, 1500)) {
+  while (deliveries <= OBX_LADDER_WORK_DELIVERY_LIMIT + 5 && wt_ladder_next(work, &got, 1500)) {
     deliveries++;
     assert_string_equal(got.message_id, "limit-1");
     if (!obx_ladder_consumer_nack(work, &got, true, &err)) fail_msg("nack: %s", err.msg);
@@ -130,7 +107,7 @@ static void test_limit_parks_in_dlq(void **state) {
     fail_msg("delivered %d times, want the limit plus one (%d)", deliveries, OBX_LADDER_WORK_DELIVERY_LIMIT + 1);
   obx_ladder_consumer_t *dlq = obx_ladder_dlq_consumer_new(&fx.opts, 1, &err);
   assert_non_null(dlq);
-  if (!next_within(dlq, &got, 10000)) fail_msg("the message past the limit is not in %s", obx_ladder_dlq_queue(fx.ladder));
+  if (!wt_ladder_next(dlq, &got, 10000)) fail_msg("the message past the limit is not in %s", obx_ladder_dlq_queue(fx.ladder));
   assert_string_equal(got.message_id, "limit-1");
   assert_true(obx_ladder_consumer_ack(dlq, &got, &err));
   obx_ladder_msg_cleanup(&got);
@@ -155,7 +132,7 @@ static void test_existing_queue_kept(void **state) {
   obx_err_t err = OBX_ERR_INIT;
   if (!obx_ladder_connect(fx.ladder, &err)) fail_msg("connect with an older work queue: %s", err.msg);
   obx_ladder_msg_t msg;
-  make_msg(&msg, "kept-1");
+  wt_ladder_msg(&msg, "kept-1", "k");
   if (!obx_ladder_publish_work(fx.ladder, &msg, &err)) fail_msg("publish to the older work queue: %s", err.msg);
   obx_ladder_msg_cleanup(&msg);
   char args[2048];

@@ -108,6 +108,30 @@ static inline void wt_delete_topology(obx_ladder_t *ladder, const char *prefix) 
   wt_delete_amqp(queues, n, ex);
 }
 
+/* A ladder message of an OrderConfirmed CloudEvent with id and key (msg is initialised here). */
+static inline void wt_ladder_msg(obx_ladder_msg_t *msg, const char *id, const char *key) {
+  obx_ce_header_t h[] = {
+    {"ce_specversion", "1.0", 3}, {"ce_id", id, strlen(id)}, {"ce_type", "OrderConfirmed", 14},
+    {"ce_source", "/test", 5},    {"content-type", "application/json", 16},
+  };
+  obx_ladder_msg_init(msg);
+  const char *body = "{\"orderNumber\":\"A-1\"}";
+  obx_ladder_msg_from_record(msg, id, key, strlen(key), body, strlen(body), h, 5);
+}
+
+/* The next message of consumer within timeout_ms into got (initialised here); false on none. */
+static inline bool wt_ladder_next(obx_ladder_consumer_t *consumer, obx_ladder_msg_t *got, int timeout_ms) {
+  int64_t deadline = obx_test_now_ms() + timeout_ms;
+  obx_ladder_msg_init(got);
+  while (obx_test_now_ms() < deadline) {
+    bool have = false;
+    obx_err_t err = OBX_ERR_INIT;
+    if (!obx_ladder_consumer_next(consumer, got, 200, &have, &err)) print_message("consume: %s\n", err.msg);
+    if (have) return true;
+  }
+  return false;
+}
+
 /* Stores a pipeline of WT_ORG from its JSON definition. */
 static inline void wt_create_pipeline_json(wt_fx_t *fx, const char *json) {
   bson_error_t berr;
