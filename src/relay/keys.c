@@ -285,6 +285,7 @@ static bool keys_load_from(obx_relay_t *relay, bson_t *filter, bson_t *sort) {
     snprintf(msg.error, sizeof msg.error, "%s", why ? why : "a failed publish");
     key_hold(relay, k, &msg);
     free(msg.id);
+    free(msg.shard_key);
     if (msg.idv.value_type) bson_value_destroy(&msg.idv);
   }
   bool ok = !mongoc_cursor_error(cursor, &berr);

@@ -91,12 +91,25 @@ void relay_msg_set_id(obx_relay_msg_t *msg, const bson_t *doc) {
   if (msg->id) return;
   msg->id = relay_id_key(doc);
   if (bson_iter_init_find(&it, doc, "_id")) bson_value_copy(bson_iter_value(&it), &msg->idv);
+  if (bson_iter_init_find(&it, doc, "partitionKey") && BSON_ITER_HOLDS_UTF8(&it))
+    msg->shard_key = strdup(bson_iter_utf8(&it, NULL));
+}
+
+/* The filter of msg's outbox update: its _id, its partitionKey (the shard key of a sharded
+ * outbox: the update goes to one shard instead of all), still PENDING. */
+static bson_t *relay_msg_selector(const obx_relay_msg_t *msg) {
+  bson_t *selector = bson_new();
+  BSON_APPEND_VALUE(selector, "_id", &msg->idv);
+  if (msg->shard_key) BSON_APPEND_UTF8(selector, "partitionKey", msg->shard_key);
+  BSON_APPEND_UTF8(selector, "status", "PENDING");
+  return selector;
 }
 
 void relay_msg_free(obx_relay_msg_t *msg) {
   if (!msg) return;
   free(msg->id);
   free(msg->pkey);
+  free(msg->shard_key);
   if (msg->idv.value_type) bson_value_destroy(&msg->idv);
   free(msg);
 }
@@ -164,9 +177,7 @@ static void relay_on_ack(const obx_relay_ack_t *ack, void *ctx) {
 /* The outbox update for one report, appended to bulk. */
 static void relay_report_update(obx_relay_t *relay, mongoc_bulk_operation_t *bulk,
                                 const obx_relay_msg_t *msg, int64_t now) {
-  bson_t *selector = bson_new();
-  BSON_APPEND_VALUE(selector, "_id", &msg->idv);
-  BSON_APPEND_UTF8(selector, "status", "PENDING");
+  bson_t *selector = relay_msg_selector(msg);
   bson_t update = BSON_INITIALIZER, set, unset;
   bson_append_document_begin(&update, "$set", -1, &set);
   if (msg->ok) {
@@ -211,9 +222,7 @@ static void relay_report_refused(obx_relay_t *relay, obx_relay_msg_t *msg, int c
              relay->conf->kafka_topic, msg->partition, (long long)msg->offset, code, why);
   else
     snprintf(reason, sizeof reason, "the outbox update after a failed publish (%s) was refused (%d): %s", msg->error, code, why);
-  bson_t *selector = bson_new();
-  BSON_APPEND_VALUE(selector, "_id", &msg->idv);
-  BSON_APPEND_UTF8(selector, "status", "PENDING");
+  bson_t *selector = relay_msg_selector(msg);
   bson_t *update = BCON_NEW("$set", "{", "status", "FAILED", "lastError", BCON_UTF8(reason), "}", "$unset", "{",
                             "claimedBy", "", "claimedUntil", "", "}");
   bson_error_t berr;

@@ -38,6 +38,8 @@ typedef struct obx_relay_msg {
   bool refused;         /* its outbox update was refused: FAILED by relay_report_refused */
   bool permanent;       /* the error will not go away by retrying: FAILED at once */
   char *pkey;           /* its partition key while keys.c tracks it (owned) */
+  char *shard_key;      /* the document's partitionKey field (owned; NULL without one): in every
+                           update's filter, so a sharded outbox routes it to one shard */
   int32_t partition;
   int64_t offset;
   char error[256];
@@ -157,7 +159,7 @@ bool relay_inflight_has(const obx_relay_t *relay, const char *id, bool stream_to
  * its canonical extended JSON; NULL when doc has no _id. Owned (free). For logs use key + 1. */
 char *relay_id_key(const bson_t *doc);
 void relay_msg_free(obx_relay_msg_t *msg);
-/* Sets msg->id and msg->idv from doc's _id (once). */
+/* Sets msg->id, msg->idv and msg->shard_key from doc (once). */
 void relay_msg_set_id(obx_relay_msg_t *msg, const bson_t *doc);
 /* findAndModify returning the new document (sort and extra options, e.g. a write concern, may
  * be NULL): *value (caller-initialised) receives a copy of it, or stays empty when nothing

@@ -10,6 +10,8 @@
  *      claimedUntil: until}, `until` (now + max(relay.lease, 30 s)) unique to the batch;
  *   3. find {_id $in those, claimedBy: owner, claimedUntil: until} (the _id index): what this
  *      relay holds, put back in the order of step 1.
+ * Steps 2 and 3 also filter on partitionKey $in the batch's keys (when each event has one): the
+ * shard key of a sharded outbox, so they go only to the shards that hold those keys.
  * The claim is the MongoDB analogue of SELECT ... FOR UPDATE SKIP LOCKED: several relays never
  * publish the same event at the same time (a claim outlives the publish it protects), and a
  * deposed leader that has not noticed yet cannot take what the new one claimed. The report's
@@ -57,39 +59,64 @@ static bson_t *claim_filter(obx_relay_t *relay, int64_t from_ms, int64_t bound_m
   return query;
 }
 
-/* Appends {_id: {$in: ids}} to query. */
-static void append_ids(bson_t *query, const bson_value_t *ids, int n) {
+/* The events of one batch: their _ids and partitionKeys, in the order of step 1. */
+typedef struct {
+  bson_value_t *ids;
+  char **keys;   /* partitionKey of each (NULL: none) */
+  int n;
+} claim_batch_t;
+
+/* Appends {_id: {$in: ids}} to query, and {partitionKey: {$in: keys}} when every event has one
+ * (the shard key of a sharded outbox: the write goes only to the shards holding those keys). */
+static void append_ids(bson_t *query, const claim_batch_t *b) {
   bson_t id, in;
   char idx[16];
+  bool keyed = true;
   BSON_APPEND_DOCUMENT_BEGIN(query, "_id", &id);
   BSON_APPEND_ARRAY_BEGIN(&id, "$in", &in);
-  for (int i = 0; i < n; i++) {
+  for (int i = 0; i < b->n; i++) {
     snprintf(idx, sizeof idx, "%d", i);
-    BSON_APPEND_VALUE(&in, idx, &ids[i]);
+    BSON_APPEND_VALUE(&in, idx, &b->ids[i]);
+    keyed = keyed && b->keys[i];
+  }
+  bson_append_array_end(&id, &in);
+  bson_append_document_end(query, &id);
+  if (!keyed) return;
+  BSON_APPEND_DOCUMENT_BEGIN(query, "partitionKey", &id);
+  BSON_APPEND_ARRAY_BEGIN(&id, "$in", &in);
+  for (int i = 0; i < b->n; i++) {
+    snprintf(idx, sizeof idx, "%d", i);
+    BSON_APPEND_UTF8(&in, idx, b->keys[i]);
   }
   bson_append_array_end(&id, &in);
   bson_append_document_end(query, &id);
 }
 
-/* Step 1: the _ids (copies into ids) and the last availableAt of up to `want` due events. */
-static int claim_candidates(obx_relay_t *relay, int64_t bound_ms, int64_t now, int want, bson_value_t *ids,
+/* Step 1: the _ids and partitionKeys (copies into b) and the last availableAt of up to `want`
+ * due events; returns b->n, -1 on an error. */
+static int claim_candidates(obx_relay_t *relay, int64_t bound_ms, int64_t now, int want, claim_batch_t *b,
                             int64_t *last_ms, obx_err_t *err) {
   bson_t *query = claim_filter(relay, relay->sweep_from_ms, bound_ms, now);
   relay_keys_filter(relay, query); /* a held key's events wait for its head */
   bson_t *opts = BCON_NEW("sort", "{", "availableAt", BCON_INT32(1), "_id", BCON_INT32(1), "}",
-                          "projection", "{", "_id", BCON_INT32(1), "availableAt", BCON_INT32(1), "}",
+                          "projection", "{", "_id", BCON_INT32(1), "availableAt", BCON_INT32(1), "partitionKey",
+                          BCON_INT32(1), "}",
                           "limit", BCON_INT64(want), "batchSize", BCON_INT64(want));
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(relay->outbox, query, opts, NULL);
   const bson_t *doc;
   bson_iter_t it;
   bson_error_t berr;
-  int n = 0;
-  while (n < want && mongoc_cursor_next(cursor, &doc)) {
+  b->n = 0;
+  while (b->n < want && mongoc_cursor_next(cursor, &doc)) {
     if (!bson_iter_init_find(&it, doc, "_id")) continue;
-    bson_value_copy(bson_iter_value(&it), &ids[n++]);
+    bson_value_copy(bson_iter_value(&it), &b->ids[b->n]);
+    b->keys[b->n] = bson_iter_init_find(&it, doc, "partitionKey") && BSON_ITER_HOLDS_UTF8(&it)
+                      ? strdup(bson_iter_utf8(&it, NULL)) : NULL;
+    b->n++;
     if (bson_iter_init_find(&it, doc, "availableAt") && BSON_ITER_HOLDS_DATE_TIME(&it))
       *last_ms = bson_iter_date_time(&it);
   }
+  int n = b->n;
   if (mongoc_cursor_error(cursor, &berr)) {
     obx_err_from_bson(err, &berr, NULL);
     n = -1;
@@ -101,10 +128,10 @@ static int claim_candidates(obx_relay_t *relay, int64_t bound_ms, int64_t now, i
 }
 
 /* Step 2: claims those still free; false on a MongoDB error. */
-static bool claim_mark(obx_relay_t *relay, const bson_value_t *ids, int n, int64_t bound_ms, int64_t now,
-                       int64_t until, obx_err_t *err) {
+static bool claim_mark(obx_relay_t *relay, const claim_batch_t *b, int64_t bound_ms, int64_t now, int64_t until,
+                       obx_err_t *err) {
   bson_t *query = claim_filter(relay, 0, bound_ms, now);
-  append_ids(query, ids, n);
+  append_ids(query, b);
   bson_t *update = BCON_NEW("$set", "{", "claimedBy", BCON_UTF8(relay->owner), "claimedUntil", BCON_DATE_TIME(until), "}");
   bson_t reply;
   bson_error_t berr;
@@ -127,8 +154,9 @@ static int claim_pos_cmp(const void *a, const void *b) {
 
 /* Step 3: the documents this batch holds, into docs[] at their step-1 position (the others stay
  * empty); false on a MongoDB error. */
-static bool claim_fetch(obx_relay_t *relay, const bson_value_t *ids, int n, int64_t until, bson_t *docs,
-                        obx_err_t *err) {
+static bool claim_fetch(obx_relay_t *relay, const claim_batch_t *b, int64_t until, bson_t *docs, obx_err_t *err) {
+  const bson_value_t *ids = b->ids;
+  int n = b->n;
   claim_pos_t *pos = malloc((size_t)n * sizeof *pos);
   if (!pos) abort();
   for (int i = 0; i < n; i++) {
@@ -140,7 +168,7 @@ static bool claim_fetch(obx_relay_t *relay, const bson_value_t *ids, int n, int6
   }
   qsort(pos, (size_t)n, sizeof *pos, claim_pos_cmp);
   bson_t *query = BCON_NEW("claimedBy", BCON_UTF8(relay->owner), "claimedUntil", BCON_DATE_TIME(until));
-  append_ids(query, ids, n);
+  append_ids(query, b);
   bson_t *opts = BCON_NEW("batchSize", BCON_INT64(n));
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(relay->outbox, query, opts, NULL);
   const bson_t *doc;
@@ -169,14 +197,14 @@ static int relay_sweep_batch(obx_relay_t *relay, int64_t bound_ms, int want) {
   int64_t until = now + claim_ms;
   if (until <= relay->last_claim_until_ms) until = relay->last_claim_until_ms + 1; /* unique to the batch */
   relay->last_claim_until_ms = until;
-  bson_value_t *ids = calloc((size_t)want, sizeof *ids);
+  claim_batch_t b = {calloc((size_t)want, sizeof *b.ids), calloc((size_t)want, sizeof *b.keys), 0};
   bson_t *docs = malloc((size_t)want * sizeof *docs);
-  if (!ids || !docs) abort();
+  if (!b.ids || !b.keys || !docs) abort();
   obx_err_t err = OBX_ERR_INIT;
-  int n = claim_candidates(relay, bound_ms, now, want, ids, &last_ms, &err);
-  for (int i = 0; i < n; i++) bson_init(&docs[i]);
+  int n = claim_candidates(relay, bound_ms, now, want, &b, &last_ms, &err);
+  for (int i = 0; i < b.n; i++) bson_init(&docs[i]);
   bool ok = n >= 0;
-  if (n > 0) ok = claim_mark(relay, ids, n, bound_ms, now, until, &err) && claim_fetch(relay, ids, n, until, docs, &err);
+  if (n > 0) ok = claim_mark(relay, &b, bound_ms, now, until, &err) && claim_fetch(relay, &b, until, docs, &err);
   if (!ok) obx_warn("sweeper claim: %s", err.msg);
   for (int i = 0; ok && i < n; i++) {
     if (bson_empty(&docs[i]) || relay_doc_inflight(relay, &docs[i], true)) continue; /* taken meanwhile */
@@ -186,11 +214,13 @@ static int relay_sweep_batch(obx_relay_t *relay, int64_t bound_ms, int want) {
     relay_keys_submit(relay, &docs[i], msg);
   }
   if (ok) relay->sweep_from_ms = n == want ? last_ms : 0; /* a short batch ends the pass */
-  for (int i = 0; i < (n > 0 ? n : 0); i++) {
-    bson_value_destroy(&ids[i]);
+  for (int i = 0; i < b.n; i++) {
+    bson_value_destroy(&b.ids[i]);
+    free(b.keys[i]);
     bson_destroy(&docs[i]);
   }
-  free(ids);
+  free(b.ids);
+  free(b.keys);
   free(docs);
   return ok ? n : -1;
 }
