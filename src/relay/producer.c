@@ -88,6 +88,9 @@ obx_relay_producer_t *obx_relay_producer_new(const obx_conf_t *conf, obx_relay_a
      * that the sweeper republishes after later events of the same key (kafka.message.timeout.ms
      * bounds it when wanted) */
     {"message.timeout.ms", "0"},
+    /* one event per key is in flight, so at a low rate each waits out the linger alone: 1 ms
+     * instead of librdkafka's 5 (under load, records batch while requests are in flight) */
+    {"linger.ms", "1"},
   };
   /* the guarantees: set after the passthrough, so no kafka.* key can undo them */
   static const char *const forced[][2] = {

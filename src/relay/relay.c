@@ -641,7 +641,10 @@ static void *relay_main(void *arg) {
     obx_health_stamp("reading the change stream");
     bool busy = !relay->poll_mode && relay_stream_step(relay);
     obx_health_stamp("serving delivery reports");
-    relay_serve(relay, busy ? 0 : 20, false);
+    /* with the stream open and nothing in flight, its awaiting getMore is the loop's wait:
+     * polling Kafka too would leave a change committed meanwhile unread for 20 ms */
+    bool idle_stream = relay->stream && relay_pending(relay) == 0;
+    relay_serve(relay, busy || idle_stream ? 0 : 20, false);
     relay_keys_tick(relay);
 
     int64_t now = obx_time_now_ms();

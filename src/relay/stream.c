@@ -48,6 +48,11 @@
  * for it, so it bounds the ack latency added at low load (at the cost of idle getMores). */
 #define RELAY_STREAM_AWAIT_MS 20
 #define RELAY_STREAM_HOLD_MS 50
+/* A read that waited this long was answered by an awaiting getMore: the stream is at its head,
+ * so the next read would block for RELAY_STREAM_AWAIT_MS while the reports of what was just
+ * produced wait. The step ends as caught up instead (a buffered change or a getMore over a
+ * backlog returns in well under this on a LAN). */
+#define RELAY_STREAM_HEAD_US 2000
 
 const char *const relay_stream_cause_names[RELAY_STREAM_NCAUSES] = {
   "history_lost", "fatal_error", "invalid_resume_token", "invalidate", "reopen_failed",
@@ -274,12 +279,19 @@ bool relay_stream_step(obx_relay_t *relay) {
   while (read < RELAY_STREAM_READS_PER_STEP && !relay->stopping && relay->stream) {
     if (relay_pending(relay) >= relay->conf->relay_max_inflight || relay_window_full(&relay->window)) break;
     const bson_t *change;
+    int64_t t0 = bson_get_monotonic_time();
     if (mongoc_change_stream_next(relay->stream, &change)) {
+      bool at_head = bson_get_monotonic_time() - t0 >= RELAY_STREAM_HEAD_US;
       relay->caught_up = false;
       relay->open_failures = 0;
       relay_stream_handle(relay, change);
       read++;
       relay_serve(relay, 0, false);
+      if (at_head && relay->stream) {
+        relay->caught_up = true;
+        relay->caught_up_ms = obx_time_now_ms();
+        break;
+      }
       continue;
     }
     bson_error_t berr;
