@@ -8,7 +8,10 @@
  *     again they reach Kafka once each, in their key's order.
  *   - test_first_scan_leaves_new_events_to_the_stream: without a checkpoint the relay opens
  *     the stream and sweeps what was there; events written during that scan are the stream's
- *     and reach Kafka exactly once (the scan took them too before its bound). */
+ *     and reach Kafka exactly once (the scan took them too before its bound).
+ *   - test_writes_carry_the_shard_key: with the profiler on, every outbox update the relay sends
+ *     (claims, PUBLISHED marks) and the read-back of its claims filter on partitionKey, the
+ *     shard key of a sharded outbox, so mongos would send each to the shards of those keys. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -287,6 +290,62 @@ static void test_first_scan_leaves_new_events_to_the_stream(void **state) {
   free(ctx);
 }
 
+/* How many of the relay's profiled operations `op` on outbox (with `must` in the filter, NULL:
+ * any) there are, and how many of them lack partitionKey in their filter. */
+static void profiled(ctx_t *ctx, const char *op, const char *must, int *n, int *without) {
+  mongoc_collection_t *prof = mongoc_client_get_collection(g_client, ctx->db, "system.profile");
+  char ns[128];
+  snprintf(ns, sizeof ns, "%s.outbox", ctx->db);
+  bson_t *filter = BCON_NEW("op", BCON_UTF8(op), "ns", BCON_UTF8(ns), "appName", "outboxd");
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(prof, filter, NULL, NULL);
+  const bson_t *doc;
+  bson_iter_t it, f;
+  *n = *without = 0;
+  while (mongoc_cursor_next(cursor, &doc)) {
+    if (!bson_iter_init_find(&it, doc, "filter") || !bson_iter_recurse(&it, &f)) continue;
+    bson_iter_t probe = f;
+    if (must && !bson_iter_find(&probe, must)) continue;
+    (*n)++;
+    probe = f;
+    if (!bson_iter_find(&probe, "partitionKey")) (*without)++;
+  }
+  mongoc_cursor_destroy(cursor);
+  bson_destroy(filter);
+  mongoc_collection_destroy(prof);
+}
+
+static void test_writes_carry_the_shard_key(void **state) {
+  (void)state;
+  ctx_t *ctx = calloc(1, sizeof *ctx);
+  ctx_init(ctx, "shardkey");
+  bson_t *profile = BCON_NEW("profile", BCON_INT32(2));
+  bson_error_t berr;
+  if (!mongoc_client_command_simple(g_client, ctx->db, profile, NULL, NULL, &berr)) fail_msg("profile: %s", berr.message);
+  bson_destroy(profile);
+  char key[16];
+  for (int i = 0; i < 30; i++) { /* 0-29 for the first full sweep */
+    snprintf(key, sizeof key, "K-%d", i % 7);
+    insert_event(ctx, key, 0);
+  }
+  obx_err_t err = OBX_ERR_INIT;
+  obx_relay_t *relay = obx_relay_start(&ctx->conf, NULL, &err);
+  if (!relay) fail_msg("relay: %s", err.msg);
+  wait_published(ctx, 0, 30, 15000);
+  for (int i = 0; i < 30; i++) { /* 30-59 through the stream */
+    snprintf(key, sizeof key, "K-%d", i % 7);
+    insert_event(ctx, key, 0);
+  }
+  wait_published(ctx, 30, 60, 15000);
+  obx_relay_stop(relay);
+  int n, without;
+  profiled(ctx, "update", NULL, &n, &without);
+  if (n < 2 || without) fail_msg("%d of the relay's %d outbox updates do not filter on partitionKey", without, n);
+  profiled(ctx, "query", "claimedBy", &n, &without);
+  if (n < 1 || without) fail_msg("%d of the relay's %d claim read-backs do not filter on partitionKey", without, n);
+  ctx_cleanup(ctx);
+  free(ctx);
+}
+
 static int group_setup(void **state) {
   (void)state;
   return obx_test_fixture_mongo_setup(&g_mongo, NULL, &g_client);
@@ -301,6 +360,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_sweep_leaves_newer_events_to_the_stream),
     cmocka_unit_test(test_first_scan_leaves_new_events_to_the_stream),
+    cmocka_unit_test(test_writes_carry_the_shard_key),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
