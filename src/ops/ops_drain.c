@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "obx/obx_amqp.h"
+#include "obx/obx_health.h"
 #include "obx/obx_log.h"
 #include "obx/obx_metrics.h"
 #include "obx/obx_schema.h"
@@ -113,6 +114,7 @@ static void refresh_gauges(obx_ops_drain_t *d) {
 static void drain_one(obx_ops_drain_t *d, obx_ladder_msg_t *msg) {
   int64_t backoff = DRAIN_BACKOFF_MIN_MS;
   for (;;) {
+    obx_health_stamp("storing a dead letter");
     obx_err_t err = OBX_ERR_INIT;
     bool stored = false;
     if ((d->ready || (d->ready = obx_schema_ensure(d->mongo, d->conf, OBX_SCHEMA_WORKER, &err))) &&
@@ -134,7 +136,9 @@ static void *drain_main(void *p) {
   obx_ops_drain_t *d = p;
   pthread_setname_np(pthread_self(), "obx-dlq-drain");
   int64_t next_gauges = 0;
+  obx_health_register("worker", "dlq drain"); /* /healthz: the loop goes round (obx_health.h) */
   while (!atomic_load(&d->stop)) {
+    obx_health_stamp("receiving dead letters");
     if (mono_ms() >= next_gauges) {
       obx_ladder_tick(d->ladder);
       refresh_gauges(d);
@@ -152,6 +156,7 @@ static void *drain_main(void *p) {
     if (got) drain_one(d, &msg);
     obx_ladder_msg_cleanup(&msg);
   }
+  obx_health_unregister();
   return NULL;
 }
 
