@@ -400,6 +400,39 @@ static char *field_text(const amqp_field_value_t *v) {
   return field_is_text(v) ? dup_bytes(v->value.bytes.bytes, v->value.bytes.len) : NULL;
 }
 
+/* The text field `name` of an AMQP table, NULL when absent or not text. */
+static char *table_text(const amqp_table_t *t, const char *name) {
+  for (int i = 0; i < t->num_entries; i++)
+    if (t->entries[i].key.len == strlen(name) && memcmp(t->entries[i].key.bytes, name, t->entries[i].key.len) == 0)
+      return field_text(&t->entries[i].value);
+  return NULL;
+}
+
+/* A message RabbitMQ itself dead-lettered into the DLQ (a quorum queue's x-delivery-limit
+ * reached, or a reject without requeue) carries no failure class of the worker's: x-death's
+ * newest entry says why and from which queue, and becomes its class and reason. A retry's
+ * "expired" death (tier -> work queue) is the ladder working, not a failure. */
+static void msg_death(obx_ladder_msg_t *msg, const amqp_field_value_t *v) {
+  if (v->kind != AMQP_FIELD_KIND_ARRAY || v->value.array.num_entries < 1 ||
+      v->value.array.entries[0].kind != AMQP_FIELD_KIND_TABLE)
+    return;
+  const amqp_table_t *newest = &v->value.array.entries[0].value.table;
+  char *why = table_text(newest, "reason"), *queue = table_text(newest, "queue");
+  bool limit = why && strcmp(why, "delivery_limit") == 0;
+  if (limit || (why && strcmp(why, "rejected") == 0)) {
+    char text[1024];
+    snprintf(text, sizeof text, "RabbitMQ dead-lettered it from %s: %s%s%s", queue ? queue : "a queue",
+             limit ? "redelivered past the queue's x-delivery-limit" : "rejected without requeue",
+             msg->reason && *msg->reason ? "; before that: " : "", msg->reason ? msg->reason : "");
+    free(msg->reason);
+    msg->reason = strdup(text);
+    free(msg->failure_class);
+    msg->failure_class = strdup(limit ? "exhausted" : "terminal");
+  }
+  free(why);
+  free(queue);
+}
+
 static void msg_from_amqp(obx_ladder_msg_t *msg, const amqp_basic_properties_t *p, amqp_bytes_t body) {
   if (p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG) msg->message_id = dup_bytes(p->message_id.bytes, p->message_id.len);
   msg->body = dup_bytes(body.bytes, body.len);
@@ -438,6 +471,9 @@ static void msg_from_amqp(obx_ladder_msg_t *msg, const amqp_basic_properties_t *
       msg_add_header(msg, name, strlen(name), v->value.bytes.bytes, v->value.bytes.len);
     }
   }
+  for (int i = 0; i < p->headers.num_entries; i++) /* after x-failure-class and x-reason, which it overrides */
+    if (p->headers.entries[i].key.len == 7 && memcmp(p->headers.entries[i].key.bytes, "x-death", 7) == 0)
+      msg_death(msg, &p->headers.entries[i].value);
 }
 
 /* A header value as AMQP carries it: a UTF-8 string when it is one, else a byte array (the

@@ -5,7 +5,8 @@
  * arguments` through scripts/rabbitmq.sh ctl) carry x-delivery-limit: P.work and the tiers
  * OBX_LADDER_WORK_DELIVERY_LIMIT, P.dlq OBX_LADDER_DLQ_DELIVERY_LIMIT, and P.work dead-letters
  * into P.dlq. test_limit_parks_in_dlq: a work-queue message given back (nack, requeue) past the
- * limit is parked in P.dlq by RabbitMQ, not dropped. test_existing_queue_kept: a P.work declared
+ * limit is parked in P.dlq by RabbitMQ, not dropped, and read from there as class "exhausted" with
+ * a reason naming the queue and its limit (x-death). test_existing_queue_kept: a P.work declared
  * by an older outboxd (no limit) is used as it is: the ladder connects and publishes. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,6 +110,14 @@ static void test_limit_parks_in_dlq(void **state) {
   assert_non_null(dlq);
   if (!wt_ladder_next(dlq, &got, 10000)) fail_msg("the message past the limit is not in %s", obx_ladder_dlq_queue(fx.ladder));
   assert_string_equal(got.message_id, "limit-1");
+  /* RabbitMQ's own dead-lettering (x-death) names the class and the cause */
+  printf("in the DLQ: class %s, reason %s\n", got.failure_class ? got.failure_class : "(none)",
+         got.reason ? got.reason : "(none)");
+  assert_non_null(got.failure_class);
+  assert_string_equal(got.failure_class, "exhausted");
+  assert_non_null(got.reason);
+  assert_non_null(strstr(got.reason, "x-delivery-limit"));
+  assert_non_null(strstr(got.reason, obx_ladder_work_queue(fx.ladder)));
   assert_true(obx_ladder_consumer_ack(dlq, &got, &err));
   obx_ladder_msg_cleanup(&got);
   obx_ladder_msg_cleanup(&msg);
