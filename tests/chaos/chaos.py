@@ -819,14 +819,16 @@ def repeat(stack, stop, cycles, period, action):
 
 
 def fault_relay_kill(stack, stop, a):
-    """Two kill -9s of the relay leader per cycle, each of the process that holds the lease; the
-    second of a cycle --period after the first's successor took over."""
+    """Two kill -9s of the relay leader per cycle, each of the process that holds the lease;
+    each kill after the first comes --period after the previous one's successor took over."""
     def act(i):
+        if i and not relay_leader(stack):
+            raise RuntimeError(f"no relay leader took over after kill {i}")
+        if i and stop.wait(a.period):
+            return
         n = relay_leader(stack)
         if not n:
             raise RuntimeError(f"no live relay leader to kill (kill {i + 1})")
-        if i and stop.wait(a.period):
-            return
         log(f"kill -9 {n}, the relay leader (kill {i + 1})")
         stack.procs[n].kill9()
         stack.outboxd(n, "relay")
@@ -876,12 +878,20 @@ def fault_rabbitmq(stack, stop, a):
     def act(i):
         stack.endpoint.mode = "503"     # events climb into the retry tiers
         stop.wait(a.period)
-        log(f"RabbitMQ node down with events in the tiers (cycle {i + 1})")
+        in_tiers = stack.mdb.inbox.count_documents({"status": "RETRYING"})
+        log(f"RabbitMQ node down with {in_tiers} events in the tiers (cycle {i + 1})")
+        if not in_tiers:
+            raise RuntimeError(f"no event in the retry tiers when the node stopped (cycle {i + 1})")
+        stack.endpoint.mode = "ok"     # the 503 window is --period; the tiers still hold its events
         subprocess.run([os.path.join(a.root, "scripts/rabbitmq.sh"), "stop"], env=env, check=True, capture_output=True)
-        stack.endpoint.mode = "ok"
         stop.wait(a.outage)
         log("RabbitMQ node up")
         subprocess.run([os.path.join(a.root, "scripts/rabbitmq.sh"), "start"], env=env, check=True, capture_output=True)
+        # The tiers drain before the next cycle answers 503 again (else their retries, released
+        # when the node is back, meet the next 503 window and run out of attempts).
+        if not wait_for(lambda: not stack.mdb.inbox.count_documents({"status": "RETRYING"}), a.quiet_timeout,
+                        "the retry tiers to drain after the restart", poll=0.5):
+            raise RuntimeError(f"events still in the retry tiers {a.quiet_timeout:.0f}s after the restart (cycle {i + 1})")
     repeat(stack, stop, a.cycles, 0.1, act)
 
 
@@ -1054,6 +1064,21 @@ COLS = ["orders", "api", "third", "written", "raw", "kafka", "done", "dead", "pa
         "inversions", "lost", "faults", "seconds"]
 
 
+def ladder_span(ladder, attempts):
+    """Seconds from an event's first attempt to its last (the tiers' delays, the last tier
+    repeated), or None when a tier is not a duration (e.g. "500ms", "2s", "1m")."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    delays = []
+    for t in ladder.split(","):
+        num = t.rstrip("mshd")
+        unit = t[len(num):]
+        try:
+            delays.append(float(num) * units[unit])
+        except (ValueError, KeyError):
+            return None
+    return sum(delays[min(i, len(delays) - 1)] for i in range(attempts - 1))
+
+
 def main():
     ap = argparse.ArgumentParser(description="outboxd fault-injection scenarios with a ledger")
     ap.add_argument("--build", required=True, help="build directory (outboxd, outboxctl, devmongod, kafka-mockd)")
@@ -1089,6 +1114,15 @@ def main():
         if n not in SCENARIOS:
             print(f"chaos.py: unknown scenario '{n}' (--list shows them)", file=sys.stderr)
             return 2
+    # The 503 windows (rabbitmq: --period, endpoint-503: --outage) must end before an event's
+    # attempts do, or the ledger rightly finds them exhausted: refuse such a schedule up front.
+    span = ladder_span(args.ladder, args.attempts)
+    window = max([args.period] * ("rabbitmq" in names) + [args.outage] * ("endpoint-503" in names) + [0])
+    if span is None or (window and span <= window):
+        print(f"chaos.py: --ladder {args.ladder} with --attempts {args.attempts} retries for "
+              f"{span if span is not None else '?'} s, not longer than the {window} s an endpoint answers 503 "
+              f"(--period/--outage): lengthen the ladder", file=sys.stderr)
+        return 2
     results = []
     for n in names:
         results.append(run_scenario(args, n))
