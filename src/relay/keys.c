@@ -267,7 +267,7 @@ void relay_keys_check(obx_relay_t *relay) {
 
 /* Holds the keys of the documents `filter` (sorted by `sort`, may be NULL) finds: the first
  * of a key is its head. */
-static bool keys_load_from(obx_relay_t *relay, bson_t *filter, bson_t *sort) {
+static bool keys_load_from(obx_relay_t *relay, bson_t *filter, bson_t *sort, const char *why_default) {
   bson_t *opts = BCON_NEW("limit", BCON_INT64(KEYS_LOAD_MAX));
   if (sort) BSON_APPEND_DOCUMENT(opts, "sort", sort);
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(relay->outbox, filter, opts, NULL);
@@ -282,7 +282,7 @@ static bool keys_load_from(obx_relay_t *relay, bson_t *filter, bson_t *sort) {
     memset(&msg, 0, sizeof msg);
     relay_msg_set_id(&msg, doc);
     const char *why = obx_mongo_doc_str(doc, "lastError");
-    snprintf(msg.error, sizeof msg.error, "%s", why ? why : "a failed publish");
+    snprintf(msg.error, sizeof msg.error, "%s", why ? why : why_default);
     key_hold(relay, k, &msg);
     free(msg.id);
     free(msg.shard_key);
@@ -299,9 +299,16 @@ static bool keys_load_from(obx_relay_t *relay, bson_t *filter, bson_t *sort) {
 
 bool relay_keys_load(obx_relay_t *relay) {
   /* FAILED heads oldest first (index {status, occurredAt, _id}); then PENDING ones being retried
-   * (one per key at most: a key has one event in flight) */
-  return keys_load_from(relay, BCON_NEW("status", "FAILED"), BCON_NEW("occurredAt", BCON_INT32(1), "_id", BCON_INT32(1))) &&
-         keys_load_from(relay, BCON_NEW("status", "PENDING", "attempts", "{", "$gt", BCON_INT32(0), "}"), NULL);
+   * (one per key at most: a key has one event in flight); then PENDING ones an earlier leader
+   * claimed (the stream must not publish their keys' later events first; oldest first, index
+   * {status, availableAt, _id}) */
+  return keys_load_from(relay, BCON_NEW("status", "FAILED"), BCON_NEW("occurredAt", BCON_INT32(1), "_id", BCON_INT32(1)),
+                        "a failed publish") &&
+         keys_load_from(relay, BCON_NEW("status", "PENDING", "attempts", "{", "$gt", BCON_INT32(0), "}"), NULL,
+                        "a failed publish") &&
+         keys_load_from(relay, BCON_NEW("status", "PENDING", "claimedUntil", "{", "$exists", BCON_BOOL(true), "}"),
+                        BCON_NEW("availableAt", BCON_INT32(1), "_id", BCON_INT32(1)),
+                        "claimed by an earlier leader, not yet published");
 }
 
 void relay_keys_filter(obx_relay_t *relay, bson_t *query) {

@@ -564,13 +564,14 @@ static bool relay_ready(void *ctx, obx_err_t *err) {
   return ready;
 }
 
-/* Becoming the leader: the held keys from the outbox; then (stream mode) resume from the
+/* Becoming the leader: the held keys from the outbox and the claims of an earlier leadership
+ * released (sweeper.c); then (stream mode) resume from the
  * checkpoint, or (none yet) start from now and publish every PENDING event first. False when
  * the outbox or the checkpoint could not be read (try again later: a missing checkpoint must
  * not be mistaken for an unreadable one). */
 static bool relay_lead_begin(obx_relay_t *relay) {
   relay_keys_reset(relay);
-  if (!relay_keys_load(relay)) return false;
+  if (!relay_keys_load(relay) || !relay_claims_release(relay)) return false;
   if (relay->poll_mode) return true;
   if (!relay_checkpoint_load(relay)) return false;
   bson_destroy(relay->read_token);

@@ -245,6 +245,10 @@ int64_t relay_sweep_bound(const obx_relay_t *relay);
  * with availableAt <= bound_ms and publishes them; returns how many it found (a pass goes on
  * while relay->sweep_from_ms is not 0), -1 on a MongoDB error. */
 int relay_sweep(obx_relay_t *relay, int64_t bound_ms);
+/* Becoming the leader: the claims on PENDING events (of a leader that died, or of this relay's
+ * earlier leadership) are released, the lease making this relay the only publisher; their keys
+ * are held first (relay_keys_load). False on a MongoDB error. */
+bool relay_claims_release(obx_relay_t *relay);
 /* Publishes every PENDING event that is due, waiting for each batch's reports (recovery:
  * first start, lost history). False when stopped or on an error. */
 bool relay_sweep_all(obx_relay_t *relay);

@@ -15,7 +15,9 @@
  * The claim is the MongoDB analogue of SELECT ... FOR UPDATE SKIP LOCKED: several relays never
  * publish the same event at the same time (a claim outlives the publish it protects), and a
  * deposed leader that has not noticed yet cannot take what the new one claimed. The report's
- * outbox update removes the claim; a relay that dies leaves claims that expire.
+ * outbox update removes the claim. A relay that dies leaves claims behind: the next leader
+ * holds their keys and releases them when it takes the lease (relay_claims_release), so their
+ * events are published at once and before their keys' later ones, not when the claims expire.
  *
  * A pass resumes where the previous batch ended (availableAt >= the last claimed one), so a
  * long recovery never rescans the events in flight or the held keys it already skipped; the
@@ -239,6 +241,24 @@ int relay_sweep(obx_relay_t *relay, int64_t bound_ms) {
   int found = relay_sweep_batch(relay, bound_ms, want);
   if (found > 0) obx_debug("sweeper found %d events", found);
   return found;
+}
+
+bool relay_claims_release(obx_relay_t *relay) {
+  bson_t *filter = BCON_NEW("status", "PENDING", "claimedUntil", "{", "$exists", BCON_BOOL(true), "}");
+  bson_t *update = BCON_NEW("$unset", "{", "claimedBy", "", "claimedUntil", "", "}");
+  bson_t reply;
+  bson_error_t berr;
+  bool ok = mongoc_collection_update_many(relay->outbox, filter, update, NULL, &reply, &berr);
+  if (!ok) obx_warn("releasing the claims of an earlier leadership: %s", berr.message);
+  else {
+    bson_iter_t it;
+    int64_t n = bson_iter_init_find(&it, &reply, "modifiedCount") ? bson_iter_as_int64(&it) : 0;
+    if (n > 0) obx_info("released %lld claims of an earlier leadership (their keys are held until they are published)", (long long)n);
+  }
+  bson_destroy(&reply);
+  bson_destroy(update);
+  bson_destroy(filter);
+  return ok;
 }
 
 bool relay_sweep_all(obx_relay_t *relay) {
