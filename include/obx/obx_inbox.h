@@ -117,6 +117,10 @@ bool obx_inbox_take_resend(mongoc_client_t *client, const char *db, const char *
  * intent's lease ended); a no-op once the entry moved on. */
 bool obx_inbox_retry_sent(mongoc_client_t *client, const char *db, const char *consumer, const char *event_id,
                           int attempts, obx_err_t *err);
+/* Whether an event of key is RECEIVED or PROCESSING under a live claim of an owner other than
+ * owner (a peer runs an event of the key now). */
+bool obx_inbox_key_claimed_elsewhere(mongoc_client_t *client, const char *db, const char *consumer, const char *key,
+                                     const char *owner, bool *claimed, obx_err_t *err);
 /* Extends the leases of owner's claims on the given events (RECEIVED or PROCESSING) to now +
  * lease_ms (one write). */
 bool obx_inbox_renew(mongoc_client_t *client, const char *db, const char *consumer, const char *owner,

@@ -343,6 +343,27 @@ bool obx_inbox_retry_sent(mongoc_client_t *client, const char *db, const char *c
   return ok;
 }
 
+bool obx_inbox_key_claimed_elsewhere(mongoc_client_t *client, const char *db, const char *consumer, const char *key,
+                                     const char *owner, bool *claimed, obx_err_t *err) {
+  static const obx_inbox_status_t running[] = {OBX_INBOX_RECEIVED, OBX_INBOX_PROCESSING};
+  bson_t filter = BSON_INITIALIZER, cond, out = BSON_INITIALIZER;
+  BSON_APPEND_UTF8(&filter, "_id.consumer", consumer);
+  BSON_APPEND_UTF8(&filter, "partitionKey", key);
+  append_status_in(&filter, "status", running, 2);
+  BSON_APPEND_DOCUMENT_BEGIN(&filter, "owner", &cond);
+  BSON_APPEND_UTF8(&cond, "$ne", owner);
+  bson_append_document_end(&filter, &cond);
+  BSON_APPEND_DOCUMENT_BEGIN(&filter, "leaseUntil", &cond);
+  BSON_APPEND_DATE_TIME(&cond, "$gt", obx_time_now_ms());
+  bson_append_document_end(&filter, &cond);
+  mongoc_collection_t *c = coll(client, db, "inbox");
+  bool ok = obx_mongo_find_one(c, &filter, NULL, NULL, &out, claimed, err);
+  mongoc_collection_destroy(c);
+  bson_destroy(&out);
+  bson_destroy(&filter);
+  return ok;
+}
+
 bool obx_inbox_renew(mongoc_client_t *client, const char *db, const char *consumer, const char *owner,
                      const char *const *event_ids, int n, int64_t lease_ms, obx_err_t *err) {
   if (n == 0) return true;

@@ -36,6 +36,7 @@
 #define INFRA_BACKOFF_MIN_MS 100
 #define INFRA_BACKOFF_MAX_MS 5000
 #define REVOKE_DRAIN_MS 30000
+#define LOST_KEYS 64 /* keys remembered after their claim was taken over (run_job) */
 
 /* ---- jobs ------------------------------------------------------------------------------ */
 
@@ -59,6 +60,12 @@ struct obx_worker {
   int64_t lease_ms;         /* WORKER_LEASE */
   pthread_mutex_t claims_mu; /* the events this process runs now (their leases are renewed) */
   char (*claims)[OBX_UUID_LEN + 1];
+  struct {
+    char *key;
+    size_t len;
+    uint64_t generation;
+  } lost[LOST_KEYS];        /* keys whose claim was taken over (run_job), under claims_mu */
+  int nlost;
   int nclaims, claims_cap;
   int64_t infra_timeout_ms; /* WORKER_INFRA_TIMEOUT */
   obx_mongo_t *mongo;
@@ -222,6 +229,7 @@ static void set_paused_gauge(obx_worker_t *w) {
 static void count_outcome(obx_worker_t *w, worker_outcome_t outcome) {
   switch (outcome) {
   case WORKER_DUPLICATE:
+  case WORKER_LOST:
     atomic_fetch_add(&w->stats.duplicates, 1);
     obx_counter_inc(metrics.duplicates);
     break;
@@ -231,6 +239,49 @@ static void count_outcome(obx_worker_t *w, worker_outcome_t outcome) {
     break;
   default: break;
   }
+}
+
+/* ---- keys whose claim was lost: after a pause (SIGSTOP, a stall past the lease) the Kafka
+ * thread learns that its partitions moved only at its next poll, while the runner of a key would
+ * go on with the key's next queued record. A key whose claim was taken over is remembered with
+ * its assignment generation; its next records of that generation wait while a peer holds a live
+ * claim on an event of the key (bounded by two leases), so none runs before the peer's earlier
+ * event of the key is settled. */
+
+/* Whether (key, generation) is remembered; with add, remembers it (the oldest goes). */
+static bool lost_key(obx_worker_t *w, const char *key, size_t len, uint64_t generation, bool add) {
+  bool found = false;
+  pthread_mutex_lock(&w->claims_mu);
+  for (int i = 0; i < LOST_KEYS && !found; i++)
+    found = w->lost[i].key && w->lost[i].generation == generation && w->lost[i].len == len &&
+            memcmp(w->lost[i].key, key, len) == 0;
+  if (add && !found) {
+    int i = w->nlost++ % LOST_KEYS;
+    free(w->lost[i].key);
+    w->lost[i].key = malloc(len + 1);
+    assert(w->lost[i].key);
+    memcpy(w->lost[i].key, key, len);
+    w->lost[i].key[len] = '\0';
+    w->lost[i].len = len;
+    w->lost[i].generation = generation;
+  }
+  pthread_mutex_unlock(&w->claims_mu);
+  return found;
+}
+
+static void wait_key_elsewhere(obx_worker_t *w, const char *key) {
+  mongoc_client_t *client = obx_mongo_pop(w->mongo);
+  int64_t deadline = obx_time_now_ms() + 2 * w->lease_ms, backoff = INFRA_BACKOFF_MIN_MS;
+  bool claimed = true, logged = false;
+  obx_err_t err = OBX_ERR_INIT;
+  while (obx_time_now_ms() < deadline &&
+         obx_inbox_key_claimed_elsewhere(client, w->db, w->consumer, key, w->owner, &claimed, &err) && claimed) {
+    if (!logged) obx_info("key %.64s: a peer runs an event of it after this process lost a claim: waiting", key);
+    logged = true;
+    obx_health_stamp("waiting for a peer's event of the key");
+    if (!nap_backoff(w, &backoff)) break;
+  }
+  obx_mongo_push(w->mongo, client);
 }
 
 /* The runners' callback (sched.c): one event end to end, then its outcome back to its source.
@@ -245,9 +296,17 @@ static void run_job(void *ctx, job_t *job) {
     if (atomic_load(&w->stop) || job->source == WORKER_SOURCE_HTTP) goto done; /* HTTP: 503, sent again */
     obx_health_stamp("waiting for the schema");
   }
+  size_t klen;
+  const char *k = msg_partition_key(&job->msg, &klen);
+  char *key = strndup(k, klen); /* the run may change the envelope's headers */
+  assert(key);
+  klen = strlen(key);
+  if (job->source == WORKER_SOURCE_KAFKA && lost_key(w, key, klen, job->generation, false)) wait_key_elsewhere(w, key);
   job->outcome = job->source == WORKER_SOURCE_KAFKA
                    ? worker_handle(w, job->source, &job->msg, job->partition, job->offset)
                    : worker_handle(w, job->source, &job->msg, -1, -1);
+  if (job->source == WORKER_SOURCE_KAFKA && job->outcome == WORKER_LOST) lost_key(w, key, klen, job->generation, true);
+  free(key);
   count_outcome(w, job->outcome);
 done:
   complete(w, job);
@@ -576,7 +635,7 @@ static worker_outcome_t record(event_t *e, outcome_txn_t *t, worker_outcome_t ou
   if (r == STEP_OK) return outcome;
   if (err.domain == OBX_ERR_CONFLICT) {
     obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id, "%s; this run's outcome is not recorded", err.msg);
-    return WORKER_DUPLICATE;
+    return WORKER_LOST;
   }
   char cause[700];
   snprintf(cause, sizeof cause, "recording the outcome (%s) failed: %s", obx_inbox_status_name(t->status), err.msg);
@@ -701,7 +760,7 @@ static worker_outcome_t run_event(event_t *e) {
         goto done;
       }
       if (!claim_held(e)) { /* the DLQ copy goes before the recording: look first */
-        outcome = WORKER_DUPLICATE;
+        outcome = WORKER_LOST;
         goto done;
       }
       /* Terminal, or attempts exhausted: the DLQ. */
@@ -1676,6 +1735,7 @@ void obx_worker_destroy(obx_worker_t *w) {
   pthread_mutex_destroy(&w->done_mu);
   pthread_mutex_destroy(&w->claims_mu);
   free(w->claims);
+  for (int i = 0; i < LOST_KEYS; i++) free(w->lost[i].key);
   free(w);
 }
 

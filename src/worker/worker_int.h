@@ -25,6 +25,7 @@ typedef enum {
   WORKER_DEAD,      /* published to the DLQ, recorded */
   WORKER_MALFORMED, /* HTTP only: not a CloudEvent (Kafka/AMQP malformed input ends DEAD) */
   WORKER_INFRA,     /* MongoDB or RabbitMQ unavailable: nothing recorded, try again */
+  WORKER_LOST,      /* its claim was taken over while it ran: nothing recorded, the peer settles it */
 } worker_outcome_t;
 
 typedef struct {
