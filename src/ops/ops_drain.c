@@ -80,9 +80,12 @@ static void set_depth(obx_ops_drain_t *d, const char *queue) {
   if (obx_ladder_queue_depth(d->ladder, queue, &n, &err)) obx_gauge_set(metrics.depth, (double)n, queue);
 }
 
+/* The store's gauges, once dead_letters and parked_keys have their indexes (before that their
+ * queries would scan a collection being indexed: test_devmongo_hotpaths saw it). */
 static void refresh_gauges(obx_ops_drain_t *d) {
   obx_err_t err = OBX_ERR_INIT;
   int64_t count = 0, oldest = 0, now = obx_time_now_ms();
+  if (!d->ready && !(d->ready = obx_schema_ensure(d->mongo, d->conf, OBX_SCHEMA_WORKER, &err))) return;
   mongoc_client_t *client = obx_mongo_pop(d->mongo);
   if (obx_ops_dl_stats(d->mongo, client, NULL, &count, &oldest, &err)) {
     obx_gauge_set(metrics.count, (double)count);

@@ -878,6 +878,11 @@ def fault_rabbitmq(stack, stop, a):
     def act(i):
         stack.endpoint.mode = "503"     # events climb into the retry tiers
         stop.wait(a.period)
+        # the window lasts --period and until an event sits in the tiers: the first events may
+        # reach a worker only after --period (a relay taking its lease), and a cycle after the
+        # workload finds none within the bound
+        wait_for(lambda: stack.mdb.inbox.count_documents({"status": "RETRYING"}) > 0, 10,
+                 "an event in the retry tiers", poll=0.2)
         in_tiers = stack.mdb.inbox.count_documents({"status": "RETRYING"})
         stack.endpoint.mode = "ok"     # the 503 window is --period; the tiers still hold its events
         if not in_tiers:   # the workload is over: nothing would sit in the tiers
