@@ -85,6 +85,18 @@ done_noopts:
   return ok;
 }
 
+/* A claim's conditional update of one inbox entry (filter and update are destroyed here):
+ * *taken says whether it matched, so whether this process now holds the entry. */
+static bool write_taken(mongoc_client_t *client, const char *db, bson_t *filter, bson_t *update, bool *taken,
+                        obx_err_t *err) {
+  int64_t matched = 0;
+  bool ok = write_one(client, db, "inbox", NULL, filter, update, false, &matched, err);
+  *taken = ok && matched > 0;
+  bson_destroy(update);
+  bson_destroy(filter);
+  return ok;
+}
+
 bool obx_inbox_claim(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                      const obx_inbox_entry_t *entry, obx_inbox_status_t status, bool *inserted,
                      obx_inbox_status_t *existing, obx_err_t *err) {
@@ -295,12 +307,7 @@ bool obx_inbox_take(mongoc_client_t *client, const char *db, const char *consume
   BSON_APPEND_UTF8(&child, "retrySent", "");
   if (!member) BSON_APPEND_UTF8(&child, "member", "");
   bson_append_document_end(&update, &child);
-  int64_t matched = 0;
-  bool ok = write_one(client, db, "inbox", NULL, &filter, &update, false, &matched, err);
-  *taken = ok && matched > 0;
-  bson_destroy(&update);
-  bson_destroy(&filter);
-  return ok;
+  return write_taken(client, db, &filter, &update, taken, err);
 }
 
 bool obx_inbox_take_resend(mongoc_client_t *client, const char *db, const char *consumer, const char *event_id,
@@ -317,12 +324,7 @@ bool obx_inbox_take_resend(mongoc_client_t *client, const char *db, const char *
   BSON_APPEND_UTF8(&child, "owner", owner);
   BSON_APPEND_DATE_TIME(&child, "leaseUntil", obx_time_now_ms() + lease_ms);
   bson_append_document_end(&update, &child);
-  int64_t matched = 0;
-  bool ok = write_one(client, db, "inbox", NULL, &filter, &update, false, &matched, err);
-  *taken = ok && matched > 0;
-  bson_destroy(&update);
-  bson_destroy(&filter);
-  return ok;
+  return write_taken(client, db, &filter, &update, taken, err);
 }
 
 bool obx_inbox_retry_sent(mongoc_client_t *client, const char *db, const char *consumer, const char *event_id,
