@@ -65,6 +65,7 @@
 #include "obx/obx_trace.h"
 #include "obx/obx_mongo.h"
 #include "obx/obx_ops.h"
+#include "obx/obx_outbox.h"
 #include "obx/obx_pipeline.h"
 #include "obx/obx_relay.h"
 #include "obx/obx_worker.h"
@@ -215,6 +216,7 @@ int main(int argc, char **argv) {
   }
   obx_log_level_t level;
   if (obx_log_level_parse(conf.log_level, &level)) obx_log_set_level(level);
+  obx_outbox_set_buckets(conf.relay_buckets); /* every event this process writes carries its bucket */
   obx_log_set_role("main");
   obx_build_info_register();
   /* OTEL_* variables: sampler and OTLP exporter, before any role starts spans */

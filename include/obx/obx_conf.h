@@ -104,6 +104,9 @@ typedef struct {
     "stream: change stream plus sweeper; poll: the sweeper alone with leased claims")            \
   X(relay_lease, DURATION, "relay.lease", "RELAY_LEASE", "10s", 1000, 600000, NULL, 0,             \
     "Lease of the publishing relay (one leader in either mode); a standby takes over within it")   \
+  X(relay_buckets, INT, "relay.buckets", "RELAY_BUCKETS", "1", 1, 1024, NULL, 0,                 \
+    "Buckets of the outbox (murmur2(partitionKey) mod B): relays share them through per-bucket leases; " \
+    "fixed per deployment, the same for every writer and relay")                                 \
   X(relay_max_inflight, INT, "relay.max_inflight", "RELAY_MAX_INFLIGHT", "1000", 1, 100000, NULL, 0, \
     "Events produced and not yet acknowledged by Kafka; the stream is not read beyond it")      \
   X(relay_checkpoint_interval, DURATION, "relay.checkpoint_interval", "RELAY_CHECKPOINT_INTERVAL", "1s", 10, 600000, NULL, 0, \

@@ -24,12 +24,18 @@
  * order (int64), written by obx_outbox_append from the `outbox_keys` counter. */
 #define OBX_OUTBOX_KEY_SEQ "keySeq"
 
+/* RELAY_BUCKETS (relay.buckets) of the deployment, 1 until set: the `bucket` field of every
+ * document obx_outbox_append writes is murmur2(partitionKey) mod it (obx_bucket.h). outboxd sets
+ * it from its configuration at start; a service that links libobx calls it once, before its first
+ * append, with the value its relays run with. Thread-safe. */
+void obx_outbox_set_buckets(int32_t buckets);
+
 /* Inserts event as a PENDING outbox document into `outbox` (the `outbox` collection of the
  * relay's database) within session's transaction. event must be finalized
  * (obx_event_finalize: id, occurredAt, partitionKey, version set) or finalizable: a copy is
  * finalized, event itself is not changed. The document carries keySeq, the key's next
  * sequence number (the `outbox_keys` counter, in the same transaction: appends to one key from
- * concurrent transactions conflict and are retried). session must be in a transaction (asserted): outside
+ * concurrent transactions conflict and are retried), and its bucket (obx_outbox_set_buckets). session must be in a transaction (asserted): outside
  * one the append would not be atomic with the business write. Errors: OBX_ERR_INPUT for an
  * incomplete event; MongoDB errors wrapped with obx_err_from_bson (retriable ones mean the
  * transaction should be retried; a duplicate id is obx_err_is_duplicate_key). */

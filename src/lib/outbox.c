@@ -5,12 +5,25 @@
  * in `outbox_keys` {_id: partitionKey, seq} goes up by one (findAndModify $inc, upsert) and
  * its new value is the event's `keySeq`, and the document is inserted. Two transactions that
  * append to one key conflict on the counter (a write conflict: the driver runs one of them
- * again), so keySeq follows commit order per key. Stateless and thread-safe. */
+ * again), so keySeq follows commit order per key. The document also carries its `bucket`
+ * (obx_bucket.h) among the process's RELAY_BUCKETS (obx_outbox_set_buckets, one atomic set at
+ * start). Thread-safe. */
 #include "obx/obx_outbox.h"
 
 #include <assert.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "obx/obx_bucket.h"
 
 #define OUTBOX_KEYS "outbox_keys"
+
+static atomic_int g_buckets = 1;
+
+void obx_outbox_set_buckets(int32_t buckets) {
+  assert(buckets >= 1 && buckets <= OBX_BUCKET_MAX);
+  atomic_store(&g_buckets, buckets);
+}
 
 /* The next keySeq of `key` into *seq, in session's transaction. */
 static bool outbox_next_seq(mongoc_collection_t *outbox, const bson_t *session_opts, const char *key, int64_t *seq,
@@ -54,6 +67,8 @@ bool obx_outbox_append(mongoc_client_session_t *session, mongoc_collection_t *ou
   }
   if (!outbox_next_seq(outbox, &opts, ev.partition_key, &seq, err)) goto done;
   BSON_APPEND_INT64(&doc, OBX_OUTBOX_KEY_SEQ, seq);
+  BSON_APPEND_INT32(&doc, OBX_BUCKET_FIELD,
+                    obx_bucket_of(ev.partition_key, strlen(ev.partition_key), atomic_load(&g_buckets)));
   bson_destroy(&reply);
   if (!mongoc_collection_insert_one(outbox, &doc, &opts, &reply, &berr)) {
     obx_err_from_bson(err, &berr, &reply);
