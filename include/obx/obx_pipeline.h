@@ -8,6 +8,7 @@
  *
  * A run has two phases, so that HTTP calls never happen inside a long transaction:
  *  1. obx_pipeline_execute walks the graph from the start node, performs the HTTP calls and
+ *     (or obx_pipeline_start / obx_pipeline_resume, the same walk stopping at each call)
  *     collects the database effects (status entries for the order, emitted events) together
  *     with the pipeline_executions document. It touches no database.
  *  2. obx_pipeline_run_commit writes the effects and the execution document with the caller's
@@ -43,6 +44,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 #include <bson/bson.h>
+#include <curl/curl.h>
 #include <mongoc/mongoc.h>
 #include "obx_conf.h"
 #include "obx_err.h"
@@ -167,6 +169,22 @@ typedef struct {
  * (terminal), network or timeout errors (transient). Free resp with obx_http_response_cleanup. */
 bool obx_egress_request(const obx_egress_t *egress, const char *method, const char *url, const char *const *headers,
                         const char *body, size_t body_len, obx_http_response_t *resp, obx_err_t *err);
+
+/* The same request as one call whose transfer the caller drives: obx_egress_call_new checks
+ * the URL and sets up an easy handle (every option above; the policy is copied, its lists
+ * borrowed until the call is destroyed); the caller performs obx_egress_call_handle
+ * (curl_easy_perform, or in a multi handle: removed from it before the finish; CURLOPT_PRIVATE
+ * is the caller's) and hands its CURLcode to obx_egress_call_finish, which answers as
+ * obx_egress_request does. NULL with err when the URL is refused. */
+typedef struct obx_egress_call obx_egress_call_t;
+obx_egress_call_t *obx_egress_call_new(const obx_egress_t *egress, const char *method, const char *url,
+                                       const char *const *headers, const char *body, size_t body_len,
+                                       obx_err_t *err);
+CURL *obx_egress_call_handle(const obx_egress_call_t *call);
+bool obx_egress_call_finish(obx_egress_call_t *call, CURLcode rc, obx_http_response_t *resp, obx_err_t *err);
+void obx_egress_call_destroy(obx_egress_call_t *call);
+/* curl_global_init, once per process (before a multi handle is made on another thread). */
+void obx_egress_global_init(void);
 void obx_http_response_cleanup(obx_http_response_t *resp);
 
 /* ---- runs ------------------------------------------------------------------------------- */
@@ -181,9 +199,25 @@ typedef struct obx_pipeline_run obx_pipeline_run_t;
 
 /* Phase 1: runs the graph (HTTP calls included), collects effects and the execution
  * document. A disabled pipeline gives a SKIPPED run. Never fails: failures are in the run.
- * Returns an owned run (obx_pipeline_run_destroy). `egress` borrowed for the call. */
+ * Returns an owned run (obx_pipeline_run_destroy). `egress` borrowed for the call. It is
+ * obx_pipeline_start, then each waiting call performed here (curl_easy_perform) and resumed. */
 obx_pipeline_run_t *obx_pipeline_execute(const obx_pipeline_t *pipeline, const obx_pipeline_input_t *input,
                                          const obx_egress_t *egress);
+/* Phase 1 in steps, for a caller that performs the calls itself (the worker's IO thread, many
+ * at once): obx_pipeline_start runs the graph up to its first http-request call or its end.
+ * While obx_pipeline_run_waiting gives a transfer (an easy handle set up by the egress guard:
+ * policy, pinned addresses, timeouts, headers with the Idempotency-Key), the run waits for it:
+ * the caller performs it (in a multi handle: removed from it again before resuming) and hands
+ * its result to obx_pipeline_resume, which finishes that node and runs on to the next call or
+ * the end. Steps, spans, outputs and the execution document are those of obx_pipeline_execute
+ * (a step's duration includes its wait). input is copied; pipeline and egress are borrowed until
+ * the run no longer waits. A run belongs to one thread at a time (it may move between threads
+ * while it waits). Destroying a waiting run ends its calls unperformed. */
+obx_pipeline_run_t *obx_pipeline_start(const obx_pipeline_t *pipeline, const obx_pipeline_input_t *input,
+                                       const obx_egress_t *egress);
+/* The transfer the run waits for (CURLOPT_PRIVATE is the caller's), NULL when it does not. */
+CURL *obx_pipeline_run_waiting(const obx_pipeline_run_t *run);
+void obx_pipeline_resume(obx_pipeline_run_t *run, CURLcode rc);
 /* Phase 2: writes the status entries (orders.statusHistory, orders.pipelineStatus), the
  * emitted events (outbox) and the pipeline_executions document. With a session the writes
  * join the session's transaction (the caller commits); without one they run in a

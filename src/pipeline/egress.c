@@ -12,8 +12,10 @@
  * Redirects are never followed (a 3xx is returned to the node, which fails terminally),
  * proxies are disabled (the connected address must be the target's), the protocols are
  * limited to http/https, and the response is capped both by CURLOPT_MAXFILESIZE (declared
- * length) and in the write callback (chunked or lying peers). One easy handle per request;
- * the handle never outlives the call. */
+ * length) and in the write callback (chunked or lying peers). One easy handle per call
+ * (obx_egress_call_t), which the caller performs: obx_egress_request with curl_easy_perform,
+ * the worker's IO thread in its multi handle (src/worker/io.c); the handle never outlives the
+ * call. */
 #include "pipeline_int.h"
 
 #include <arpa/inet.h>
@@ -345,39 +347,43 @@ bool obx_egress_check_addr(const obx_egress_t *egress, const struct sockaddr *ad
 
 /* ---- requests --------------------------------------------------------------------------- */
 
-typedef struct {
-  const obx_egress_t *egress;
+struct obx_egress_call {
+  obx_egress_t egress; /* the caller's policy (its lists borrowed), the node's timeout */
   obx_err_t refusal;
   bool refused;
   bool oversized;
-  char *body;
+  char *body;          /* the response */
   size_t len, cap;
-} request_t;
+  char *request_body;  /* CURLOPT_POSTFIELDS is not copied: it lives as long as the handle */
+  CURL *curl;
+  struct curl_slist *hdrs, *pins;
+  char errbuf[CURL_ERROR_SIZE];
+};
 
 static curl_socket_t open_socket(void *clientp, curlsocktype purpose, struct curl_sockaddr *address) {
-  request_t *req = clientp;
+  obx_egress_call_t *call = clientp;
   if (purpose != CURLSOCKTYPE_IPCXN) return CURL_SOCKET_BAD;
-  if (!obx_egress_check_addr(req->egress, &address->addr, &req->refusal)) {
-    req->refused = true;
+  if (!obx_egress_check_addr(&call->egress, &address->addr, &call->refusal)) {
+    call->refused = true;
     return CURL_SOCKET_BAD;
   }
   return socket(address->family, address->socktype, address->protocol);
 }
 
 static size_t write_body(char *data, size_t size, size_t n, void *userdata) {
-  request_t *req = userdata;
+  obx_egress_call_t *call = userdata;
   size_t len = size * n;
-  if ((int64_t)(req->len + len) > req->egress->max_response_bytes) {
-    req->oversized = true;
+  if ((int64_t)(call->len + len) > call->egress.max_response_bytes) {
+    call->oversized = true;
     return 0;
   }
-  if (req->len + len + 1 > req->cap) {
-    req->cap = (req->len + len + 1) * 2;
-    req->body = bson_realloc(req->body, req->cap);
+  if (call->len + len + 1 > call->cap) {
+    call->cap = (call->len + len + 1) * 2;
+    call->body = bson_realloc(call->body, call->cap);
   }
-  memcpy(req->body + req->len, data, len);
-  req->len += len;
-  req->body[req->len] = '\0';
+  memcpy(call->body + call->len, data, len);
+  call->len += len;
+  call->body[call->len] = '\0';
   return len;
 }
 
@@ -389,31 +395,32 @@ static void curl_init_once(void) {
                                       "http-request calls refused by the egress guard", "stage");
 }
 
-bool obx_egress_request(const obx_egress_t *egress, const char *method, const char *url, const char *const *headers,
-                        const char *body, size_t body_len, obx_http_response_t *resp, obx_err_t *err) {
-  memset(resp, 0, sizeof *resp);
-  pthread_once(&curl_once, curl_init_once);
+void obx_egress_global_init(void) { pthread_once(&curl_once, curl_init_once); }
+
+obx_egress_call_t *obx_egress_call_new(const obx_egress_t *egress, const char *method, const char *url,
+                                       const char *const *headers, const char *body, size_t body_len,
+                                       obx_err_t *err) {
+  obx_egress_global_init();
   if (!obx_egress_check_url(egress, url, err)) {
     obx_counter_inc(refused_total, "url");
-    return false;
+    return NULL;
   }
-
-  request_t req = {.egress = egress};
-  struct curl_slist *hdrs = NULL, *pins = NULL;
-  char errbuf[CURL_ERROR_SIZE] = "";
-  bool ok = false, has_type = false;
   CURL *curl = curl_easy_init();
   if (!curl) {
     obx_err_set(err, OBX_ERR_SYS, 0, true, "curl_easy_init failed");
-    goto done;
+    return NULL;
   }
+  obx_egress_call_t *call = bson_malloc0(sizeof *call);
+  call->egress = *egress;
+  call->curl = curl;
+  bool has_type = false;
   for (const char *const *h = headers; h && *h; h++) {
     if (strncasecmp(*h, "content-type:", 13) == 0) has_type = true;
-    hdrs = curl_slist_append(hdrs, *h);
+    call->hdrs = curl_slist_append(call->hdrs, *h);
   }
-  if (body && !has_type) hdrs = curl_slist_append(hdrs, "Content-Type: application/json");
-  hdrs = curl_slist_append(hdrs, "Expect:");
-  for (int i = 0; i < egress->nconnect_to; i++) pins = curl_slist_append(pins, egress->connect_to[i]);
+  if (body && !has_type) call->hdrs = curl_slist_append(call->hdrs, "Content-Type: application/json");
+  call->hdrs = curl_slist_append(call->hdrs, "Expect:");
+  for (int i = 0; i < egress->nconnect_to; i++) call->pins = curl_slist_append(call->pins, egress->connect_to[i]);
 
   curl_easy_setopt(curl, CURLOPT_URL, url);
   curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
@@ -425,53 +432,75 @@ bool obx_egress_request(const obx_egress_t *egress, const char *method, const ch
   curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, (long)egress->timeout_ms);
   curl_easy_setopt(curl, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)egress->max_response_bytes);
   curl_easy_setopt(curl, CURLOPT_OPENSOCKETFUNCTION, open_socket);
-  curl_easy_setopt(curl, CURLOPT_OPENSOCKETDATA, &req);
+  curl_easy_setopt(curl, CURLOPT_OPENSOCKETDATA, call);
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, write_body);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &req);
-  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, errbuf);
-  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, hdrs);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, call);
+  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, call->errbuf);
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, call->hdrs);
   curl_easy_setopt(curl, CURLOPT_USERAGENT, "outboxd-pipeline/1");
-  if (pins) curl_easy_setopt(curl, CURLOPT_CONNECT_TO, pins);
+  if (call->pins) curl_easy_setopt(curl, CURLOPT_CONNECT_TO, call->pins);
   if (egress->ca_file) curl_easy_setopt(curl, CURLOPT_CAINFO, egress->ca_file);
   if (body || strcasecmp(method, "POST") == 0) {
-    curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body ? body : "");
+    call->request_body = bson_malloc(body_len + 1);
+    if (body_len) memcpy(call->request_body, body, body_len);
+    call->request_body[body_len] = '\0';
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDS, call->request_body);
     curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(body ? body_len : 0));
   }
   /* POSTFIELDS implies POST: any other method (GET with a body included) is named explicitly */
   if (strcasecmp(method, "POST") != 0) curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
   obx_log_curl_attach(curl);
+  return call;
+}
 
-  CURLcode rc = curl_easy_perform(curl);
+CURL *obx_egress_call_handle(const obx_egress_call_t *call) { return call->curl; }
+
+bool obx_egress_call_finish(obx_egress_call_t *call, CURLcode rc, obx_http_response_t *resp, obx_err_t *err) {
+  memset(resp, 0, sizeof *resp);
   /* a refused address only matters when no other address of the name answered */
-  if (rc != CURLE_OK && req.refused) {
+  if (rc != CURLE_OK && call->refused) {
     obx_counter_inc(refused_total, "address");
-    if (err) *err = req.refusal;
-    goto done;
+    if (err) *err = call->refusal;
+    return false;
   }
-  if (req.oversized || rc == CURLE_FILESIZE_EXCEEDED) {
+  if (call->oversized || rc == CURLE_FILESIZE_EXCEEDED) {
     obx_err_set(err, OBX_ERR_CURL, CURLE_FILESIZE_EXCEEDED, false, "response larger than %lld bytes",
-                (long long)egress->max_response_bytes);
-    goto done;
+                (long long)call->egress.max_response_bytes);
+    return false;
   }
   if (rc != CURLE_OK) {
-    obx_err_from_curl(err, rc, errbuf);
-    goto done;
+    obx_err_from_curl(err, rc, call->errbuf);
+    return false;
   }
   const char *ctype = NULL, *location = NULL;
-  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &resp->status);
-  curl_easy_getinfo(curl, CURLINFO_CONTENT_TYPE, &ctype);
-  curl_easy_getinfo(curl, CURLINFO_REDIRECT_URL, &location);
+  curl_easy_getinfo(call->curl, CURLINFO_RESPONSE_CODE, &resp->status);
+  curl_easy_getinfo(call->curl, CURLINFO_CONTENT_TYPE, &ctype);
+  curl_easy_getinfo(call->curl, CURLINFO_REDIRECT_URL, &location);
   resp->content_type = ctype ? bson_strdup(ctype) : NULL;
   resp->location = location ? bson_strdup(location) : NULL;
-  resp->len = req.len;
-  resp->body = req.body ? req.body : bson_strdup("");
-  req.body = NULL;
-  ok = true;
-done:
-  curl_easy_cleanup(curl);
-  curl_slist_free_all(pins);
-  curl_slist_free_all(hdrs);
-  bson_free(req.body);
+  resp->len = call->len;
+  resp->body = call->body ? call->body : bson_strdup("");
+  call->body = NULL;
+  return true;
+}
+
+void obx_egress_call_destroy(obx_egress_call_t *call) {
+  if (!call) return;
+  curl_easy_cleanup(call->curl);
+  curl_slist_free_all(call->pins);
+  curl_slist_free_all(call->hdrs);
+  bson_free(call->request_body);
+  bson_free(call->body);
+  bson_free(call);
+}
+
+bool obx_egress_request(const obx_egress_t *egress, const char *method, const char *url, const char *const *headers,
+                        const char *body, size_t body_len, obx_http_response_t *resp, obx_err_t *err) {
+  memset(resp, 0, sizeof *resp);
+  obx_egress_call_t *call = obx_egress_call_new(egress, method, url, headers, body, body_len, err);
+  if (!call) return false;
+  bool ok = obx_egress_call_finish(call, curl_easy_perform(obx_egress_call_handle(call)), resp, err);
+  obx_egress_call_destroy(call);
   return ok;
 }
 

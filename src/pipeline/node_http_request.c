@@ -6,8 +6,10 @@
  * event run sends `<idempotencyHeader>: <eventId>:<nodeId>` (`<eventId>:<nodeId>:<replayId>` when
  * an operator's replay asked for the run), the same on every retry, redelivery and redrive of the
  * event, so the endpoint can apply the effect once; a header of that name in `headers` wins.
- * order.pre runs (no event yet) send none. The call goes through
- * obx_egress_request (egress.c). Outcome "success" on 2xx with output { status, body } (the
+ * order.pre runs (no event yet) send none. The call goes through the egress guard
+ * (obx_egress_call_new, egress.c) and is left waiting (ctx->wait): the run stops until its
+ * caller performed the transfer and resumes it (obx_pipeline_resume), which finishes the node
+ * (http_finish). Outcome "success" on 2xx with output { status, body } (the
  * body parsed when it is JSON, else text). Failures: 3xx (redirects are not followed) and
  * 4xx other than 408/429 are terminal; 5xx, 408, 429, network and timeouts transient;
  * egress refusals and oversized responses terminal. Each call is a client span (HTTP semconv,
@@ -133,8 +135,59 @@ static void append_body(bson_t *output, const obx_http_response_t *resp) {
     BSON_APPEND_UTF8(output, "body", "<binary response>");
 }
 
+/* A call on its way: the egress call, its client span and its URL (for the error messages). */
+typedef struct {
+  obx_node_wait_t base;
+  obx_egress_call_t *call;
+  obx_span_t *span;
+  char *url;
+} http_wait_t;
+
+/* Ends the client span of a call (its status, or the error) and frees what the call held. */
+static void call_end(obx_span_t *span, bool ok, const obx_http_response_t *resp, const obx_err_t *err) {
+  if (span && !ok) {
+    char type[32];
+    if (resp->status) snprintf(type, sizeof type, "%ld", resp->status);
+    obx_span_set_str(span, "error.type", resp->status ? type : "network");
+    obx_span_set_error(span, err->msg);
+  }
+  obx_span_end(span);
+}
+
+static bool http_finish(obx_node_wait_t *base, CURLcode rc, bson_t *output, const char **outcome, obx_err_t *err) {
+  http_wait_t *wait = (http_wait_t *)base;
+  obx_http_response_t resp = {0};
+  bool ok = false;
+  if (!obx_egress_call_finish(wait->call, rc, &resp, err)) goto done;
+  obx_span_set_int(wait->span, "http.response.status_code", resp.status);
+  if (resp.status >= 300 && resp.status < 400) {
+    obx_err_set(err, OBX_ERR_CURL, (int)resp.status, false, "HTTP %ld redirect%s%s refused: redirects are not followed",
+                resp.status, resp.location ? " to " : "", resp.location ? resp.location : "");
+    goto done;
+  }
+  if (resp.status < 200 || resp.status >= 300) {
+    obx_err_from_http_status(err, resp.status, wait->url);
+    goto done;
+  }
+  BSON_APPEND_INT32(output, "status", (int32_t)resp.status);
+  append_body(output, &resp);
+  *outcome = "success";
+  ok = true;
+done:
+  call_end(wait->span, ok, &resp, err);
+  obx_http_response_cleanup(&resp);
+  obx_egress_call_destroy(wait->call);
+  bson_free(wait->url);
+  bson_free(wait);
+  return ok;
+}
+
+/* Builds the request (headers, Idempotency-Key, traceparent, body, the node's timeout) and leaves
+ * its call waiting (ctx->wait); fails at once when the config or the egress guard refuses it. */
 static bool http_run(obx_node_ctx_t *ctx, const bson_t *config, bson_t *output, const char **outcome,
                      obx_err_t *err) {
+  (void)output;
+  (void)outcome;
   const char *url = obx_node_config_str(config, "url");
   const char *method = obx_node_config_str(config, "method");
   bson_iter_t it, body_it;
@@ -142,9 +195,9 @@ static bool http_run(obx_node_ctx_t *ctx, const bson_t *config, bson_t *output, 
   char **headers = NULL;
   int nheaders = 0;
   bson_string_t *body = NULL;
-  obx_http_response_t resp = {0};
+  obx_http_response_t none = {0};
   obx_span_t *span = NULL;
-  bool ok = false;
+  obx_egress_call_t *call = NULL;
   if (!url) {
     obx_err_set(err, OBX_ERR_PIPELINE, 0, false, "config.url: must render to a string");
     goto done;
@@ -197,36 +250,23 @@ static bool http_run(obx_node_ctx_t *ctx, const bson_t *config, bson_t *output, 
   if (bson_iter_init_find(&it, config, "timeoutMs") && BSON_ITER_HOLDS_INT(&it) &&
       bson_iter_as_int64(&it) < egress.timeout_ms)
     egress.timeout_ms = bson_iter_as_int64(&it);
-  if (!obx_egress_request(&egress, method, url, (const char *const *)headers, body ? body->str : NULL,
-                          body ? body->len : 0, &resp, err))
-    goto done;
-  obx_span_set_int(span, "http.response.status_code", resp.status);
-  if (resp.status >= 300 && resp.status < 400) {
-    obx_err_set(err, OBX_ERR_CURL, (int)resp.status, false, "HTTP %ld redirect%s%s refused: redirects are not followed",
-                resp.status, resp.location ? " to " : "", resp.location ? resp.location : "");
-    goto done;
-  }
-  if (resp.status < 200 || resp.status >= 300) {
-    obx_err_from_http_status(err, resp.status, url);
-    goto done;
-  }
-  BSON_APPEND_INT32(output, "status", (int32_t)resp.status);
-  append_body(output, &resp);
-  *outcome = "success";
-  ok = true;
+  call = obx_egress_call_new(&egress, method, url, (const char *const *)headers, body ? body->str : NULL,
+                             body ? body->len : 0, err);
 done:
-  if (span && !ok) {
-    char type[32];
-    if (resp.status) snprintf(type, sizeof type, "%ld", resp.status);
-    obx_span_set_str(span, "error.type", resp.status ? type : "network");
-    obx_span_set_error(span, err->msg);
-  }
-  obx_span_end(span);
-  obx_http_response_cleanup(&resp);
   if (body) bson_string_free(body, true);
   for (int i = 0; i < nheaders; i++) bson_free(headers[i]);
   bson_free(headers);
-  return ok;
+  if (!call) {
+    call_end(span, false, &none, err);
+    return false;
+  }
+  http_wait_t *wait = bson_malloc0(sizeof *wait);
+  wait->base = (obx_node_wait_t){.handle = obx_egress_call_handle(call), .finish = http_finish};
+  wait->call = call;
+  wait->span = span;
+  wait->url = bson_strdup(url);
+  ctx->wait = &wait->base;
+  return true;
 }
 
 const obx_node_type_t obx_node_http_request = {"http-request", obx_node_outcomes_success, http_validate, http_run};

@@ -4,7 +4,8 @@
  * and exports one obx_node_type_t. Adding a type is that file plus one table entry. A node's
  * run function receives its config with templates already rendered and writes its output
  * into a document; effects on the database go to the run (obx_pipeline_run_t) and are
- * written by obx_pipeline_run_commit. */
+ * written by obx_pipeline_run_commit. A node that calls out (http-request) leaves its call
+ * waiting (obx_node_wait_t) and the run stops there until the caller resumes it. */
 #ifndef OBX_PIPELINE_INT_H
 #define OBX_PIPELINE_INT_H
 
@@ -43,6 +44,15 @@ struct obx_pipeline {
   atomic_int refs; /* holders (obx_pipeline_ref); the last obx_pipeline_destroy frees */
 };
 
+/* A call a node left waiting: the engine hands its transfer out (obx_pipeline_run_waiting) and,
+ * once it ended, calls finish with its result (obx_pipeline_resume). */
+typedef struct obx_node_wait obx_node_wait_t;
+struct obx_node_wait {
+  CURL *handle;
+  /* Ends the node as run would have: fills output and *outcome, or err; frees the wait. */
+  bool (*finish)(obx_node_wait_t *wait, CURLcode rc, bson_t *output, const char **outcome, obx_err_t *err);
+};
+
 /* What a node sees while it runs. */
 typedef struct {
   const obx_pipeline_t *pipeline;
@@ -51,6 +61,7 @@ typedef struct {
   const obx_egress_t *egress;
   obx_pipeline_run_t *run;
   const bson_t *steps;  /* outputs of the nodes already run: { <nodeId>: { output: ... } } */
+  obx_node_wait_t *wait; /* set by a node that returns true with its call waiting (no outcome yet) */
 } obx_node_ctx_t;
 
 struct obx_node_type {
@@ -61,7 +72,8 @@ struct obx_node_type {
   bool (*validate)(const bson_t *config, obx_err_t *err);
   /* Runs with the rendered config; output is initialised (bson_init) by the caller; *outcome
    * must be set to one of `outcomes` on success (static string). On failure err is set and
-   * its `retriable` gives the failure class. */
+   * its `retriable` gives the failure class. A node that calls out sets ctx->wait instead of
+   * *outcome and returns true: its wait's finish ends it (the run waits meanwhile). */
   bool (*run)(obx_node_ctx_t *ctx, const bson_t *config, bson_t *output, const char **outcome, obx_err_t *err);
 };
 

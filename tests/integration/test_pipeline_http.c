@@ -3,7 +3,8 @@
  * Each case runs a start -> call pipeline whose call hits one scripted path of the stub on
  * 127.0.0.1 and checks the run status, the failure class and the step recorded. The stub is
  * on loopback, so the egress policy allows 127.0.0.0/8 explicitly; one case proves that
- * without that allowance the same URL is refused before any request reaches the server. */
+ * without that allowance the same URL is refused before any request reaches the server. Two
+ * cases drive resumable runs (obx_pipeline_start / obx_pipeline_resume) through a multi handle. */
 #include "obx_test.h"
 #include "obx_test_doc.h"
 #include "obx_test_httpd.h"
@@ -402,6 +403,123 @@ static void test_seed_example_runs_unchanged(void **state) {
   free(cert);
 }
 
+/* Resumable runs (obx_pipeline_start / obx_pipeline_resume): two runs of a start -> a -> b
+ * pipeline, each call 300 ms, driven by one multi handle here as the worker's IO thread drives
+ * its calls. Each run stops at every call; the two runs' calls overlap (the stub's start and end
+ * times), each run's own calls never do and come in node order; the execution documents are
+ * those of obx_pipeline_execute (steps, outputs, the Idempotency-Key of each node). */
+static void test_resumable_runs_overlap(void **state) {
+  obx_test_httpd_route_t route = {.path = "/slow", .status = 200, .body = "{\"ok\": true}", .delay_ms = 300};
+  obx_test_httpd_route(httpd, &route);
+  char json[1024];
+  snprintf(json, sizeof json,
+           "{\"nodes\": [{\"id\": \"start\", \"type\": \"start\"},"
+           "{\"id\": \"a\", \"type\": \"http-request\", \"config\": {\"url\": \"%s\", \"body\": {\"n\": \"{{orderNumber}}\"}}},"
+           "{\"id\": \"b\", \"type\": \"http-request\", \"config\": {\"url\": \"%s\", \"body\": {\"prev\": \"{{steps.a.output.status}}\"}}}],"
+           "\"edges\": [{\"from\": \"start\", \"to\": \"a\"}, {\"from\": \"a\", \"to\": \"b\"}]}",
+           obx_test_httpd_url(httpd, "/slow"), obx_test_httpd_url(httpd, "/slow"));
+  obx_pipeline_t *pipeline = NULL;
+  obx_err_t err = OBX_ERR_INIT;
+  if (!obx_pipeline_parse_json(json, &pipeline, &err)) fail_msg("pipeline: %s", err.msg);
+  obx_egress_t egress;
+  assert_true(obx_egress_init(&egress, "", "127.0.0.0/8", 1000, 5000, MAX_BYTES, NULL));
+  egress.allow_public = true;
+  int before = obx_test_httpd_nrequests(httpd);
+  obx_pipeline_run_t *runs[2];
+  const char *ids[2] = {"ev-r0", "ev-r1"};
+  for (int i = 0; i < 2; i++) {
+    bson_t *ctx = order_context();
+    obx_pipeline_input_t in = {.context = ctx, .org_id = "org-1", .event_id = ids[i], .aggregate_type = "Order",
+                               .aggregate_id = "o-1", .attempt = 1};
+    runs[i] = obx_pipeline_start(pipeline, &in, &egress);
+    bson_destroy(ctx); /* the run keeps its own copy of the input */
+    assert_non_null(obx_pipeline_run_waiting(runs[i]));
+  }
+  assert_int_equal(obx_test_httpd_nrequests(httpd), before); /* nothing sent before it is performed */
+  CURLM *multi = curl_multi_init();
+  for (int i = 0; i < 2; i++) {
+    curl_easy_setopt(obx_pipeline_run_waiting(runs[i]), CURLOPT_PRIVATE, (char *)runs[i]);
+    curl_multi_add_handle(multi, obx_pipeline_run_waiting(runs[i]));
+  }
+  int waiting = 2, rounds = 0;
+  while (waiting > 0 && rounds++ < 1000) {
+    int running = 0, left = 0;
+    curl_multi_perform(multi, &running);
+    curl_multi_poll(multi, NULL, 0, 50, NULL);
+    for (CURLMsg *m; (m = curl_multi_info_read(multi, &left));) {
+      if (m->msg != CURLMSG_DONE) continue;
+      CURL *easy = m->easy_handle;
+      CURLcode rc = m->data.result;
+      char *priv = NULL;
+      curl_easy_getinfo(easy, CURLINFO_PRIVATE, &priv);
+      obx_pipeline_run_t *run = (obx_pipeline_run_t *)priv;
+      curl_multi_remove_handle(multi, easy);
+      obx_pipeline_resume(run, rc);
+      CURL *next = obx_pipeline_run_waiting(run);
+      if (!next) {
+        waiting--;
+        continue;
+      }
+      curl_easy_setopt(next, CURLOPT_PRIVATE, (char *)run);
+      curl_multi_add_handle(multi, next);
+    }
+  }
+  curl_multi_cleanup(multi);
+  assert_int_equal(waiting, 0);
+  for (int i = 0; i < 2; i++) {
+    const bson_t *exec = obx_pipeline_run_execution(runs[i]);
+    if (obx_pipeline_run_status(runs[i]) != OBX_PIPELINE_SUCCEEDED) fail_msg("run %d: %s", i, obx_test_doc_str(exec, "error"));
+    assert_string_equal(obx_test_doc_str(exec, "steps.1.nodeId"), "a");
+    assert_string_equal(obx_test_doc_str(exec, "steps.2.nodeId"), "b");
+    assert_int_equal(obx_test_doc_int(exec, "steps.2.output.status"), 200);
+    assert_true(obx_test_doc_int(exec, "steps.1.durationMs") >= 250); /* a step's duration includes its wait */
+    assert_string_equal(obx_test_doc_str(exec, "eventId"), ids[i]);
+  }
+  assert_int_equal(obx_test_httpd_nrequests(httpd), before + 4);
+  obx_test_httpd_request_t req[4];
+  int64_t start[2][2], end[2][2]; /* [run][node] */
+  for (int i = 0; i < 4; i++) {
+    assert_true(obx_test_httpd_request(httpd, before + i, &req[i]));
+    const char *key = obx_test_httpd_request_header(&req[i], "idempotency-key");
+    assert_non_null(key);
+    int r = strncmp(key, "ev-r1:", 6) == 0;
+    int node = strcmp(strchr(key, ':') + 1, "b") == 0;
+    if (node == 1) assert_string_equal(req[i].body, "{\"prev\":200}");
+    start[r][node] = req[i].start_ms;
+    end[r][node] = req[i].end_ms;
+  }
+  for (int r = 0; r < 2; r++) assert_true(end[r][0] <= start[r][1]); /* a run's calls in order, never at once */
+  assert_true(start[0][0] < end[1][0] && start[1][0] < end[0][0]);   /* the two runs' calls at once */
+  for (int i = 0; i < 4; i++) obx_test_httpd_request_cleanup(&req[i]);
+  for (int i = 0; i < 2; i++) obx_pipeline_run_destroy(runs[i]);
+  obx_pipeline_destroy(pipeline);
+  obx_egress_cleanup(&egress);
+}
+
+/* A run destroyed while it waits: its call is never sent, its spans end (no leak under ASan). */
+static void test_destroy_waiting_run(void **state) {
+  obx_test_httpd_route_t route = {.path = "/never", .status = 200};
+  obx_test_httpd_route(httpd, &route);
+  int before = obx_test_httpd_nrequests(httpd);
+  char config[256];
+  snprintf(config, sizeof config, "\"url\": \"%s\"", obx_test_httpd_url(httpd, "/never"));
+  obx_pipeline_t *pipeline = one_call_pipeline(config);
+  obx_egress_t egress;
+  assert_true(obx_egress_init(&egress, "", "127.0.0.0/8", 1000, 5000, MAX_BYTES, NULL));
+  bson_t *ctx = order_context();
+  obx_pipeline_input_t in = {.context = ctx, .org_id = "org-1", .event_id = "ev-d", .attempt = 1};
+  obx_pipeline_run_t *run = obx_pipeline_start(pipeline, &in, &egress);
+  assert_non_null(obx_pipeline_run_waiting(run));
+  obx_pipeline_run_destroy(run);
+  obx_pipeline_run_t *sent = obx_pipeline_execute(pipeline, &in, &egress); /* the same call, performed: it arrives */
+  assert_int_equal(obx_pipeline_run_status(sent), OBX_PIPELINE_SUCCEEDED);
+  obx_pipeline_run_destroy(sent);
+  assert_int_equal(obx_test_httpd_nrequests(httpd), before + 1);
+  bson_destroy(ctx);
+  obx_pipeline_destroy(pipeline);
+  obx_egress_cleanup(&egress);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_success),
@@ -413,6 +531,8 @@ int main(void) {
     cmocka_unit_test(test_loopback_refused_without_allowance),
     cmocka_unit_test(test_continue_takes_failure_branch),
     cmocka_unit_test(test_seed_example_runs_unchanged),
+    cmocka_unit_test(test_resumable_runs_overlap),
+    cmocka_unit_test(test_destroy_waiting_run),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
