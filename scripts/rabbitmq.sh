@@ -146,6 +146,11 @@ start() {
 log.console = false
 log.file.level = info
 EOF
+  # At-least-once dead-lettering (the retry tiers) tries a dead letter it could not route again
+  # only after this timeout (RabbitMQ's default: 180 s). At boot a vhost's quorum queues come back
+  # before its exchanges, so a tier expiring its messages at once finds no exchange and holds
+  # them that long (test_ladder_restart; README: RabbitMQ). It is not in rabbitmq.conf's schema.
+  echo '[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 5000}]}].' >"$DIR/advanced.config"
   # extra rabbitmq.conf lines, e.g. a TLS listener for test_ladder_tls
   if [ -n "${OBX_RMQ_CONF_EXTRA:-}" ]; then printf '%s\n' "$OBX_RMQ_CONF_EXTRA" >>"$DIR/rabbitmq.conf"; fi
   if [ ! -s "$DIR/.erlang.cookie" ]; then
