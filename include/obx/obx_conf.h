@@ -170,7 +170,7 @@ typedef struct {
   X(shutdown_grace, DURATION, "shutdown.grace", "SHUTDOWN_GRACE", "20s", 1000, 3600000, NULL, 0,     \
     "Longest SIGTERM-to-exit: roles still stopping then are abandoned (exit 3; their work is redelivered); keep it below the pod's terminationGracePeriodSeconds minus preStop") \
   X(health_stall_timeout, DURATION, "health.stall_timeout", "HEALTH_STALL_TIMEOUT", "10m", 500, 86400000, NULL, 0, \
-    "GET /healthz answers 503 once a busy loop (relay, worker Kafka poll / work queue / runners, HTTP handlers) made no progress for this long; above every bounded blocking call (MongoDB's 5-minute socket timeout, egress.timeout)") \
+    "GET /healthz answers 503 once a busy loop (relay, worker Kafka poll / work queue / runners, HTTP handlers and event loops) made no progress for this long; above every bounded blocking call (MongoDB's 5-minute socket timeout, egress.timeout)") \
   X(log_level, ENUM, "log.level", "LOG_LEVEL", "info", 0, 0, "debug|info|warn|error", 0,           \
     "Lowest level written to the log")
 

@@ -18,7 +18,7 @@
 
 typedef struct {
   char role[32];   /* "relay", "worker", "http" */
-  char loop[48];   /* "main", "kafka poll", "runner 2", "handler 5" */
+  char loop[48];   /* "main", "kafka poll", "runner 2", "handler 5", "acceptor :8080" */
   char doing[48];  /* the step it was taking when it stamped last */
   int64_t age_ms;  /* since its last stamp */
 } obx_health_stall_t;

@@ -1,8 +1,12 @@
 /* http.c - the HTTP server shared by every role (libmicrohttpd)
  *
- * DESIGN: connections are served by one MHD event thread (epoll): accepting, reading headers
- * and bodies and writing answers never block, so an idle or slow connection costs a socket
- * and a little memory, no thread. Handlers, which may block on MongoDB, run on a fixed pool
+ * DESIGN: connections are served by one event thread of ours driving MHD's epoll set (MHD in
+ * external-loop mode): accepting, reading headers and bodies and writing answers never block,
+ * so an idle or slow connection costs a socket and a little memory, no thread. The event loop
+ * waits at most a tick (a quarter of health.stall_timeout, at most 1 s) and stamps its
+ * progress each time round as the loop "acceptor :<port>" of role http (obx_health.h), so a
+ * stuck event thread shows in /healthz (of the process's other listener: its own /healthz then
+ * gets no answer at all); the thread is named "obx-http-<port>". Handlers, which may block on MongoDB, run on a fixed pool
  * of http.workers threads: when a request is complete the event thread suspends its
  * connection (MHD_suspend_connection) and queues it; a worker runs the route (route match
  * 404/405, bearer key check 401/403, the key's token bucket 429, handler) and resumes the
@@ -39,13 +43,16 @@
 #include <arpa/inet.h>
 #include <assert.h>
 #include <ctype.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <strings.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -140,6 +147,10 @@ struct obx_http {
   http_conn_t *conns;
   bool reaper_stop, reaper_started;
   pthread_t reaper;
+  pthread_t events;             /* the event loop (http_events) */
+  bool events_started;
+  atomic_bool events_stop;
+  int wake_fd;                  /* eventfd: wakes the event loop to stop */
   obx_counter_t *refused;       /* requests or connections refused before any handler */
 };
 
@@ -744,6 +755,41 @@ static void *http_reaper(void *arg) {
   return NULL;
 }
 
+/* ---- the event loop ----------------------------------------------------------------------- */
+
+static void http_events_wake(obx_http_t *http) {
+  uint64_t one = 1;
+  if (write(http->wake_fd, &one, sizeof one) < 0 && errno != EAGAIN) obx_warn("http: cannot wake the event loop: %s", strerror(errno));
+}
+
+/* Runs MHD's epoll set until obx_http_stop: waits for network activity, a resumed connection
+ * (MHD's inter-thread channel is in that set), MHD's next connection timeout, the stop or a
+ * tick, whichever comes first, then lets MHD accept, read, call back and write. */
+static void *http_events(void *arg) {
+  obx_http_t *http = arg;
+  char name[48];
+  obx_log_set_role("http");
+  snprintf(name, sizeof name, "obx-http-%d", http->port);
+  pthread_setname_np(pthread_self(), name);
+  snprintf(name, sizeof name, "acceptor :%d", http->port);
+  obx_health_register("http", name);
+  int64_t tick = http->stall_ms / 4 < 1000 ? http->stall_ms / 4 : 1000;
+  const union MHD_DaemonInfo *info = MHD_get_daemon_info(http->daemon, MHD_DAEMON_INFO_EPOLL_FD);
+  struct pollfd fds[2] = {{.fd = info ? info->epoll_fd : -1, .events = POLLIN}, {.fd = http->wake_fd, .events = POLLIN}};
+  while (!atomic_load(&http->events_stop)) {
+    obx_health_stamp("waiting for connections");
+    MHD_UNSIGNED_LONG_LONG next;
+    int wait_ms = (int)tick;
+    if (MHD_get_timeout(http->daemon, &next) == MHD_YES && next < (MHD_UNSIGNED_LONG_LONG)wait_ms) wait_ms = (int)next;
+    uint64_t wakes;
+    if (poll(fds, 2, wait_ms) > 0 && (fds[1].revents & POLLIN)) (void)!read(http->wake_fd, &wakes, sizeof wakes);
+    obx_health_stamp("serving connections");
+    MHD_run(http->daemon);
+  }
+  obx_health_unregister();
+  return NULL;
+}
+
 /* ---- workers ------------------------------------------------------------------------------ */
 
 /* Runs a dequeued request (or answers 503 when the server is stopping) and hands it back to
@@ -757,6 +803,7 @@ static void pool_run(http_pool_t *pool, obx_http_req_t *req, bool stopping) {
   }
   req->state = REQ_ANSWERED;
   MHD_resume_connection(req->conn);
+  http_events_wake(pool->http); /* MHD's external loop learns of a resume only when it runs */
 }
 
 static void *pool_thread(void *arg) {
@@ -987,7 +1034,7 @@ obx_http_t *obx_http_new(const obx_conf_t *conf, obx_err_t *err) {
 
 bool obx_http_start(obx_http_t *http, obx_err_t *err) {
   struct sockaddr_storage addr;
-  unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+  unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
   if (!obx_http_bind_parse(http->bind, http->port, &addr, err)) return false;
   if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
   struct sockaddr *sa = (struct sockaddr *)&addr;
@@ -1013,6 +1060,10 @@ bool obx_http_start(obx_http_t *http, obx_err_t *err) {
   http->reaper_started = true;
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(http->daemon, MHD_DAEMON_INFO_BIND_PORT);
   if (info) http->port = info->port;
+  atomic_store(&http->events_stop, false);
+  http->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  pthread_create(&http->events, NULL, http_events, http);
+  http->events_started = true;
   char port[16], workers[16];
   snprintf(port, sizeof port, "%d", http->port);
   snprintf(workers, sizeof workers, "%d", http->workers);
@@ -1039,6 +1090,14 @@ void obx_http_stop(obx_http_t *http) {
   pthread_mutex_unlock(&http->conns_mu);
   if (http->reaper_started) pthread_join(http->reaper, NULL);
   http->reaper_started = false;
+  if (http->events_started) {
+    atomic_store(&http->events_stop, true);
+    http_events_wake(http);
+    pthread_join(http->events, NULL);
+    close(http->wake_fd);
+    http->events_started = false;
+  }
+  MHD_run(http->daemon); /* takes in the connections the workers resumed last: none stays suspended */
   MHD_stop_daemon(http->daemon);
   if (listener != MHD_INVALID_SOCKET) close(listener);
   http->daemon = NULL;

@@ -157,8 +157,9 @@ int ops_ctl_open(ops_ctl_t *ctl, const ops_ctl_args_t *args, unsigned flags) {
     obx_ctl_errorf("%s", err.msg);
     return OBX_CTL_USAGE;
   }
-  char hosts[256];
-  mongo_hosts(ctl->conf.mongo_uri, hosts, sizeof hosts);
+  const char *hosts = ctl->mongo_hosts;
+  mongo_hosts(ctl->conf.mongo_uri, ctl->mongo_hosts, sizeof ctl->mongo_hosts);
+  amqp_where(ctl->conf.amqp_url, ctl->amqp_host, sizeof ctl->amqp_host, ctl->amqp_vhost, sizeof ctl->amqp_vhost);
   /* the collections the command may write in a transaction exist before it (obx_schema.h) */
   if (!obx_schema_ensure(ctl->mongo, &ctl->conf, OBX_SCHEMA_CTL, &err)) {
     obx_ctl_errorf("%s (MongoDB at %s)", err.msg, hosts);
@@ -173,10 +174,8 @@ int ops_ctl_open(ops_ctl_t *ctl, const ops_ctl_args_t *args, unsigned flags) {
       obx_ctl_errorf("%s", err.msg);
       return OBX_CTL_USAGE;
     }
-    char host[256], vhost[128];
-    amqp_where(ctl->conf.amqp_url, host, sizeof host, vhost, sizeof vhost);
     snprintf(ctl->target + strlen(ctl->target), sizeof ctl->target - strlen(ctl->target),
-             ", RabbitMQ vhost %s at %s (queues %s.*)", vhost, host, ctl->conf.worker_queue_prefix);
+             ", RabbitMQ vhost %s at %s (queues %s.*)", ctl->amqp_vhost, ctl->amqp_host, ctl->conf.worker_queue_prefix);
   }
   const char *from, *who = operator_of(args, &from);
   if ((flags & OPS_CTL_AUDITED) && !args->dry_run && strcmp(from, "--who") != 0) {
@@ -189,6 +188,25 @@ int ops_ctl_open(ops_ctl_t *ctl, const ops_ctl_args_t *args, unsigned flags) {
   return OBX_CTL_OK;
 }
 
+void ops_ctl_append_target(const ops_ctl_t *ctl, bson_t *out) {
+  bson_t target, mongo, amqp;
+  BSON_APPEND_DOCUMENT_BEGIN(out, "target", &target);
+  BSON_APPEND_DOCUMENT_BEGIN(&target, "mongodb", &mongo);
+  BSON_APPEND_UTF8(&mongo, "database", obx_mongo_db_name(ctl->mongo));
+  BSON_APPEND_UTF8(&mongo, "hosts", ctl->mongo_hosts);
+  bson_append_document_end(&target, &mongo);
+  if (ctl->ladder) {
+    BSON_APPEND_DOCUMENT_BEGIN(&target, "rabbitmq", &amqp);
+    BSON_APPEND_UTF8(&amqp, "vhost", ctl->amqp_vhost);
+    BSON_APPEND_UTF8(&amqp, "host", ctl->amqp_host);
+    BSON_APPEND_UTF8(&amqp, "queuePrefix", ctl->conf.worker_queue_prefix);
+    bson_append_document_end(&target, &amqp);
+  } else {
+    BSON_APPEND_NULL(&target, "rabbitmq");
+  }
+  bson_append_document_end(out, &target);
+}
+
 void ops_ctl_close(ops_ctl_t *ctl) {
   obx_ladder_destroy(ctl->ladder);
   obx_mongo_destroy(ctl->mongo);
@@ -197,15 +215,8 @@ void ops_ctl_close(ops_ctl_t *ctl) {
 
 int ops_ctl_fail(const ops_ctl_t *ctl, const char *what, const obx_err_t *err) {
   char where[512] = "";
-  if (err->domain == OBX_ERR_AMQP) {
-    char host[256], vhost[128];
-    amqp_where(ctl->conf.amqp_url, host, sizeof host, vhost, sizeof vhost);
-    snprintf(where, sizeof where, " (RabbitMQ at %s, vhost %s)", host, vhost);
-  } else if (err->domain == OBX_ERR_MONGO && err->retriable) {
-    char hosts[256];
-    mongo_hosts(ctl->conf.mongo_uri, hosts, sizeof hosts);
-    snprintf(where, sizeof where, " (MongoDB at %s)", hosts);
-  }
+  if (err->domain == OBX_ERR_AMQP) snprintf(where, sizeof where, " (RabbitMQ at %s, vhost %s)", ctl->amqp_host, ctl->amqp_vhost);
+  else if (err->domain == OBX_ERR_MONGO && err->retriable) snprintf(where, sizeof where, " (MongoDB at %s)", ctl->mongo_hosts);
   obx_ctl_errorf("%s: %s%s", what, err->msg, where);
   return err->domain == OBX_ERR_INPUT ? OBX_CTL_USAGE : OBX_CTL_FAILED;
 }

@@ -44,6 +44,9 @@ typedef struct {
   obx_ladder_t *ladder; /* NULL unless opened with need_amqp */
   obx_ops_t ops;
   char target[512];     /* "MongoDB <db> at <hosts>[, RabbitMQ vhost <v> at <host:port>]" */
+  char mongo_hosts[256];  /* the target's parts: "host:port,..." of MONGO_URI */
+  char amqp_host[256];    /* host:port of AMQP_URL */
+  char amqp_vhost[128];   /* its vhost */
 } ops_ctl_t;
 
 /* What a command needs opened beside MongoDB (flags of ops_ctl_open). */
@@ -57,6 +60,10 @@ enum {
  * OPS_CTL_AUDITED (and no --dry-run) anything but --who is said on stderr. */
 int ops_ctl_open(ops_ctl_t *ctl, const ops_ctl_args_t *args, unsigned flags);
 void ops_ctl_close(ops_ctl_t *ctl);
+
+/* Appends the target as {mongodb: {database, hosts}, rabbitmq: {vhost, host, queuePrefix} | null}
+ * (what --json prints beside a command's answer, as its text form prints ctl->target). */
+void ops_ctl_append_target(const ops_ctl_t *ctl, bson_t *out);
 
 /* Reports err (with the service's host:port when it is a connection problem) and returns the
  * exit code: OBX_CTL_USAGE for bad input, OBX_CTL_FAILED otherwise (not found included). */

@@ -5,7 +5,8 @@
  *       (age of the oldest due PENDING event), outbox and inbox counts by status, dead letters,
  *       DLQ depth (unknown when RabbitMQ does not answer), parked keys, and what is degraded.
  *
- * DESIGN: one call to obx_ops_status (src/ops/ops_status.c); this file only prints. Exit 0
+ * DESIGN: one call to obx_ops_status (src/ops/ops_status.c); this file only prints (--json adds the
+ * target, {mongodb: {database, hosts}, rabbitmq: {vhost, host, queuePrefix}}). Exit 0
  * healthy, 3 (OBX_CTL_DEGRADED) when something is degraded, 1 when MongoDB cannot be read. */
 #include <stdio.h>
 #include <string.h>
@@ -84,6 +85,7 @@ static bool print_status(const ops_ctl_t *ctl, const ops_ctl_args_t *args, bool 
   *degraded = ok && bson_iter_init_find(&it, &out, "degraded") && bson_iter_recurse(&it, &reasons) &&
               bson_iter_next(&reasons);
   if (ok && args->json) {
+    ops_ctl_append_target(ctl, &out);
     obx_ctl_print_json(&out);
   } else if (ok) {
     char now[32];

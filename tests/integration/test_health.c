@@ -11,17 +11,33 @@
  * http/handler 0 with how long they went without progress. SIGCONT: the calls return and
  * /healthz is 200 again. On a process whose /healthz is 200 while it runs the second step fails.
  *
+ * test_stalled_acceptor: every HTTP server's event loop ("acceptor :<port>", which accepts, reads
+ * and answers for the whole listener) stamps its progress too. outboxd runs the API and the
+ * Knative sink (two listeners); one event thread at a time is stopped with ptrace (PTRACE_SEIZE +
+ * PTRACE_INTERRUPT of that one thread: the rest of the process goes on). A stopped sink acceptor
+ * is named by the API's /healthz (503) after the stall bound; a stopped API acceptor leaves its
+ * own /healthz unanswered (what a kubelet's probe timeout sees) and is named by the sink's; each
+ * answers 200 again once the thread runs. On a process whose event loops stamp nothing the
+ * first 503 never comes.
+ *
  * test_relay_readiness runs relays on the run's real Kafka broker (auto.create.topics.enable is
  * off there): a leader whose topic is missing answers /readyz 503 naming the topic while a
  * standby beside it is ready; once the topic is created the leader is ready; a leader whose
  * brokers cannot be reached answers 503 naming them. */
 #include "obx_test.h"
+#include "obx_test_doc.h"
 #include "obx_test_kafka.h"
 #include "obx_test_mongo.h"
 #include "obx_test_outboxd.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/ptrace.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,10 +238,130 @@ static void test_liveness_follows_progress(void **state) {
   stop_all(&fx);
 }
 
+/* ---- a stalled acceptor ------------------------------------------------------------------- */
+
+/* The thread of pid whose name is name (/proc/PID/task/TID/comm), 0 when none. */
+static pid_t thread_named(pid_t pid, const char *name) {
+  char path[320], comm[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *dir = opendir(path);
+  pid_t found = 0;
+  for (struct dirent *e; dir && !found && (e = readdir(dir));) {
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, sizeof path, "/proc/%d/task/%s/comm", (int)pid, e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f && fgets(comm, sizeof comm, f) && strncmp(comm, name, strlen(name)) == 0 && comm[strlen(name)] == '\n')
+      found = (pid_t)atoi(e->d_name);
+    if (f) fclose(f);
+  }
+  if (dir) closedir(dir);
+  return found;
+}
+
+/* Stops thread tid of a child process (the others keep running); thread_resume lets it go on. */
+static void thread_stop(pid_t tid) {
+  if (ptrace(PTRACE_SEIZE, tid, NULL, NULL) != 0 || ptrace(PTRACE_INTERRUPT, tid, NULL, NULL) != 0)
+    fail_msg("cannot stop thread %d with ptrace: %s", (int)tid, strerror(errno));
+  int status;
+  if (waitpid(tid, &status, __WALL) != tid) fail_msg("thread %d did not stop: %s", (int)tid, strerror(errno));
+}
+
+static void thread_resume(pid_t tid) {
+  if (ptrace(PTRACE_DETACH, tid, NULL, NULL) != 0) fail_msg("cannot resume thread %d: %s", (int)tid, strerror(errno));
+}
+
+/* True when GET /healthz on port gets no answer within ms (the listener's event loop is stuck). */
+static bool unanswered(int port, int ms) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  static const char req[] = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  bool sent = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && send(fd, req, sizeof req - 1, 0) == (ssize_t)(sizeof req - 1);
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  bool quiet = sent && poll(&p, 1, ms) == 0;
+  close(fd);
+  return quiet;
+}
+
+/* The number right after needle in the log; 0 when none. With a non-zero `not`, the first such
+ * number that is not `not`. */
+static int logged_port(const char *log_path, const char *needle, int not) {
+  char *text = obx_test_read_file(log_path);
+  int port = 0;
+  for (const char *p = text; p && (p = strstr(p, needle)) && !port; p += strlen(needle))
+    if (atoi(p + strlen(needle)) != not) port = atoi(p + strlen(needle));
+  free(text);
+  return port;
+}
+
+static void test_stalled_acceptor(void **state) {
+  (void)state;
+  obx_test_mongo_t mongo;
+  memset(&mongo, 0, sizeof mongo);
+  assert_true(obx_test_mongo_start(&mongo, NULL));
+  char mongo_arg[300], prefix_arg[100], stall_arg[64];
+  snprintf(mongo_arg, sizeof mongo_arg, "mongo.uri=%s", mongo.uri);
+  snprintf(prefix_arg, sizeof prefix_arg, "worker.queue_prefix=health-sink.%d", (int)getpid());
+  snprintf(stall_arg, sizeof stall_arg, "health.stall_timeout=%dms", STALL_MS);
+  char *args[] = {"--roles", "api,worker", "-X", mongo_arg, "-X", "amqp.url=amqp://guest:guest@127.0.0.1:1/", "-X",
+                  prefix_arg, "-X", stall_arg, "-X", "worker.source=http", "-X", "worker.sink_port=0", "-X",
+                  "worker.sink_token=health-sink-token-0123456789", "-X", "shutdown.grace=3s", NULL};
+  obx_test_outboxd_t d = {0};
+  assert_true(obx_test_outboxd_start(&d, args));
+  if (!obx_test_file_contains(d.proc.log_path, "CloudEvents sink listening on port ", 30000))
+    fail_msg("the sink did not listen; log %s", d.proc.log_path);
+  int sink = logged_port(d.proc.log_path, "CloudEvents sink listening on port ", 0);
+  int api = logged_port(d.proc.log_path, "\"http listening\",\"bind\":\"0.0.0.0\",\"port\":\"", sink);
+  if (!api || !sink) fail_msg("no API and sink ports in the log %s", d.proc.log_path);
+  char api_thread[32], sink_thread[32], api_loop[48], sink_loop[48];
+  snprintf(api_thread, sizeof api_thread, "obx-http-%d", api);
+  snprintf(sink_thread, sizeof sink_thread, "obx-http-%d", sink);
+  snprintf(api_loop, sizeof api_loop, "http/acceptor :%d", api);
+  snprintf(sink_loop, sizeof sink_loop, "http/acceptor :%d", sink);
+  pid_t api_tid = thread_named(d.proc.pid, api_thread), sink_tid = thread_named(d.proc.pid, sink_thread);
+  if (!api_tid || !sink_tid) fail_msg("no threads %s and %s in outboxd %d", api_thread, sink_thread, (int)d.proc.pid);
+  probe_wait_t api_ok = {.port = api, .path = "/healthz", .want = 200}, sink_ok = {.port = sink, .path = "/healthz", .want = 200};
+  if (!obx_test_wait_for(probe_is, &api_ok, 10000, 100) || !obx_test_wait_for(probe_is, &sink_ok, 10000, 100))
+    fail_msg("/healthz not 200 at the start: %s / %s", api_ok.body, sink_ok.body);
+
+  /* the sink's event thread stops: the API's /healthz names it */
+  thread_stop(sink_tid);
+  int64_t stopped = obx_test_now_ms();
+  probe_wait_t sink_named = {.port = api, .path = "/healthz", .want = 503, .needles = {sink_loop, "sinceProgressMs"}};
+  bool named = obx_test_wait_for(probe_is, &sink_named, 15000, 100);
+  int64_t detected = obx_test_now_ms() - stopped;
+  thread_resume(sink_tid);
+  if (!named) fail_msg("the API's /healthz did not name the stopped %s: %s (log %s)", sink_loop, sink_named.body, d.proc.log_path);
+  printf("stopped sink acceptor named after %lld ms (bound %d ms): %s\n", (long long)detected, STALL_MS, sink_named.body);
+  assert_true(detected >= STALL_MS);
+  assert_null(strstr(sink_named.body, api_loop));
+  if (!obx_test_wait_for(probe_is, &api_ok, 10000, 100) || !obx_test_wait_for(probe_is, &sink_ok, 10000, 100))
+    fail_msg("/healthz not 200 after the sink's acceptor went on: %s / %s", api_ok.body, sink_ok.body);
+
+  /* the API's event thread stops: its own /healthz goes unanswered, the sink's names it */
+  thread_stop(api_tid);
+  stopped = obx_test_now_ms();
+  probe_wait_t api_named = {.port = sink, .path = "/healthz", .want = 503, .needles = {api_loop, "sinceProgressMs"}};
+  named = obx_test_wait_for(probe_is, &api_named, 15000, 100);
+  detected = obx_test_now_ms() - stopped;
+  bool quiet = unanswered(api, 1000);
+  thread_resume(api_tid);
+  if (!named) fail_msg("the sink's /healthz did not name the stopped %s: %s (log %s)", api_loop, api_named.body, d.proc.log_path);
+  if (!quiet) fail_msg("the API's /healthz answered while its event thread was stopped");
+  printf("stopped API acceptor named after %lld ms by the sink's /healthz; its own /healthz unanswered\n", (long long)detected);
+  assert_true(detected >= STALL_MS);
+  if (!obx_test_wait_for(probe_is, &api_ok, 10000, 100) || !obx_test_wait_for(probe_is, &sink_ok, 10000, 100))
+    fail_msg("/healthz not 200 after the API's acceptor went on: %s / %s", api_ok.body, sink_ok.body);
+  int status = obx_test_outboxd_stop(&d);
+  obx_test_mongo_stop(&mongo);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_liveness_follows_progress),
     cmocka_unit_test(test_relay_readiness),
+    cmocka_unit_test(test_stalled_acceptor),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

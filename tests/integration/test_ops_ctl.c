@@ -10,7 +10,7 @@
  *     (never for a dry run or a read);
  *   - exit codes: 0 done, 1 failed or not found, 2 usage (the message names the flag), 3 status
  *     degraded; quiet: a read prints nothing on stderr; mutating commands and status name the
- *     MongoDB database and the RabbitMQ vhost they act on;
+ *     MongoDB database and the RabbitMQ vhost they act on, status --json too (its target);
  *   - connection errors name host:port: MongoDB and RabbitMQ each at a closed port;
  *   - cursor paging: --limit/--after walks every dead letter once;
  *   - status --watch prints again until interrupted. */
@@ -20,6 +20,7 @@
 #include "obx_test_outboxd.h"
 #include "worker_test.h"
 
+#include <amqp.h>
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -247,6 +248,30 @@ static void test_exit_codes(void **state) {
                r.rc, cases[i].want, cases[i].out ? cases[i].out : "", r.out, cases[i].err ? cases[i].err : "(any)", r.err);
     ctl_run_cleanup(&r);
   }
+  /* status --json names the database and the vhost of the text form: AMQP_URL's, decoded */
+  char url[300], want_vhost[128] = "?";
+  struct amqp_connection_info info;
+  snprintf(url, sizeof url, "%s", amqp_url);
+  if (amqp_parse_url(url, &info) == AMQP_STATUS_OK) snprintf(want_vhost, sizeof want_vhost, "%s", info.vhost);
+  ctl_run_t text, json;
+  ctl((const char *[]){"status", NULL}, &text);
+  ctl((const char *[]){"status", "--json", NULL}, &json);
+  bson_error_t berr;
+  bson_t *doc = bson_new_from_json((const uint8_t *)json.out, -1, &berr);
+  if (!doc) fail_msg("status --json: not JSON (%s): %.400s", berr.message, json.out);
+  const char *db = obx_test_doc_str(doc, "target.mongodb.database");
+  const char *vhost = obx_test_doc_str(doc, "target.rabbitmq.vhost");
+  const char *host = obx_test_doc_str(doc, "target.rabbitmq.host");
+  const char *mhosts = obx_test_doc_str(doc, "target.mongodb.hosts");
+  char text_form[400];
+  snprintf(text_form, sizeof text_form, "MongoDB %s at %s, RabbitMQ vhost %s at %s ", db ? db : "?", mhosts ? mhosts : "?",
+           vhost ? vhost : "?", host ? host : "?");
+  if (!db || strcmp(db, "outboxd") != 0 || !vhost || strcmp(vhost, want_vhost) != 0 || !strstr(text.out, text_form))
+    fail_msg("status --json: target database %s vhost %s (want outboxd, %s), as text \"%s\" not in the text form: %.400s\n%.600s",
+             db ? db : "(none)", vhost ? vhost : "(none)", want_vhost, text_form, text.out, json.out);
+  bson_destroy(doc);
+  ctl_run_cleanup(&json);
+  ctl_run_cleanup(&text);
 }
 
 /* A closed port on 127.0.0.1 (bound, then closed: nothing listens there). */

@@ -32,19 +32,8 @@
 
 static obx_test_outboxd_t replicas[NREPLICAS]; /* stopped by teardown, also when the test fails */
 
-static int setup(void **state) {
-  if (!getenv("AMQP_URL")) return 0;
-  wt_fx_t *fx = wt_setup(3, NULL);
-  *state = fx;
-  return fx ? 0 : -1;
-}
-
 static int teardown(void **state) {
-  for (int i = 0; i < NREPLICAS; i++) {
-    if (replicas[i].proc.pid > 0) kill(replicas[i].proc.pid, SIGCONT);
-    obx_test_outboxd_stop(&replicas[i]);
-  }
-  memset(replicas, 0, sizeof replicas);
+  wt_stop_worker_processes(replicas, NREPLICAS);
   wt_teardown(*state);
   return 0;
 }
@@ -350,11 +339,11 @@ static void test_retry_intent_before_publish(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test_setup_teardown(test_two_replicas_never_run_an_event_twice_at_once, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_expired_claim_is_taken_over, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_paused_worker_records_nothing_it_lost, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_paused_worker_waits_for_the_peers_head, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_retry_intent_before_publish, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_two_replicas_never_run_an_event_twice_at_once, wt_setup_state, teardown),
+    cmocka_unit_test_setup_teardown(test_expired_claim_is_taken_over, wt_setup_state, teardown),
+    cmocka_unit_test_setup_teardown(test_paused_worker_records_nothing_it_lost, wt_setup_state, teardown),
+    cmocka_unit_test_setup_teardown(test_paused_worker_waits_for_the_peers_head, wt_setup_state, teardown),
+    cmocka_unit_test_setup_teardown(test_retry_intent_before_publish, wt_setup_state, teardown),
   };
   if (getenv("OBX_TEST_FILTER")) cmocka_set_test_filter(getenv("OBX_TEST_FILTER"));
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -22,16 +22,11 @@
 
 static obx_test_outboxd_t replicas[NREPLICAS]; /* stopped by teardown, also when the test fails */
 
-static int setup(void **state) {
-  if (!getenv("AMQP_URL")) return 0;
-  wt_fx_t *fx = wt_setup(2, NULL);
-  *state = fx;
-  return fx ? 0 : -1;
-}
+static int setup(void **state) { return wt_setup_state_on(state, 2, NULL); }
 
 static int teardown(void **state) {
   wt_fx_t *fx = *state;
-  for (int i = 0; i < NREPLICAS; i++) obx_test_outboxd_stop(&replicas[i]);
+  wt_stop_worker_processes(replicas, NREPLICAS);
   if (fx) {
     char extra[96];
     snprintf(extra, sizeof extra, "%s.retry.3000ms", fx->prefix);

@@ -15,6 +15,7 @@
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
 #include <librdkafka/rdkafka.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -238,15 +239,17 @@ static inline wt_fx_t *wt_setup_on(int partitions, const char *mongo_args, bool 
 
 static inline wt_fx_t *wt_setup(int partitions, const char *mongo_args) { return wt_setup_on(partitions, mongo_args, false); }
 
-/* Per-test cmocka setup of the suites that need only the fixture: wt_setup(3, NULL) into
- * *state; nothing when AMQP_URL or OBX_TEST_KAFKA_DIR is unset (the tests then skip,
- * WT_NEED_BROKER). */
-static inline int wt_setup_state_with(void **state, const char *mongo_args) {
+/* Per-test cmocka setup of the suites that need only the fixture: wt_setup(partitions,
+ * mongo_args) into *state; nothing when AMQP_URL or OBX_TEST_KAFKA_DIR is unset (the tests then
+ * skip, WT_NEED_BROKER). */
+static inline int wt_setup_state_on(void **state, int partitions, const char *mongo_args) {
   if (!getenv("AMQP_URL") || !getenv("OBX_TEST_KAFKA_DIR")) return 0;
-  wt_fx_t *fx = wt_setup(3, mongo_args);
+  wt_fx_t *fx = wt_setup(partitions, mongo_args);
   *state = fx;
   return fx ? 0 : -1;
 }
+
+static inline int wt_setup_state_with(void **state, const char *mongo_args) { return wt_setup_state_on(state, 3, mongo_args); }
 
 static inline int wt_setup_state(void **state) { return wt_setup_state_with(state, NULL); }
 
@@ -533,5 +536,15 @@ static inline void wt_start_worker_process_with(wt_fx_t *fx, obx_test_outboxd_t 
 }
 
 static inline void wt_start_worker_process(wt_fx_t *fx, obx_test_outboxd_t *d) { wt_start_worker_process_with(fx, d, NULL); }
+
+/* Stops the n worker processes of d (a SIGSTOPped one is continued first) and zeroes them: the
+ * teardown of suites that run replicas beside the fixture, also after a failed test. */
+static inline void wt_stop_worker_processes(obx_test_outboxd_t *d, int n) {
+  for (int i = 0; i < n; i++) {
+    if (d[i].proc.pid > 0) kill(d[i].proc.pid, SIGCONT);
+    obx_test_outboxd_stop(&d[i]);
+  }
+  memset(d, 0, (size_t)n * sizeof *d);
+}
 
 #endif
