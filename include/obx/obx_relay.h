@@ -4,10 +4,13 @@
  * inserts and on updates that set status back to PENDING, plus a sweeper for PENDING events the
  * stream missed), produces each event as a CloudEvents binary-mode record (DESIGN.md §4) with an
  * idempotent librdkafka producer, and only after Kafka acknowledges marks the event PUBLISHED and
- * advances the resume-token checkpoint in `relay_checkpoints`. Several relays may run: a lease in
- * `leases` elects the one that publishes (per-key order needs a single publisher), the others
- * stand by; the sweeper's leased claims keep two relays from publishing one event at the same
- * time during a handover. See src/relay/relay.c for the loop.
+ * advances the resume-token checkpoint in `relay_checkpoints`. The outbox is split into
+ * RELAY_BUCKETS buckets (murmur2(partitionKey) mod B, obx_bucket.h), each with its own lease in
+ * `leases`, checkpoint and change stream: one publisher per bucket keeps per-key order, and
+ * several relays share the buckets through heartbeats in `relay_members` (a fair share each,
+ * src/relay/buckets.c); with one bucket one relay publishes and the others stand by. The
+ * sweeper's leased claims keep two relays from publishing one event at the same time during a
+ * handover. See src/relay/relay.c for a bucket's loop.
  *
  * The producer is exposed on its own so that tests and benchmarks can drive it. */
 #ifndef OBX_RELAY_H
@@ -24,13 +27,13 @@
 
 typedef struct obx_relay obx_relay_t;
 
-/* Starts the relay thread (outboxd's role table). conf is borrowed until obx_relay_stop; http
+/* Starts the relay's threads, one per bucket and one sharing them (outboxd's role table). conf is borrowed until obx_relay_stop; http
  * may be NULL (the metrics go to the process registry that GET /metrics renders). The thread creates the outbox indexes (retrying
  * while MongoDB is down), then runs; Kafka being down is not an error. Returns an owned
  * obx_relay_t *, NULL with err on a bad configuration. */
 void *obx_relay_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err);
 /* Stops intake, waits up to 5 s for the reports of what is in flight, records them, writes the
- * checkpoint, releases the lease, frees. NULL is a no-op. */
+ * checkpoints, releases the leases and the membership, frees. NULL is a no-op. */
 void obx_relay_stop(void *relay);
 
 /* ---- producer ---------------------------------------------------------------------------- */

@@ -69,6 +69,19 @@ bench_start_kafka() {
   BOOTSTRAP=$(head -1 "$WORK/bootstrap")
 }
 
+# bench_kafka_cmd COMMAND...: one command to the kafka-mockd of bench_start_kafka (its control
+# socket; the commands are listed at the top of kafka_mockd.c); fails unless it answers "ok".
+bench_kafka_cmd() {
+  python3 - "$WORK/kafka.ctl" "$*" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall((sys.argv[2] + "\n").encode())
+answer = s.makefile().readline().strip()
+sys.exit(0 if answer == "ok" else "kafka-mockd: " + sys.argv[2] + ": " + answer)
+PY
+}
+
 # bench_start_broker TOPIC...: starts a real Apache Kafka broker of its own (scripts/kafka.sh, in
 # $WORK/kafka, stopped on exit) with these topics (NAME:PARTITIONS[:CONFIGS] as kafka.sh takes
 # them), sets BOOTSTRAP.

@@ -121,6 +121,8 @@ static const obx_schema_collection_t collections[] = {
   {"outbox_keys", OBX_SCHEMA_API | OBX_SCHEMA_WORKER, NULL, 0},
   {"relay_checkpoints", OBX_SCHEMA_RELAY, NULL, 0},
   {"leases", OBX_SCHEMA_RELAY, NULL, 0},
+  /* the relays' heartbeats, by which they share the buckets (src/relay/buckets.c) */
+  {"relay_members", OBX_SCHEMA_RELAY, NULL, 0},
   {"inbox", OBX_SCHEMA_WORKER | OBX_SCHEMA_API | OBX_SCHEMA_CTL, inbox_indexes, N(inbox_indexes)},
   {"parked_keys", OBX_SCHEMA_WORKER | OBX_SCHEMA_API | OBX_SCHEMA_CTL, parked_indexes, N(parked_indexes)},
   {"audit_log", OBX_SCHEMA_API | OBX_SCHEMA_CTL, audit_indexes, N(audit_indexes)},

@@ -27,6 +27,8 @@
  * Owned by the relay thread, like every message. Counted: outboxd_relay_held_keys. */
 #include "relay/relay_int.h"
 
+#include "obx/obx_bucket.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -270,12 +272,13 @@ void relay_keys_check(obx_relay_t *relay) {
 static bool keys_load_from(obx_relay_t *relay, bson_t *filter, bson_t *sort, const char *why_default) {
   bson_t *opts = BCON_NEW("limit", BCON_INT64(KEYS_LOAD_MAX));
   if (sort) BSON_APPEND_DOCUMENT(opts, "sort", sort);
+  relay_bucket_filter(relay, filter, OBX_BUCKET_FIELD); /* the keys of this relay's bucket */
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(relay->outbox, filter, opts, NULL);
   const bson_t *doc;
   bson_error_t berr;
   while (mongoc_cursor_next(cursor, &doc)) {
     const char *key = relay_doc_key(doc);
-    if (!key) continue;
+    if (!key || !relay_doc_mine(relay, doc)) continue;
     relay_key_t *k = key_find(relay, key, true);
     if (k->held_id) continue; /* the oldest is the head */
     obx_relay_msg_t msg;

@@ -3,7 +3,8 @@
  * DESIGN: every number has one writer, the relay thread, through the functions below; each
  * updates the relay's own counters (obx_relay_t.counters, read by tests) and the process-wide
  * registry (obx_metrics.h, rendered by GET /metrics). The registry's metrics live for the whole
- * process, so several relays in one process add to the same series. */
+ * process, so the relays of a process's buckets add to the same series; its gauges are the sums
+ * over the buckets of the group (buckets.c), the lag the largest. */
 #include "relay/relay_int.h"
 
 #include "obx/obx_metrics.h"
@@ -30,13 +31,16 @@ void relay_metrics_register(void) {
   m.held_keys = obx_metrics_gauge("outboxd_relay_held_keys",
                                   "Partition keys whose later events wait behind an event Kafka refused (FAILED or retrying): "
                                   "reprocess, fix or skip the head", NULL);
-  m.stream_up = obx_metrics_gauge("outboxd_relay_stream_up", "1 while the leader's change stream is open (0 on a standby and in poll mode)", NULL);
+  m.stream_up = obx_metrics_gauge("outboxd_relay_stream_up",
+                                  "Change streams open, one per bucket held (with one bucket: 1 while the leader's is open; "
+                                  "0 on a standby and in poll mode)", NULL);
   m.inflight = obx_metrics_gauge("outboxd_relay_inflight", "Events produced and not yet recorded after their delivery report", NULL);
   m.lag = obx_metrics_gauge("outboxd_relay_lag_seconds",
                             "Now minus the cluster time (1 s resolution) of the checkpoint position, the newest change up to "
                             "which every outcome is recorded; 0 when the stream is caught up with nothing in flight, on a "
                             "standby, and in poll mode", NULL);
-  m.leader = obx_metrics_gauge("outboxd_relay_leader", "1 while this process holds the relay lease", NULL);
+  m.leader = obx_metrics_gauge("outboxd_relay_leader",
+                               "Buckets whose lease this process holds (with one bucket: 1 while it holds the relay lease)", NULL);
   m.latency = obx_metrics_histogram("outboxd_relay_commit_to_ack_seconds",
                                     "From the event's occurredAt (its commit) to Kafka's acknowledgement",
                                     NULL, latency_buckets, (int)(sizeof latency_buckets / sizeof latency_buckets[0]));
@@ -75,9 +79,14 @@ void relay_metrics_gauges(obx_relay_t *relay) {
   relay->counters.inflight = relay_pending(relay);
   relay->counters.stream_up = relay->stream != NULL;
   relay->counters.held_keys = relay->nheld;
-  obx_gauge_set(m.held_keys, relay->nheld);
-  obx_gauge_set(m.stream_up, relay->counters.stream_up);
-  obx_gauge_set(m.leader, relay->leader ? 1 : 0);
-  obx_gauge_set(m.inflight, relay->counters.inflight);
-  obx_gauge_set(m.lag, (double)relay->counters.lag_ms / 1000.0);
+  /* the process's gauges: the sums over its buckets (the lag: the largest) */
+  int held = relay->leader, inflight = relay->counters.inflight, stream_up = relay->counters.stream_up;
+  int held_keys = relay->nheld;
+  int64_t lag_ms = relay->counters.lag_ms;
+  if (relay->group) relay_group_gauges(relay, &held, &inflight, &stream_up, &held_keys, &lag_ms);
+  obx_gauge_set(m.held_keys, held_keys);
+  obx_gauge_set(m.stream_up, stream_up);
+  obx_gauge_set(m.leader, held);
+  obx_gauge_set(m.inflight, inflight);
+  obx_gauge_set(m.lag, (double)lag_ms / 1000.0);
 }

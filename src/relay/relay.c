@@ -1,4 +1,4 @@
-/* relay.c - the relay role: lifecycle, leadership, delivery reports, checkpoints
+/* relay.c - one bucket's relay: lifecycle, leadership, delivery reports, checkpoints
  *
  * DESIGN: one thread (relay_main) owns the MongoDB client, the producer, the change stream and
  * every message; delivery reports are served on it by relay_serve, so no state is locked.
@@ -7,9 +7,14 @@
  * bulk -> sweep PENDING events the stream missed (sweeper.c) -> write the checkpoint. Every
  * event goes through keys.c: one in flight per partition key, and a refused one holds its key.
  *
- * Leadership (both modes): `leases` {_id:"relay", owner, epoch, expiresAt}. A standby takes the
- * lease with findAndModify once it expired (the epoch goes up by one); the leader renews every
- * lease/3 and stops publishing when it could not renew before its own view of the expiry.
+ * One obx_relay_t publishes one bucket of the outbox (buckets.c owns the group of them and
+ * decides which buckets this process may hold: relay->allowed).
+ *
+ * Leadership (both modes): `leases` {_id: relay->lease_id ("relay", or "relay.<b>/<B>"), owner,
+ * epoch, expiresAt}. While allowed, a standby takes the lease with findAndModify once it expired
+ * (the epoch goes up by one); the leader renews every lease/3 and stops publishing when it could
+ * not renew before its own view of the expiry; a leader no longer allowed hands the bucket over
+ * (relay_hand_over: reports recorded, checkpoint written, lease released).
  * Checkpoint writes carry the epoch in their filter (an upsert that collides on _id means a newer
  * leader exists: step down). One publisher keeps per-key order; the sweeper's claims also keep a
  * deposed leader that has not noticed yet from publishing what the new one claimed.
@@ -26,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "obx/obx_bucket.h"
 #include "obx/obx_health.h"
 #include "obx/obx_log.h"
 #include "obx/obx_schema.h"
@@ -180,6 +186,7 @@ static void relay_report_update(obx_relay_t *relay, mongoc_bulk_operation_t *bul
   bson_t *selector = relay_msg_selector(msg);
   bson_t update = BSON_INITIALIZER, set, unset;
   bson_append_document_begin(&update, "$set", -1, &set);
+  BSON_APPEND_INT32(&set, OBX_BUCKET_FIELD, relay->bucket); /* a writer may have left it out */
   if (msg->ok) {
     bson_t kafka;
     BSON_APPEND_UTF8(&set, "status", "PUBLISHED");
@@ -347,11 +354,12 @@ static bool relay_lease_modify(obx_relay_t *relay, const bson_t *query, const bs
 
 static void relay_lease_acquire(obx_relay_t *relay) {
   int64_t now = obx_time_now_ms(), lease = relay->conf->relay_lease;
-  bson_t *query = BCON_NEW("_id", RELAY_LEASE_ID, "$or", "[",
+  bson_t *query = BCON_NEW("_id", BCON_UTF8(relay->lease_id), "$or", "[",
                            "{", "expiresAt", "{", "$lte", BCON_DATE_TIME(now), "}", "}",
                            "{", "owner", BCON_UTF8(relay->owner), "}", "]");
-  bson_t *update = BCON_NEW("$set", "{", "owner", BCON_UTF8(relay->owner), "expiresAt",
-                            BCON_DATE_TIME(now + lease), "}", "$inc", "{", "epoch", BCON_INT64(1), "}");
+  bson_t *update = BCON_NEW("$set", "{", "owner", BCON_UTF8(relay->owner), "expiresAt", BCON_DATE_TIME(now + lease),
+                            "bucket", BCON_INT32(relay->bucket), "buckets", BCON_INT32(relay->nbuckets), "}",
+                            "$inc", "{", "epoch", BCON_INT64(1), "}");
   bson_t value = BSON_INITIALIZER;
   bson_iter_t it;
   if (relay_lease_modify(relay, query, update, true, &value) && bson_iter_init_find(&it, &value, "epoch") &&
@@ -360,7 +368,11 @@ static void relay_lease_acquire(obx_relay_t *relay) {
     relay->leader = true;
     relay->lease_until_ms = now + lease;
     relay_metrics_gauges(relay);
-    obx_info("relay is the leader (epoch %lld, owner %s)", (long long)relay->epoch, relay->owner);
+    if (relay->nbuckets > 1)
+      obx_info("relay holds bucket %d of %d (epoch %lld, owner %s)", relay->bucket, relay->nbuckets,
+               (long long)relay->epoch, relay->owner);
+    else
+      obx_info("relay is the leader (epoch %lld, owner %s)", (long long)relay->epoch, relay->owner);
   }
   bson_destroy(&value);
   bson_destroy(update);
@@ -369,7 +381,7 @@ static void relay_lease_acquire(obx_relay_t *relay) {
 
 static void relay_lease_renew(obx_relay_t *relay) {
   int64_t now = obx_time_now_ms(), lease = relay->conf->relay_lease;
-  bson_t *query = BCON_NEW("_id", RELAY_LEASE_ID, "owner", BCON_UTF8(relay->owner), "epoch", BCON_INT64(relay->epoch));
+  bson_t *query = BCON_NEW("_id", BCON_UTF8(relay->lease_id), "owner", BCON_UTF8(relay->owner), "epoch", BCON_INT64(relay->epoch));
   bson_t *update = BCON_NEW("$set", "{", "expiresAt", BCON_DATE_TIME(now + lease), "}");
   bson_t value = BSON_INITIALIZER;
   bool ok = relay_lease_modify(relay, query, update, false, &value);
@@ -382,7 +394,7 @@ static void relay_lease_renew(obx_relay_t *relay) {
 }
 
 static void relay_lease_release(obx_relay_t *relay) {
-  bson_t *query = BCON_NEW("_id", RELAY_LEASE_ID, "owner", BCON_UTF8(relay->owner), "epoch", BCON_INT64(relay->epoch));
+  bson_t *query = BCON_NEW("_id", BCON_UTF8(relay->lease_id), "owner", BCON_UTF8(relay->owner), "epoch", BCON_INT64(relay->epoch));
   bson_t *update = BCON_NEW("$set", "{", "expiresAt", BCON_DATE_TIME(0), "}");
   bson_t value = BSON_INITIALIZER;
   relay_lease_modify(relay, query, update, false, &value);
@@ -405,8 +417,30 @@ static void relay_lease_step_down(obx_relay_t *relay, const char *why) {
   relay_keys_reset(relay);
 }
 
+static void relay_checkpoint_write(obx_relay_t *relay);
+
+/* The group gives the bucket to another relay (a fair share, buckets.c): everything in flight
+ * is reported and recorded, the checkpoint written, then the lease released, so the next holder
+ * starts at once from where this one ended. */
+static void relay_hand_over(obx_relay_t *relay) {
+  obx_info("relay hands bucket %d of %d over (the group's fair share)", relay->bucket, relay->nbuckets);
+  relay_stream_close(relay);
+  obx_relay_producer_flush(relay->producer, 5000);
+  relay_write_reports(relay);
+  relay_checkpoint_write(relay);
+  relay_lease_step_down(relay, "bucket handed over");
+  relay_lease_release(relay);
+}
+
+/* Renews the lease held, takes it while the group allows it, hands it over when it does not. */
 static void relay_lease_tick(obx_relay_t *relay) {
   int64_t now = obx_time_now_ms(), lease = relay->conf->relay_lease;
+  bool allowed = atomic_load(&relay->allowed);
+  if (relay->leader && !allowed) relay_hand_over(relay);
+  if (!relay->leader && !allowed) {
+    relay->next_lease_ms = 0; /* once allowed: an attempt at once */
+    return;
+  }
   if (now < relay->next_lease_ms) return;
   if (relay->leader) relay_lease_renew(relay);
   else relay_lease_acquire(relay);
@@ -417,7 +451,7 @@ static void relay_lease_tick(obx_relay_t *relay) {
 
 /* Reads the checkpoint into ckpt_token (NULL when there is none); false on a MongoDB error. */
 static bool relay_checkpoint_load(obx_relay_t *relay) {
-  bson_t *filter = BCON_NEW("_id", RELAY_CHECKPOINT_ID);
+  bson_t *filter = BCON_NEW("_id", BCON_UTF8(relay->ckpt_id));
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(relay->checkpoints, filter, NULL, NULL);
   const bson_t *doc;
   bson_iter_t it;
@@ -444,7 +478,7 @@ static bool relay_checkpoint_load(obx_relay_t *relay) {
 /* Writes the checkpoint if it moved, fenced by our epoch. */
 static void relay_checkpoint_write(obx_relay_t *relay) {
   if (!relay->ckpt_dirty || !relay->ckpt_token || !relay->leader) return;
-  bson_t *selector = BCON_NEW("_id", RELAY_CHECKPOINT_ID, "epoch", "{", "$lte", BCON_INT64(relay->epoch), "}");
+  bson_t *selector = BCON_NEW("_id", BCON_UTF8(relay->ckpt_id), "epoch", "{", "$lte", BCON_INT64(relay->epoch), "}");
   bson_t *update = BCON_NEW("$set", "{", "resumeToken", BCON_DOCUMENT(relay->ckpt_token), "clusterTime",
                             BCON_INT64(relay->ckpt_cluster_s), "epoch", BCON_INT64(relay->epoch), "owner",
                             BCON_UTF8(relay->owner), "updatedAt", BCON_DATE_TIME(obx_time_now_ms()), "}");
@@ -541,12 +575,12 @@ bool relay_ensure_schema(obx_relay_t *relay) {
   return ok;
 }
 
-/* /readyz "relay" (on the probe thread): the relay's collections are in place, and then either
- * it is a standby (it waits for the lease: nothing else to need), or it is the leader with its
- * change stream open (stream mode) and a producer that reaches Kafka with the topic there
- * (obx_relay_producer_check). ready_mu keeps the producer from being replaced meanwhile. */
-static bool relay_ready(void *ctx, obx_err_t *err) {
-  obx_relay_t *relay = ctx;
+/* One bucket's part of /readyz "relay" (on the probe thread; buckets.c asks each): the relay's
+ * collections are in place, and then either it does not hold its bucket (nothing else to need),
+ * or it holds it with its change stream open (stream mode) and, when check_producer, a producer
+ * that reaches Kafka with the topic there (obx_relay_producer_check). ready_mu keeps the producer
+ * from being replaced meanwhile. */
+bool relay_ready(obx_relay_t *relay, bool check_producer, obx_err_t *err) {
   pthread_mutex_lock(&relay->ready_mu);
   bool ready = relay->schema_ready;
   if (!ready) {
@@ -554,9 +588,9 @@ static bool relay_ready(void *ctx, obx_err_t *err) {
   } else if (atomic_load(&relay->counters.leader)) {
     ready = relay->poll_mode || atomic_load(&relay->counters.stream_up);
     if (!ready)
-      obx_err_set(err, OBX_ERR_MONGO, 0, true, "the leader's change stream on %s.outbox is not open (reopening; see the log)",
-                  relay->conf->mongo_db);
-    else
+      obx_err_set(err, OBX_ERR_MONGO, 0, true, "the leader's change stream on %s.outbox%s is not open (reopening; see the log)",
+                  relay->conf->mongo_db, relay->nbuckets > 1 ? " (one of its buckets)" : "");
+    else if (check_producer)
       ready = obx_relay_producer_check(relay->producer, relay->conf->kafka_topic, relay->conf->kafka_brokers,
                                        RELAY_READY_METADATA_MS, err);
   }
@@ -611,8 +645,10 @@ static void relay_producer_renew(obx_relay_t *relay) {
 static void *relay_main(void *arg) {
   obx_relay_t *relay = arg;
   const obx_conf_t *conf = relay->conf;
+  char loop[32] = "main";
+  if (relay->nbuckets > 1) snprintf(loop, sizeof loop, "bucket %d", relay->bucket);
   obx_log_set_role("relay");
-  obx_health_register("relay", "main");
+  obx_health_register("relay", loop);
   relay->client = obx_mongo_pop(relay->mongo);
   relay->outbox = obx_mongo_collection(relay->mongo, relay->client, "outbox");
   relay->checkpoints = obx_mongo_collection(relay->mongo, relay->client, "relay_checkpoints");
@@ -691,7 +727,6 @@ static void relay_destroy(obx_relay_t *relay) {
     relay_msg_free(msg);
   }
   if (relay->client) obx_mongo_push(relay->mongo, relay->client);
-  obx_mongo_destroy(relay->mongo);
   relay_window_cleanup(&relay->window);
   pthread_mutex_destroy(&relay->ready_mu);
   bson_destroy(relay->read_token);
@@ -702,47 +737,43 @@ static void relay_destroy(obx_relay_t *relay) {
   free(relay);
 }
 
-static obx_relay_t *relay_new(const obx_conf_t *conf, obx_err_t *err) {
+obx_relay_t *relay_new(const obx_conf_t *conf, obx_mongo_t *mongo, const char *owner, int32_t bucket, obx_err_t *err) {
   obx_relay_t *relay = calloc(1, sizeof *relay);
-  char host[64] = "localhost";
   if (!relay) abort();
   relay->conf = conf;
+  relay->mongo = mongo;
   pthread_mutex_init(&relay->ready_mu, NULL);
   snprintf(relay->not_ready, sizeof relay->not_ready, "schema not ensured yet");
   relay->poll_mode = strcmp(conf->relay_mode, "poll") == 0;
-  gethostname(host, sizeof host - 1);
-  static atomic_uint serial;
-  snprintf(relay->owner, sizeof relay->owner, "%s:%d:%u", host, (int)getpid(), ++serial);
+  snprintf(relay->owner, sizeof relay->owner, "%s", owner);
+  relay->bucket = bucket;
+  relay->nbuckets = (int32_t)conf->relay_buckets;
+  if (relay->nbuckets > 1) {
+    snprintf(relay->lease_id, sizeof relay->lease_id, "%s.%d/%d", RELAY_LEASE_ID, bucket, relay->nbuckets);
+    snprintf(relay->ckpt_id, sizeof relay->ckpt_id, "%s.%d/%d", RELAY_CHECKPOINT_ID, bucket, relay->nbuckets);
+  } else {
+    snprintf(relay->lease_id, sizeof relay->lease_id, "%s", RELAY_LEASE_ID);
+    snprintf(relay->ckpt_id, sizeof relay->ckpt_id, "%s", RELAY_CHECKPOINT_ID);
+  }
   relay_window_init(&relay->window, (size_t)conf->relay_max_inflight * 4 + 8);
-  relay->mongo = obx_mongo_new(conf, err);
-  if (!relay->mongo) goto fail;
   relay->producer = obx_relay_producer_new(conf, relay_on_ack, relay, err);
-  if (!relay->producer) goto fail;
-  return relay;
-fail:
-  relay_destroy(relay);
-  return NULL;
-}
-
-void *obx_relay_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err) {
-  obx_relay_t *relay = relay_new(conf, err);
-  if (!relay) return NULL;
-  relay_metrics_register();
-  if (pthread_create(&relay->thread, NULL, relay_main, relay) != 0) {
-    obx_err_set(err, OBX_ERR_SYS, 0, false, "relay: cannot start its thread");
+  if (!relay->producer) {
     relay_destroy(relay);
     return NULL;
   }
-  if (http) obx_http_add_ready_check(http, "relay", relay_ready, relay);
-  obx_info("relay started (mode %s, topic %s, owner %s)", conf->relay_mode, conf->kafka_topic, relay->owner);
   return relay;
 }
 
-void obx_relay_stop(void *handle) {
-  obx_relay_t *relay = handle;
+bool relay_run(obx_relay_t *relay, obx_err_t *err) {
+  relay->running = pthread_create(&relay->thread, NULL, relay_main, relay) == 0;
+  if (relay->running) return true;
+  obx_err_set(err, OBX_ERR_SYS, 0, false, "relay: cannot start the thread of bucket %d", relay->bucket);
+  return false;
+}
+
+void relay_stop(obx_relay_t *relay) {
   if (!relay) return;
   relay->stopping = true;
-  pthread_join(relay->thread, NULL);
+  if (relay->running) pthread_join(relay->thread, NULL);
   relay_destroy(relay);
-  obx_info("relay stopped");
 }

@@ -1,7 +1,10 @@
-/* relay_int.h - state shared by the relay's files (relay.c, stream.c, sweeper.c)
+/* relay_int.h - state shared by the relay's files (buckets.c, relay.c, stream.c, sweeper.c, keys.c)
  *
- * DESIGN: everything here is owned by the relay thread; nothing is locked except the counters
- * read by /metrics (atomics). A published event is an obx_relay_msg_t from send to the end of
+ * DESIGN: the relay role is a group (buckets.c) of one obx_relay_t per bucket of the outbox
+ * (RELAY_BUCKETS); each obx_relay_t runs the whole relay for its bucket on its own thread: its
+ * lease, producer, change stream, sweeper and checkpoint. Everything of an obx_relay_t is owned
+ * by its thread; nothing is locked except the counters read by /metrics and the group (atomics),
+ * and `allowed`, which the group's thread sets. A published event is an obx_relay_msg_t from send to the end of
  * its bookkeeping: in flight (sent, no report) -> reported (report in, outbox not yet updated)
  * -> done (outbox updated, freed). Stream messages also hold a slot of the checkpoint window:
  * an ordered ring of resume tokens, one per change read (and one per empty batch, carrying the
@@ -20,8 +23,13 @@
 #include "obx/obx_relay.h"
 #include "obx/obx_trace.h"
 
+/* With one bucket (the default) the lease and checkpoint keep the ids of a relay before buckets;
+ * with B buckets, bucket b's are "relay.<b>/<B>" and "outbox.<b>/<B>" (buckets.c). */
 #define RELAY_LEASE_ID "relay"
 #define RELAY_CHECKPOINT_ID "outbox"
+#define RELAY_ID_LEN 48
+
+typedef struct relay_group relay_group_t; /* buckets.c */
 
 typedef enum { RELAY_FROM_STREAM, RELAY_FROM_SWEEP } relay_from_t;
 
@@ -92,13 +100,19 @@ typedef struct {
 
 typedef struct obx_relay {
   const obx_conf_t *conf; /* borrowed from the caller for the life of the relay */
-  char owner[128];      /* host:pid:random, written into leases and claims */
+  char owner[128];      /* the group's host:pid:serial, written into leases and claims */
   bool poll_mode;
+  relay_group_t *group; /* the group it belongs to (NULL: a relay a test builds by itself) */
+  int32_t bucket, nbuckets;    /* this relay's bucket among RELAY_BUCKETS */
+  char lease_id[RELAY_ID_LEN]; /* leases._id of its bucket */
+  char ckpt_id[RELAY_ID_LEN];  /* relay_checkpoints._id of its bucket */
+  atomic_bool allowed;  /* the group lets it hold its bucket (take the lease, or keep it) */
 
   pthread_t thread;
+  bool running;         /* thread started (relay_run) */
   atomic_bool stopping;
 
-  obx_mongo_t *mongo;
+  obx_mongo_t *mongo;       /* the group's pool (borrowed) */
   mongoc_client_t *client;
   mongoc_collection_t *outbox, *checkpoints, *leases;
   obx_relay_producer_t *producer;
@@ -149,6 +163,34 @@ typedef struct obx_relay {
   char not_ready[320];      /* why not ready */
 } obx_relay_t;
 
+/* buckets.c */
+/* The bucket of an outbox document among relay->nbuckets: its `bucket` field when that is an
+ * int32 in range, else murmur2 of its partition key (relay_doc_key) mod B (0 without a key). */
+int32_t relay_doc_bucket(const obx_relay_t *relay, const bson_t *doc);
+/* Whether doc is of relay's bucket (always, with one bucket). */
+bool relay_doc_mine(const obx_relay_t *relay, const bson_t *doc);
+/* Appends to a query on `outbox` the condition "of this bucket or without a valid bucket"
+ * ({field: {$nin: the other buckets}}; nothing with one bucket). field is "bucket" or, in a
+ * change stream, "fullDocument.bucket". Documents without a valid bucket still need
+ * relay_doc_mine. */
+void relay_bucket_filter(const obx_relay_t *relay, bson_t *query, const char *field);
+/* The relay of bucket b of a group obx_relay_start returned (tests; NULL for a NULL group).
+ * Borrowed until obx_relay_stop (of relay->group). */
+obx_relay_t *relay_group_bucket(void *group, int32_t b);
+/* Sums the gauges of every bucket of relay's group into the process's metrics (metrics.c). */
+void relay_group_gauges(const obx_relay_t *relay, int *held, int *inflight, int *stream_up, int *held_keys,
+                        int64_t *lag_ms);
+
+/* relay.c */
+/* A bucket's relay, on the group's pool and owner, its thread not yet started. NULL with err. */
+obx_relay_t *relay_new(const obx_conf_t *conf, obx_mongo_t *mongo, const char *owner, int32_t bucket,
+                       obx_err_t *err);
+/* Starts its thread. */
+bool relay_run(obx_relay_t *relay, obx_err_t *err);
+/* Stops its thread as obx_relay_stop says (hand over: reports, checkpoint, lease released). */
+void relay_stop(obx_relay_t *relay);
+/* /readyz for one bucket's relay: schema, then (holding the bucket) stream and producer. */
+bool relay_ready(obx_relay_t *relay, bool check_producer, obx_err_t *err);
 /* relay.c */
 /* Ensures the relay's collections and indexes (obx_schema.h); keeps the reason for /readyz. */
 bool relay_ensure_schema(obx_relay_t *relay);

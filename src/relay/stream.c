@@ -144,12 +144,19 @@ void relay_stream_close(obx_relay_t *relay) {
 static void relay_stream_failed(obx_relay_t *relay, const bson_error_t *berr, const bson_t *reply);
 
 bool relay_stream_open(obx_relay_t *relay) {
-  bson_t *pipeline = BCON_NEW(
-    "pipeline", "[", "{", "$match", "{", "$or", "[",
+  bson_t *pipeline = bson_new(), stages, stage, match;
+  BSON_APPEND_ARRAY_BEGIN(pipeline, "pipeline", &stages);
+  BSON_APPEND_DOCUMENT_BEGIN(&stages, "0", &stage);
+  BSON_APPEND_DOCUMENT_BEGIN(&stage, "$match", &match);
+  BCON_APPEND(&match, "$or", "[",
     "{", "operationType", "insert", "}",
     "{", "operationType", "replace", "fullDocument.status", "PENDING", "}",
     "{", "operationType", "update", "updateDescription.updatedFields.status", "PENDING", "}",
-    "]", "}", "}", "]");
+    "]");
+  relay_bucket_filter(relay, &match, "fullDocument.bucket"); /* its bucket, or none given yet */
+  bson_append_document_end(&stage, &match);
+  bson_append_document_end(&stages, &stage);
+  bson_append_array_end(pipeline, &stages);
   int32_t batch = relay->conf->relay_max_inflight < 1000 ? (int32_t)relay->conf->relay_max_inflight : 1000;
   bson_t *opts = BCON_NEW("fullDocument", "updateLookup", "maxAwaitTimeMS", BCON_INT64(RELAY_STREAM_AWAIT_MS),
                           "batchSize", BCON_INT32(batch));
@@ -247,7 +254,9 @@ static void relay_stream_handle(obx_relay_t *relay, const bson_t *change) {
     if (bson_init_static(&doc, data, len) && bson_iter_init_find(&doc_it, &doc, "status") &&
         BSON_ITER_HOLDS_UTF8(&doc_it) && strcmp(bson_iter_utf8(&doc_it, NULL), "PENDING") == 0 &&
         bson_iter_init_find(&doc_it, &doc, "_id"))
-      pending = !relay_doc_inflight(relay, &doc, false); /* any _id type: published or FAILED, never skipped */
+      /* any _id type: published or FAILED, never skipped; one without a bucket is published by
+       * the relay of the bucket its key falls in (every relay's stream sees it) */
+      pending = relay_doc_mine(relay, &doc) && !relay_doc_inflight(relay, &doc, false);
   }
   if (!pending) {
     relay_window_push(relay, token, cluster_s, SLOT_DONE);

@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "obx/obx_bucket.h"
 #include "obx/obx_health.h"
 #include "obx/obx_log.h"
 
@@ -58,6 +59,7 @@ static bson_t *claim_filter(obx_relay_t *relay, int64_t from_ms, int64_t bound_m
                                 "{", "claimedUntil", "{", "$lte", BCON_DATE_TIME(now), "}", "}", "]");
   bson_concat(query, free_claim);
   bson_destroy(free_claim);
+  relay_bucket_filter(relay, query, OBX_BUCKET_FIELD);
   return query;
 }
 
@@ -94,31 +96,56 @@ static void append_ids(bson_t *query, const claim_batch_t *b) {
   bson_append_document_end(query, &id);
 }
 
-/* Step 1: the _ids and partitionKeys (copies into b) and the last availableAt of up to `want`
- * due events; returns b->n, -1 on an error. */
+/* A due event without a valid bucket that is not this relay's: its bucket is written, so that
+ * the sweeper of that bucket's holder finds it (this one never claims it). A failure leaves it
+ * as it was, for the next pass. */
+static void claim_assign(obx_relay_t *relay, const bson_t *doc) {
+  bson_iter_t it;
+  bson_t *filter = bson_new();
+  if (bson_iter_init_find(&it, doc, "_id")) bson_append_iter(filter, "_id", 3, &it);
+  if (bson_iter_init_find(&it, doc, "partitionKey")) bson_append_iter(filter, "partitionKey", -1, &it);
+  relay_bucket_filter(relay, filter, OBX_BUCKET_FIELD); /* still without one */
+  bson_t *update = BCON_NEW("$set", "{", OBX_BUCKET_FIELD, BCON_INT32(relay_doc_bucket(relay, doc)), "}");
+  bson_error_t berr;
+  if (!mongoc_collection_update_one(relay->outbox, filter, update, NULL, NULL, &berr))
+    obx_warn("giving an outbox event its bucket: %s", berr.message);
+  bson_destroy(update);
+  bson_destroy(filter);
+}
+
+/* Step 1: the _ids and partitionKeys (copies into b) of this relay's bucket among up to `want`
+ * due events, and the last availableAt; returns how many it found (of any bucket: a short batch
+ * ends the pass), -1 on an error. */
 static int claim_candidates(obx_relay_t *relay, int64_t bound_ms, int64_t now, int want, claim_batch_t *b,
                             int64_t *last_ms, obx_err_t *err) {
   bson_t *query = claim_filter(relay, relay->sweep_from_ms, bound_ms, now);
   relay_keys_filter(relay, query); /* a held key's events wait for its head */
   bson_t *opts = BCON_NEW("sort", "{", "availableAt", BCON_INT32(1), "_id", BCON_INT32(1), "}",
                           "projection", "{", "_id", BCON_INT32(1), "availableAt", BCON_INT32(1), "partitionKey",
-                          BCON_INT32(1), "}",
+                          BCON_INT32(1), "aggregateId", BCON_INT32(1), OBX_BUCKET_FIELD, BCON_INT32(1), "}",
                           "limit", BCON_INT64(want), "batchSize", BCON_INT64(want));
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(relay->outbox, query, opts, NULL);
   const bson_t *doc;
   bson_iter_t it;
   bson_error_t berr;
+  int found = 0;
   b->n = 0;
-  while (b->n < want && mongoc_cursor_next(cursor, &doc)) {
+  while (found < want && mongoc_cursor_next(cursor, &doc)) {
     if (!bson_iter_init_find(&it, doc, "_id")) continue;
+    found++;
+    if (bson_iter_init_find(&it, doc, "availableAt") && BSON_ITER_HOLDS_DATE_TIME(&it))
+      *last_ms = bson_iter_date_time(&it);
+    if (!relay_doc_mine(relay, doc)) {
+      claim_assign(relay, doc); /* a writer left its bucket out: it is another relay's */
+      continue;
+    }
+    bson_iter_init_find(&it, doc, "_id");
     bson_value_copy(bson_iter_value(&it), &b->ids[b->n]);
     b->keys[b->n] = bson_iter_init_find(&it, doc, "partitionKey") && BSON_ITER_HOLDS_UTF8(&it)
                       ? strdup(bson_iter_utf8(&it, NULL)) : NULL;
     b->n++;
-    if (bson_iter_init_find(&it, doc, "availableAt") && BSON_ITER_HOLDS_DATE_TIME(&it))
-      *last_ms = bson_iter_date_time(&it);
   }
-  int n = b->n;
+  int n = found;
   if (mongoc_cursor_error(cursor, &berr)) {
     obx_err_from_bson(err, &berr, NULL);
     n = -1;
@@ -134,7 +161,8 @@ static bool claim_mark(obx_relay_t *relay, const claim_batch_t *b, int64_t bound
                        obx_err_t *err) {
   bson_t *query = claim_filter(relay, 0, bound_ms, now);
   append_ids(query, b);
-  bson_t *update = BCON_NEW("$set", "{", "claimedBy", BCON_UTF8(relay->owner), "claimedUntil", BCON_DATE_TIME(until), "}");
+  bson_t *update = BCON_NEW("$set", "{", "claimedBy", BCON_UTF8(relay->owner), "claimedUntil", BCON_DATE_TIME(until),
+                            OBX_BUCKET_FIELD, BCON_INT32(relay->bucket), "}"); /* given one before publishing */
   bson_t reply;
   bson_error_t berr;
   bool ok = mongoc_collection_update_many(relay->outbox, query, update, NULL, &reply, &berr);
@@ -206,9 +234,9 @@ static int relay_sweep_batch(obx_relay_t *relay, int64_t bound_ms, int want) {
   int n = claim_candidates(relay, bound_ms, now, want, &b, &last_ms, &err);
   for (int i = 0; i < b.n; i++) bson_init(&docs[i]);
   bool ok = n >= 0;
-  if (n > 0) ok = claim_mark(relay, &b, bound_ms, now, until, &err) && claim_fetch(relay, &b, until, docs, &err);
+  if (b.n > 0) ok = claim_mark(relay, &b, bound_ms, now, until, &err) && claim_fetch(relay, &b, until, docs, &err);
   if (!ok) obx_warn("sweeper claim: %s", err.msg);
-  for (int i = 0; ok && i < n; i++) {
+  for (int i = 0; ok && i < b.n; i++) {
     if (bson_empty(&docs[i]) || relay_doc_inflight(relay, &docs[i], true)) continue; /* taken meanwhile */
     obx_relay_msg_t *msg = calloc(1, sizeof *msg);
     if (!msg) abort();
@@ -245,6 +273,7 @@ int relay_sweep(obx_relay_t *relay, int64_t bound_ms) {
 
 bool relay_claims_release(obx_relay_t *relay) {
   bson_t *filter = BCON_NEW("status", "PENDING", "claimedUntil", "{", "$exists", BCON_BOOL(true), "}");
+  relay_bucket_filter(relay, filter, OBX_BUCKET_FIELD); /* its bucket's (claims write the bucket) */
   bson_t *update = BCON_NEW("$unset", "{", "claimedBy", "", "claimedUntil", "", "}");
   bson_t reply;
   bson_error_t berr;

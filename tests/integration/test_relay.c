@@ -173,7 +173,7 @@ static void wait_published(ctx_t *ctx, int64_t want, int timeout_ms) {
 
 static obx_relay_t *relay_start(ctx_t *ctx) {
   obx_err_t err = OBX_ERR_INIT;
-  obx_relay_t *relay = obx_relay_start(&ctx->conf, NULL, &err);
+  obx_relay_t *relay = relay_group_bucket(obx_relay_start(&ctx->conf, NULL, &err), 0);
   if (!relay) fail_msg("relay start: %s", err.msg);
   return relay;
 }
@@ -333,14 +333,14 @@ static void test_stream_publishes_in_order_and_checkpoints(void **state) {
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (!strstr(text, names[i])) fail_msg("/metrics lacks %s", names[i]);
   free(text);
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   kafka_check(&ctx, 60000, true);
 
   /* restart: resumes from the checkpoint, publishes only what is new */
   insert_events(&ctx, 40, 3);
   relay = relay_start(&ctx);
   wait_published(&ctx, 390, 30000);
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   kafka_check(&ctx, 60000, true);
   ctx_cleanup(&ctx);
 }
@@ -388,7 +388,7 @@ static void test_failed_publish_backs_off_then_fails_then_reprocess(void **state
   bson_error_t berr;
   assert_true(mongoc_collection_update_many(ctx.outbox, filter, update, NULL, NULL, &berr));
   wait_published(&ctx, 3, 30000);
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   kafka_check(&ctx, 30000, false);
   bson_destroy(update);
   bson_destroy(filter);
@@ -406,11 +406,11 @@ static void test_poll_mode_claims_with_two_relays(void **state) {
   /* one of them leads; the other takes over when it stops */
   assert_int_equal(a->counters.leader + b->counters.leader, 1);
   obx_relay_t *standby = a->counters.leader ? b : a;
-  obx_relay_stop(a->counters.leader ? a : b);
+  obx_relay_stop((a->counters.leader ? a : b)->group);
   insert_events(&ctx, 200, 20);
   wait_published(&ctx, 1200, 60000);
   assert_int_equal(standby->counters.leader, 1);
-  obx_relay_stop(standby);
+  obx_relay_stop(standby->group);
   /* claims and a single publisher: nothing twice, per-key order kept */
   kafka_check(&ctx, 60000, true);
   ctx_cleanup(&ctx);
@@ -436,14 +436,14 @@ static void test_lease_one_leader_and_takeover(void **state) {
   wait_published(&ctx, 200, 30000);
   assert_false(is_leader(&wb)); /* exactly one publishes */
 
-  obx_relay_stop(a); /* releases the lease */
+  obx_relay_stop(a->group); /* releases the lease */
   int64_t t0 = obx_test_now_ms();
   assert_true(obx_test_wait_for(is_leader, &wb, 20000, 20));
   int64_t takeover = obx_test_now_ms() - t0;
   if (takeover > 2000 + 500) fail_msg("takeover took %lld ms, lease is 2000 ms", (long long)takeover);
   insert_events(&ctx, 200, 10);
   wait_published(&ctx, 400, 30000);
-  obx_relay_stop(b);
+  obx_relay_stop(b->group);
   /* b resumed from a's checkpoint: nothing twice */
   kafka_check(&ctx, 60000, true);
   ctx_cleanup(&ctx);
@@ -501,7 +501,7 @@ static void test_deposed_leader_is_fenced(void **state) {
   count_wait_t back = {&ckpt_ctx, "{\"_id\": \"outbox\", \"owner\": {\"$ne\": \"intruder\"}}", 1};
   assert_true(obx_test_wait_for(count_reached, &back, 10000, 50));
   mongoc_collection_destroy(ckpt_ctx.outbox);
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   kafka_check(&ctx, 30000, false);
   bson_destroy(expire);
   bson_destroy(ckpt);
@@ -581,7 +581,7 @@ static void test_kafka_down_20s_backpressure(void **state) {
   wait_published(&ctx, 5020, 90000);
   /* caught up and idle: lag returns to 0 (postBatchResumeToken checkpoints) */
   assert_true(obx_test_wait_for(lag_zero, relay, 20000, 50));
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   kafka_check(&ctx, 60000, false);
   ctx_cleanup(&ctx);
 }
@@ -614,7 +614,7 @@ static void test_getmore_faults(void **state) {
     int64_t fired = fail_point("{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}");
     if (fired < 1) fail_msg("fault %zu: the relay's getMore never hit it (fired %lld times)", f, (long long)fired);
   }
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   kafka_check(&ctx, 60000, false);
   ctx_cleanup(&ctx);
 }
@@ -628,7 +628,7 @@ static void test_history_lost_recovers_everything(void **state) {
   obx_relay_t *relay = relay_start(&ctx);
   insert_events(&ctx, 10, 2);
   wait_published(&ctx, 10, 30000);
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   insert_events(&ctx, 300, 5); /* the checkpoint falls out of the 64-entry oplog */
   relay = relay_start(&ctx);
   wait_published(&ctx, 310, 60000);
@@ -636,7 +636,7 @@ static void test_history_lost_recovers_everything(void **state) {
     fail_msg("history lost: got %d want >= 1", (int)relay->counters.recoveries[RELAY_STREAM_HISTORY_LOST]);
   insert_events(&ctx, 20, 5); /* the fresh stream follows new events */
   wait_published(&ctx, 330, 30000);
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   kafka_check(&ctx, 60000, false);
   ctx_cleanup(&ctx);
   obx_test_mongo_stop(&small);
@@ -693,7 +693,7 @@ static void test_stream_errors_restart_from_now(void **state) {
   free(text);
 
   /* 260: the checkpoint's token is refused at the next start */
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   mongoc_collection_t *ckpts = mongoc_client_get_collection(ctx.client, ctx.db, "relay_checkpoints");
   bson_t *sel = BCON_NEW("_id", "outbox");
   bson_t *bogus = BCON_NEW("$set", "{", "resumeToken", "{", "_data", "not-a-token", "}", "}");
@@ -719,7 +719,7 @@ static void test_stream_errors_restart_from_now(void **state) {
   if (!obx_test_wait_for(restarted_and_up, &rw, 30000, 20)) fail_msg("invalidate: no restart");
   insert_events(&ctx, 40, 4); /* the outbox holds only these now; Kafka has them all */
   wait_published(&ctx, 40, 30000);
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   kafka_check(&ctx, 60000, false);
   ctx_cleanup(&ctx);
 }
@@ -788,7 +788,7 @@ static void test_every_document_gets_an_answer(void **state) {
   if (refused < 1 || published < 1 || refused + published != 30)
     fail_msg("after refused updates: got %lld refused + %lld published want 30 with both > 0", (long long)refused,
              (long long)published);
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   ctx_cleanup(&ctx);
 }
 
@@ -938,7 +938,7 @@ static void test_produce_errors_hold_the_key(void **state) {
     if (!obx_test_wait_for(count_reached, &audited, 5000, 50)) fail_msg("no audit_log entry per skip");
     mongoc_collection_destroy(audit.outbox);
   }
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   kafka_check(&ctx, 60000, false);
   obx_mongo_destroy(mongo);
   ctx_cleanup(&ctx);
@@ -1088,7 +1088,7 @@ static void test_checkpoint_fenced_while_lease_held(void **state) {
   char owner[128];
   lease_owner(&ctx, owner, sizeof owner);
   if (strcmp(owner, relay->owner) != 0) fail_msg("lease owner: got \"%s\" want \"%s\"", owner, relay->owner);
-  obx_relay_stop(relay); /* its shutdown checkpoint write is fenced too */
+  obx_relay_stop(relay->group); /* its shutdown checkpoint write is fenced too */
   log_close(log);
   snprintf(filter, sizeof filter, "{\"_id\": \"outbox\", \"owner\": \"intruder\", \"epoch\": %lld}", (long long)intruder_epoch);
   if (count_docs(ckpt_ctx.outbox, filter) != 1) {
@@ -1119,7 +1119,7 @@ static void test_fatal_producer_is_replaced(void **state) {
   if (!obx_test_file_contains(log_path, "Kafka producer replaced after a fatal error", 30000))
     fail_msg("the producer was not replaced (log: %s)", log_path);
   wait_published(&ctx, 50, 30000);
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   log_close(log);
   kafka_check(&ctx, 60000, false);
   ctx_cleanup(&ctx);
@@ -1288,7 +1288,7 @@ static void test_reprocess_published_by_the_stream(void **state) {
                             BCON_DATE_TIME(obx_time_now_ms()), "}");
   assert_true(mongoc_collection_update_many(ctx.outbox, filter, update, NULL, NULL, &berr));
   wait_published(&ctx, 3, 30000);
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   kafka_check(&ctx, 30000, true);
   bson_destroy(update);
   bson_destroy(filter);

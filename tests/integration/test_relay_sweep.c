@@ -205,7 +205,7 @@ static void test_sweep_leaves_newer_events_to_the_stream(void **state) {
   ctx_t *ctx = calloc(1, sizeof *ctx);
   ctx_init(ctx, "bound");
   obx_err_t err = OBX_ERR_INIT;
-  obx_relay_t *relay = obx_relay_start(&ctx->conf, NULL, &err);
+  obx_relay_t *relay = relay_group_bucket(obx_relay_start(&ctx->conf, NULL, &err), 0);
   if (!relay) fail_msg("relay: %s", err.msg);
   assert_true(obx_test_wait_for(leads_with_stream, relay, 20000, 20));
   insert_event(ctx, "K-0", 0);
@@ -240,7 +240,7 @@ static void test_sweep_leaves_newer_events_to_the_stream(void **state) {
   if (r->seen[1] != 1 || r->seen[2] != 1)
     fail_msg("events after the checkpoint reached Kafka %d and %d times, want once each", r->seen[1], r->seen[2]);
   free(r);
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   ctx_cleanup(ctx);
   free(ctx);
 }
@@ -271,7 +271,7 @@ static void test_first_scan_leaves_new_events_to_the_stream(void **state) {
     snprintf(key, sizeof key, "K-%d", i % 50);
     insert_event(ctx, key, 0);
   }
-  obx_relay_t *relay = obx_relay_start(&ctx->conf, NULL, &err);
+  obx_relay_t *relay = relay_group_bucket(obx_relay_start(&ctx->conf, NULL, &err), 0);
   if (!relay) fail_msg("relay: %s", err.msg);
   count_t c = {ctx, 1};
   assert_true(obx_test_wait_for(some_published, &c, 20000, 5)); /* the scan has begun: the stream is open */
@@ -287,7 +287,7 @@ static void test_first_scan_leaves_new_events_to_the_stream(void **state) {
   if (r->records != ctx->n)
     fail_msg("%d records for %d events (%d written during the first scan): duplicates", r->records, ctx->n, during);
   free(r);
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   ctx_cleanup(ctx);
   free(ctx);
 }
@@ -300,12 +300,12 @@ static void test_dead_leaders_claims_keep_key_order(void **state) {
   ctx_t *ctx = calloc(1, sizeof *ctx);
   ctx_init(ctx, "deadclaim");
   obx_err_t err = OBX_ERR_INIT;
-  obx_relay_t *relay = obx_relay_start(&ctx->conf, NULL, &err);
+  obx_relay_t *relay = relay_group_bucket(obx_relay_start(&ctx->conf, NULL, &err), 0);
   if (!relay) fail_msg("relay: %s", err.msg);
   assert_true(obx_test_wait_for(leads_with_stream, relay, 20000, 20));
   insert_event(ctx, "K-0", 0);
   wait_published(ctx, 0, 1, 10000); /* a checkpoint: the next leader resumes the stream */
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   /* 1: older than the checkpoint, claimed for a minute by a leader that is gone */
   insert_event(ctx, "K-1", obx_test_now_ms() - 3600 * 1000);
   bson_t *sel = BCON_NEW("_id", BCON_UTF8(ctx->ids[1]));
@@ -315,7 +315,7 @@ static void test_dead_leaders_claims_keep_key_order(void **state) {
   if (!mongoc_collection_update_one(ctx->outbox, sel, claim, NULL, NULL, &berr)) fail_msg("claim: %s", berr.message);
   bson_destroy(claim);
   bson_destroy(sel);
-  relay = obx_relay_start(&ctx->conf, NULL, &err);
+  relay = relay_group_bucket(obx_relay_start(&ctx->conf, NULL, &err), 0);
   if (!relay) fail_msg("relay: %s", err.msg);
   assert_true(obx_test_wait_for(leads_with_stream, relay, 20000, 20));
   insert_event(ctx, "K-1", 0); /* 2: the stream's, after 1 in its key */
@@ -326,7 +326,7 @@ static void test_dead_leaders_claims_keep_key_order(void **state) {
   read_t *r = calloc(1, sizeof *r);
   read_topic(ctx, r); /* fails on a record out of its key's order */
   free(r);
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   ctx_cleanup(ctx);
   free(ctx);
 }
@@ -376,7 +376,7 @@ static void test_writes_carry_the_shard_key(void **state) {
     insert_event(ctx, key, 0);
   }
   obx_err_t err = OBX_ERR_INIT;
-  obx_relay_t *relay = obx_relay_start(&ctx->conf, NULL, &err);
+  obx_relay_t *relay = relay_group_bucket(obx_relay_start(&ctx->conf, NULL, &err), 0);
   if (!relay) fail_msg("relay: %s", err.msg);
   wait_published(ctx, 0, 30, 15000);
   for (int i = 0; i < 30; i++) { /* 30-59 through the stream */
@@ -384,7 +384,7 @@ static void test_writes_carry_the_shard_key(void **state) {
     insert_event(ctx, key, 0);
   }
   wait_published(ctx, 30, 60, 15000);
-  obx_relay_stop(relay);
+  obx_relay_stop(relay->group);
   int n, without;
   profiled(ctx, "update", NULL, &n, &without);
   if (n < 2 || without) fail_msg("%d of the relay's %d outbox updates do not filter on partitionKey", without, n);

@@ -5,9 +5,12 @@
  *
  * SYNOPSIS
  *   relay_bench token    URI DB                  prints a resume token (JSON) of `outbox` now
- *   relay_bench checkpoint URI DB TOKEN_JSON     makes TOKEN the relay's checkpoint (the relay then
- *                                                resumes right after it)
- *   relay_bench preload  URI DB N KEYS           inserts N PENDING events (batches of 1000)
+ *   relay_bench checkpoint URI DB TOKEN_JSON [B] makes TOKEN the relay's checkpoint (the relay then
+ *                                                resumes right after it); with B > 1 buckets, the
+ *                                                checkpoint of each of them
+ *   relay_bench preload  URI DB N KEYS [B]       inserts N PENDING events (batches of 1000); with
+ *                                                B, each with its bucket among B (as
+ *                                                obx_outbox_append writes it)
  *   relay_bench stream   URI DB N TOKEN_JSON     raw libmongoc change-stream reader: reads N
  *                                                changes after TOKEN (fullDocument updateLookup);
  *                                                prints seconds
@@ -33,6 +36,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "obx/obx_bucket.h"
 #include "obx/obx_event.h"
 
 static double now_s(void) {
@@ -46,7 +50,7 @@ static void die(const char *what, const char *why) {
   exit(1);
 }
 
-static void insert_batch(mongoc_collection_t *outbox, int n, int keys, int *serial) {
+static void insert_batch(mongoc_collection_t *outbox, int n, int keys, int buckets, int *serial) {
   mongoc_bulk_operation_t *bulk = mongoc_collection_create_bulk_operation_with_opts(outbox, NULL);
   for (int i = 0; i < n; i++) {
     obx_event_t ev;
@@ -65,6 +69,7 @@ static void insert_batch(mongoc_collection_t *outbox, int n, int keys, int *seri
     (*serial)++;
     bson_t doc = BSON_INITIALIZER;
     if (!obx_event_finalize(&ev, &err) || !obx_event_to_outbox(&ev, &doc, &err)) die("event", err.msg);
+    if (buckets > 0) BSON_APPEND_INT32(&doc, OBX_BUCKET_FIELD, obx_bucket_of(agg, strlen(agg), buckets));
     mongoc_bulk_operation_insert(bulk, &doc);
     bson_destroy(&doc);
     obx_event_cleanup(&ev);
@@ -138,18 +143,24 @@ int main(int argc, char **argv) {
     bson_t *tok = bson_new_from_json((const uint8_t *)argv[4], -1, &berr);
     if (!tok) die("token", berr.message);
     mongoc_collection_t *ckpt = mongoc_client_get_collection(client, db, "relay_checkpoints");
-    bson_t *selector = BCON_NEW("_id", "outbox");
-    bson_t *update = BCON_NEW("$set", "{", "resumeToken", BCON_DOCUMENT(tok), "epoch", BCON_INT64(0), "}");
-    bson_t *opts = BCON_NEW("upsert", BCON_BOOL(true));
-    if (!mongoc_collection_update_one(ckpt, selector, update, opts, NULL, &berr)) die("checkpoint", berr.message);
-    bson_destroy(opts);
-    bson_destroy(update);
-    bson_destroy(selector);
+    int buckets = argc >= 6 ? atoi(argv[5]) : 1;
+    for (int b = 0; b < (buckets > 1 ? buckets : 1); b++) {
+      char id[48] = "outbox"; /* relay_checkpoints._id of bucket b (src/relay/relay_int.h) */
+      if (buckets > 1) snprintf(id, sizeof id, "outbox.%d/%d", b, buckets);
+      bson_t *selector = BCON_NEW("_id", BCON_UTF8(id));
+      bson_t *update = BCON_NEW("$set", "{", "resumeToken", BCON_DOCUMENT(tok), "epoch", BCON_INT64(0), "}");
+      bson_t *opts = BCON_NEW("upsert", BCON_BOOL(true));
+      if (!mongoc_collection_update_one(ckpt, selector, update, opts, NULL, &berr)) die("checkpoint", berr.message);
+      bson_destroy(opts);
+      bson_destroy(update);
+      bson_destroy(selector);
+    }
     mongoc_collection_destroy(ckpt);
     bson_destroy(tok);
   } else if (strcmp(cmd, "preload") == 0 && argc >= 6) {
-    int n = atoi(argv[4]), keys = atoi(argv[5]), serial = 0;
-    for (int done = 0; done < n; done += 1000) insert_batch(outbox, n - done < 1000 ? n - done : 1000, keys, &serial);
+    int n = atoi(argv[4]), keys = atoi(argv[5]), buckets = argc >= 7 ? atoi(argv[6]) : 0, serial = 0;
+    for (int done = 0; done < n; done += 1000)
+      insert_batch(outbox, n - done < 1000 ? n - done : 1000, keys, buckets, &serial);
   } else if (strcmp(cmd, "stream") == 0 && argc >= 6) {
     int n = atoi(argv[4]), got = 0;
     bson_error_t berr;
@@ -258,14 +269,14 @@ int main(int argc, char **argv) {
     int64_t before = count(outbox, "PUBLISHED") + count(outbox, "PENDING");
     /* warm-up: one event (seq 0) through the relay first, so the producer's connection and
      * idempotence set-up are not in the figures */
-    insert_batch(outbox, 1, keys, &serial);
+    insert_batch(outbox, 1, keys, 0, &serial);
     while (count(outbox, "PUBLISHED") < before + 1) {
       struct timespec ts = {0, 20 * 1000000L};
       nanosleep(&ts, NULL);
     }
     double t0 = now_s();
     for (int tick = 0; tick < secs * 10; tick++) { /* rate/10 events every 100 ms, one per insert */
-      for (int i = 0; i < rate / 10; i++) insert_batch(outbox, 1, keys, &serial);
+      for (int i = 0; i < rate / 10; i++) insert_batch(outbox, 1, keys, 0, &serial);
       double next = t0 + (tick + 1) * 0.1, wait = next - now_s();
       if (wait > 0) {
         struct timespec ts = {(time_t)wait, (long)((wait - (time_t)wait) * 1e9)};
