@@ -44,14 +44,13 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "obx_amqp.h"
+#include "obx_envelope.h"
 #include "obx_err.h"
 #include "obx_event.h"
 
 /* x-delivery-limit of P.work and the tiers, and of P.dlq (never reached: the DLQ is the end). */
 #define OBX_LADDER_WORK_DELIVERY_LIMIT 100
 #define OBX_LADDER_DLQ_DELIVERY_LIMIT 1000000000
-/* One header limit everywhere: the Kafka decoder, the ladder and the inbox keep as many. */
-#define OBX_LADDER_MAX_HEADERS OBX_CE_MAX_HEADERS
 /* AMQP field names are short strings; longer header names are left out of a publish. */
 #define OBX_LADDER_MAX_NAME 128
 /* Longest header value a publish carries (a message's headers travel in one AMQP frame). */
@@ -69,57 +68,12 @@ typedef struct {
   obx_amqp_settings_t amqp; /* heartbeat and TLS (obx_amqp_settings_from_conf); zero: defaults */
 } obx_ladder_opts_t;
 
-typedef struct {
-  char *name;
-  char *value;              /* NUL-terminated; value_len excludes the NUL */
-  size_t value_len;
-} obx_ladder_header_t;
-
-/* One message on the ladder. Every pointer is owned by the message (obx_ladder_msg_cleanup). */
-typedef struct {
-  char *message_id;         /* ce_id, or a generated id for malformed records */
-  char *key;                /* record key (partitionKey); may be NULL */
-  size_t key_len;
-  char *body;               /* CloudEvent payload */
-  size_t body_len;
-  obx_ladder_header_t headers[OBX_LADDER_MAX_HEADERS]; /* CloudEvent headers */
-  int nheaders;
-  int dropped_headers;      /* headers of the record past OBX_LADDER_MAX_HEADERS (not carried) */
-  int attempt;              /* failed attempts so far */
-  int64_t first_failure_ms; /* 0: none yet */
-  char *last_error;
-  char *failure_class;      /* "transient" | "terminal" | "malformed" */
-  char *reason;             /* why it is in the DLQ */
-  char *history;            /* JSON array, NULL: [] */
-  char *source;             /* "topic/partition/offset", optional */
-  char *replay_id;          /* operator replay (x-replay: its id): run again even when the inbox says DONE;
-                             * NULL for every other message */
-  /* Set on messages received from a queue. */
-  uint64_t delivery_tag;
-  bool redelivered;
-  uint64_t epoch_;          /* private: connection the message arrived on */
-} obx_ladder_msg_t;
-
-void obx_ladder_msg_init(obx_ladder_msg_t *msg);
-void obx_ladder_msg_cleanup(obx_ladder_msg_t *msg);
-/* Fills msg (after init) from a Kafka record in binary mode: headers, key and value copied. */
-void obx_ladder_msg_from_record(obx_ladder_msg_t *msg, const char *message_id, const void *key, size_t key_len,
-                                const void *value, size_t value_len, const obx_ce_header_t *headers, int nheaders);
-/* Fills msg (after init) from an event, in the form obx_event_to_kafka gives it. */
-bool obx_ladder_msg_from_event(obx_ladder_msg_t *msg, const obx_event_t *ev, obx_err_t *err);
-/* Decodes the CloudEvent a message carries (obx_event_from_kafka). ev must be initialised. */
-bool obx_ladder_msg_to_event(const obx_ladder_msg_t *msg, obx_event_t *ev, obx_err_t *err);
-/* Records one failed attempt: attempt++, first failure time (if unset), last error, class and a
- * history entry. */
-void obx_ladder_msg_fail(obx_ladder_msg_t *msg, const char *failure_class, const char *error, int64_t now_ms);
 /* Describes, into buf, what a publish cannot carry as it is: a message id that is not a valid
  * AMQP message-id (over 255 bytes or not UTF-8: left out), header values that are not UTF-8
  * (sent as AMQP byte arrays, bytes unchanged), values over OBX_LADDER_MAX_VALUE (cut), names
  * over OBX_LADDER_MAX_NAME (left out), a body over OBX_LADDER_MAX_BODY (cut), headers past the limit. Empty when nothing; returns the
  * length. The worker appends it to a DLQ message's reason. */
-size_t obx_ladder_msg_carry_notes(const obx_ladder_msg_t *msg, char *buf, size_t cap);
-/* Value of a CloudEvent header, or NULL (borrowed from msg). */
-const char *obx_ladder_msg_header(const obx_ladder_msg_t *msg, const char *name);
+size_t obx_ladder_carry_notes(const obx_envelope_t *msg, char *buf, size_t cap);
 
 typedef struct obx_ladder obx_ladder_t;
 
@@ -141,16 +95,16 @@ const char *obx_ladder_tier_queue(const obx_ladder_t *ladder, int tier);
 /* Publishes to retry tier `tier` (0-based), to the DLQ, or straight to the work queue, and waits
  * for the confirm. One attempt: on a connection problem the error is retriable and the next call
  * reconnects. */
-bool obx_ladder_publish_retry(obx_ladder_t *ladder, const obx_ladder_msg_t *msg, int tier, obx_err_t *err);
-bool obx_ladder_publish_dlq(obx_ladder_t *ladder, const obx_ladder_msg_t *msg, obx_err_t *err);
-bool obx_ladder_publish_work(obx_ladder_t *ladder, const obx_ladder_msg_t *msg, obx_err_t *err);
+bool obx_ladder_publish_retry(obx_ladder_t *ladder, const obx_envelope_t *msg, int tier, obx_err_t *err);
+bool obx_ladder_publish_dlq(obx_ladder_t *ladder, const obx_envelope_t *msg, obx_err_t *err);
+bool obx_ladder_publish_work(obx_ladder_t *ladder, const obx_envelope_t *msg, obx_err_t *err);
 
 /* Message counts of a queue (passive declare). */
 bool obx_ladder_queue_depth(obx_ladder_t *ladder, const char *queue, uint32_t *messages, obx_err_t *err);
 
 /* DLQ operations. `match` NULL selects every message; visit returns false to stop early. */
-typedef bool (*obx_ladder_match_fn)(void *ctx, const obx_ladder_msg_t *msg);
-typedef bool (*obx_ladder_visit_fn)(void *ctx, const obx_ladder_msg_t *msg);
+typedef bool (*obx_ladder_match_fn)(void *ctx, const obx_envelope_t *msg);
+typedef bool (*obx_ladder_visit_fn)(void *ctx, const obx_envelope_t *msg);
 /* Browses up to `limit` (0: all) matching messages without removing them. */
 bool obx_ladder_dlq_browse(obx_ladder_t *ladder, int limit, obx_ladder_match_fn match, obx_ladder_visit_fn visit,
                            void *ctx, obx_err_t *err);
@@ -172,12 +126,12 @@ void obx_ladder_consumer_destroy(obx_ladder_consumer_t *consumer);
 /* Waits up to timeout_ms for the next message. Returns true with *got false on timeout; false
  * on a broker problem (the next call reconnects, after the backoff). msg must be initialised;
  * the caller cleans it up. Unacked messages of a lost connection are redelivered by the broker. */
-bool obx_ladder_consumer_next(obx_ladder_consumer_t *consumer, obx_ladder_msg_t *msg, int timeout_ms, bool *got,
+bool obx_ladder_consumer_next(obx_ladder_consumer_t *consumer, obx_envelope_t *msg, int timeout_ms, bool *got,
                               obx_err_t *err);
 /* Settles a message received by this consumer. A message from a connection that has since been
  * lost cannot be settled (the broker redelivers it): the call then succeeds without effect. */
-bool obx_ladder_consumer_ack(obx_ladder_consumer_t *consumer, const obx_ladder_msg_t *msg, obx_err_t *err);
-bool obx_ladder_consumer_nack(obx_ladder_consumer_t *consumer, const obx_ladder_msg_t *msg, bool requeue,
+bool obx_ladder_consumer_ack(obx_ladder_consumer_t *consumer, const obx_envelope_t *msg, obx_err_t *err);
+bool obx_ladder_consumer_nack(obx_ladder_consumer_t *consumer, const obx_envelope_t *msg, bool requeue,
                               obx_err_t *err);
 
 #endif

@@ -149,9 +149,9 @@ bool obx_ops_key_release(const obx_ops_t *ops, const char *org, const char *key,
 #define OBX_OPS_REDRIVE_STALE_MS (10 * 60 * 1000)
 
 /* The document of a parking-lot message (without _id and storedAt). out initialised. */
-void obx_ops_dl_from_msg(const obx_ladder_msg_t *msg, bson_t *out);
+void obx_ops_dl_from_msg(const obx_envelope_t *msg, bson_t *out);
 /* Stores a parking-lot message; *stored false when it was already there (same dedupKey). */
-bool obx_ops_dl_store(obx_mongo_t *mongo, const obx_ladder_msg_t *msg, bool *stored, obx_err_t *err);
+bool obx_ops_dl_store(obx_mongo_t *mongo, const obx_envelope_t *msg, bool *stored, obx_err_t *err);
 
 typedef struct {
   const char *org, *type, *key, *failure_class, *reason, *event_id, *state;

@@ -53,14 +53,14 @@ bool obx_ops_dl_filter_check(const obx_ops_dl_filter_t *f, obx_err_t *err) {
 
 /* ---- the document of a message ----------------------------------------------------------------- */
 
-static int header_int(const obx_ladder_msg_t *msg, const char *name) {
-  const char *v = obx_ladder_msg_header(msg, name);
+static int header_int(const obx_envelope_t *msg, const char *name) {
+  const char *v = obx_envelope_header(msg, name);
   return v ? atoi(v) : 0;
 }
 
-void obx_ops_dl_from_msg(const obx_ladder_msg_t *msg, bson_t *out) {
+void obx_ops_dl_from_msg(const obx_envelope_t *msg, bson_t *out) {
   bson_t headers;
-  const char *type = obx_ladder_msg_header(msg, "ce_type"), *org = obx_ladder_msg_header(msg, "ce_orgid");
+  const char *type = obx_envelope_header(msg, "ce_type"), *org = obx_envelope_header(msg, "ce_orgid");
   int redrives = header_int(msg, OBX_OPS_REDRIVE_COUNT_HEADER);
   char dedup[512];
   snprintf(dedup, sizeof dedup, "%s/%d/%d/%lld", msg->message_id ? msg->message_id : "", redrives, msg->attempt,
@@ -113,12 +113,12 @@ void obx_ops_dl_from_msg(const obx_ladder_msg_t *msg, bson_t *out) {
   BSON_APPEND_DATE_TIME(out, "firstFailureAt", first);
   BSON_APPEND_DATE_TIME(out, "lastFailureAt", last ? last : first);
   BSON_APPEND_INT32(out, "redriveCount", redrives);
-  const char *by = obx_ladder_msg_header(msg, OBX_OPS_REDRIVE_ID_HEADER);
+  const char *by = obx_envelope_header(msg, OBX_OPS_REDRIVE_ID_HEADER);
   if (by) BSON_APPEND_UTF8(out, "previousRedriveId", by);
   BSON_APPEND_UTF8(out, "state", "dead");
 }
 
-bool obx_ops_dl_store(obx_mongo_t *mongo, const obx_ladder_msg_t *msg, bool *stored, obx_err_t *err) {
+bool obx_ops_dl_store(obx_mongo_t *mongo, const obx_envelope_t *msg, bool *stored, obx_err_t *err) {
   char id[OBX_UUID_LEN + 1];
   obx_uuid7(id);
   bson_t doc = BSON_INITIALIZER, reply = BSON_INITIALIZER;
@@ -330,13 +330,13 @@ bool obx_ops_dl_stats(obx_mongo_t *mongo, mongoc_client_t *client, const char *o
 
 /* The message a dead letter becomes on the work queue: attempts 0, history kept, the next
  * redrive count and this redrive's id as headers. msg initialised. */
-static void dl_to_msg(const bson_t *doc, const char *redrive_id, obx_ladder_msg_t *msg) {
-  obx_ce_header_t hdrs[OBX_LADDER_MAX_HEADERS];
+static void dl_to_msg(const bson_t *doc, const char *redrive_id, obx_envelope_t *msg) {
+  obx_ce_header_t hdrs[OBX_ENVELOPE_MAX_HEADERS];
   char *values[2];
   int n = 0;
   bson_iter_t it, h;
   if (bson_iter_init_find(&it, doc, "headers") && bson_iter_recurse(&it, &h))
-    while (bson_iter_next(&h) && n < OBX_LADDER_MAX_HEADERS - 2) {
+    while (bson_iter_next(&h) && n < OBX_ENVELOPE_MAX_HEADERS - 2) {
       if (!BSON_ITER_HOLDS_UTF8(&h)) continue;
       uint32_t len;
       hdrs[n].name = bson_iter_key(&h);
@@ -350,7 +350,7 @@ static void dl_to_msg(const bson_t *doc, const char *redrive_id, obx_ladder_msg_
   hdrs[n++] = (obx_ce_header_t){OBX_OPS_REDRIVE_COUNT_HEADER, values[0], strlen(values[0])};
   hdrs[n++] = (obx_ce_header_t){OBX_OPS_REDRIVE_ID_HEADER, values[1], strlen(values[1])};
   const char *key = obx_mongo_doc_str(doc, "key"), *body = obx_mongo_doc_str(doc, "body");
-  obx_ladder_msg_from_record(msg, obx_mongo_doc_str(doc, "eventId"), key, key ? strlen(key) : 0, body,
+  obx_envelope_from_record(msg, obx_mongo_doc_str(doc, "eventId"), key, key ? strlen(key) : 0, body,
                              body ? strlen(body) : 0, hdrs, n);
   msg->attempt = 0;
   if (bson_iter_init_find(&it, doc, "firstFailureAt") && BSON_ITER_HOLDS_DATE_TIME(&it))
@@ -428,11 +428,11 @@ static bool redrive_one(const obx_ops_t *ops, const char *id, const char *redriv
   bson_t doc = BSON_INITIALIZER;
   bool ok = dl_move(ops, id, from, set, &doc, taken, err);
   if (ok && *taken) {
-    obx_ladder_msg_t msg;
-    obx_ladder_msg_init(&msg);
+    obx_envelope_t msg;
+    obx_envelope_init(&msg);
     dl_to_msg(&doc, redrive_id, &msg);
     bool published = obx_ladder_publish_work(ops->ladder, &msg, err);
-    obx_ladder_msg_cleanup(&msg);
+    obx_envelope_cleanup(&msg);
     bson_t *mine = BCON_NEW("state", BCON_UTF8("redriving"), "redriveId", BCON_UTF8(redrive_id));
     bson_t *next = published ? BCON_NEW("state", BCON_UTF8("redriven"), "redrivenAt", BCON_DATE_TIME(obx_time_now_ms()))
                              : BCON_NEW("state", BCON_UTF8("dead"), "lastRedriveError", BCON_UTF8(err->msg));

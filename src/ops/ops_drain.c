@@ -114,7 +114,7 @@ static void refresh_gauges(obx_ops_drain_t *d) {
 }
 
 /* Stores msg until it is written (then acks it) or the drain stops (the broker keeps it). */
-static void drain_one(obx_ops_drain_t *d, obx_ladder_msg_t *msg) {
+static void drain_one(obx_ops_drain_t *d, obx_envelope_t *msg) {
   int64_t backoff = DRAIN_BACKOFF_MIN_MS;
   for (;;) {
     obx_health_stamp("storing a dead letter");
@@ -147,17 +147,17 @@ static void *drain_main(void *p) {
       refresh_gauges(d);
       next_gauges = mono_ms() + DRAIN_GAUGE_MS;
     }
-    obx_ladder_msg_t msg;
-    obx_ladder_msg_init(&msg);
+    obx_envelope_t msg;
+    obx_envelope_init(&msg);
     bool got = false;
     obx_err_t err = OBX_ERR_INIT;
     if (!obx_ladder_consumer_next(d->consumer, &msg, DRAIN_WAIT_MS, &got, &err)) {
-      obx_ladder_msg_cleanup(&msg);
+      obx_envelope_cleanup(&msg);
       nap(d, DRAIN_WAIT_MS); /* the consumer's own backoff bounds the reconnects */
       continue;
     }
     if (got) drain_one(d, &msg);
-    obx_ladder_msg_cleanup(&msg);
+    obx_envelope_cleanup(&msg);
   }
   obx_health_unregister();
   return NULL;

@@ -15,14 +15,14 @@ bool ops_publish_entry(const obx_ops_t *ops, const bson_t *doc, const char *repl
   if (!ops_need_ladder(ops, err)) return false;
   obx_event_t ev;
   obx_event_init(&ev);
-  obx_ladder_msg_t msg;
-  obx_ladder_msg_init(&msg);
-  bool ok = obx_inbox_entry_event(doc, &ev, err) && obx_ladder_msg_from_event(&msg, &ev, err);
+  obx_envelope_t msg;
+  obx_envelope_init(&msg);
+  bool ok = obx_inbox_entry_event(doc, &ev, err) && obx_envelope_from_event(&msg, &ev, err);
   if (ok) {
     msg.replay_id = replay_id ? strdup(replay_id) : NULL;
     ok = obx_ladder_publish_work(ops->ladder, &msg, err);
   }
-  obx_ladder_msg_cleanup(&msg);
+  obx_envelope_cleanup(&msg);
   obx_event_cleanup(&ev);
   return ok;
 }

@@ -40,9 +40,9 @@ static char *dup_bytes(const void *p, size_t len) {
 
 static char *dup_str(const char *s) { return s ? dup_bytes(s, strlen(s)) : NULL; }
 
-void obx_ladder_msg_init(obx_ladder_msg_t *msg) { memset(msg, 0, sizeof *msg); }
+void obx_envelope_init(obx_envelope_t *msg) { memset(msg, 0, sizeof *msg); }
 
-void obx_ladder_msg_cleanup(obx_ladder_msg_t *msg) {
+void obx_envelope_cleanup(obx_envelope_t *msg) {
   if (!msg) return;
   free(msg->message_id);
   free(msg->key);
@@ -60,19 +60,19 @@ void obx_ladder_msg_cleanup(obx_ladder_msg_t *msg) {
   memset(msg, 0, sizeof *msg);
 }
 
-static void msg_add_header(obx_ladder_msg_t *msg, const char *name, size_t name_len, const void *value,
+static void msg_add_header(obx_envelope_t *msg, const char *name, size_t name_len, const void *value,
                            size_t value_len) {
-  if (msg->nheaders >= OBX_LADDER_MAX_HEADERS) {
+  if (msg->nheaders >= OBX_ENVELOPE_MAX_HEADERS) {
     msg->dropped_headers++;
     return;
   }
-  obx_ladder_header_t *h = &msg->headers[msg->nheaders++];
+  obx_envelope_header_t *h = &msg->headers[msg->nheaders++];
   h->name = dup_bytes(name, name_len);
   h->value = dup_bytes(value, value_len);
   h->value_len = value_len;
 }
 
-void obx_ladder_msg_from_record(obx_ladder_msg_t *msg, const char *message_id, const void *key, size_t key_len,
+void obx_envelope_from_record(obx_envelope_t *msg, const char *message_id, const void *key, size_t key_len,
                                 const void *value, size_t value_len, const obx_ce_header_t *headers, int nheaders) {
   msg->message_id = dup_str(message_id);
   if (key) {
@@ -86,17 +86,17 @@ void obx_ladder_msg_from_record(obx_ladder_msg_t *msg, const char *message_id, c
                    headers[i].value ? headers[i].len : 0);
 }
 
-bool obx_ladder_msg_from_event(obx_ladder_msg_t *msg, const obx_event_t *ev, obx_err_t *err) {
+bool obx_envelope_from_event(obx_envelope_t *msg, const obx_event_t *ev, obx_err_t *err) {
   obx_kafka_record_t rec;
   memset(&rec, 0, sizeof rec);
   if (!obx_event_to_kafka(ev, "/outboxd", &rec, err)) return false;
-  obx_ladder_msg_from_record(msg, ev->id, rec.key, rec.key_len, rec.value, rec.value_len, rec.headers, rec.nheaders);
+  obx_envelope_from_record(msg, ev->id, rec.key, rec.key_len, rec.value, rec.value_len, rec.headers, rec.nheaders);
   obx_kafka_record_cleanup(&rec);
   return true;
 }
 
-bool obx_ladder_msg_to_event(const obx_ladder_msg_t *msg, obx_event_t *ev, obx_err_t *err) {
-  obx_ce_header_t hdrs[OBX_LADDER_MAX_HEADERS];
+bool obx_envelope_to_event(const obx_envelope_t *msg, obx_event_t *ev, obx_err_t *err) {
+  obx_ce_header_t hdrs[OBX_ENVELOPE_MAX_HEADERS];
   for (int i = 0; i < msg->nheaders; i++) {
     hdrs[i].name = msg->headers[i].name;
     hdrs[i].value = msg->headers[i].value;
@@ -105,10 +105,20 @@ bool obx_ladder_msg_to_event(const obx_ladder_msg_t *msg, obx_event_t *ev, obx_e
   return obx_event_from_kafka(ev, msg->key, msg->key_len, msg->body, msg->body_len, hdrs, msg->nheaders, err);
 }
 
-const char *obx_ladder_msg_header(const obx_ladder_msg_t *msg, const char *name) {
+const char *obx_envelope_header(const obx_envelope_t *msg, const char *name) {
   for (int i = 0; i < msg->nheaders; i++)
     if (strcmp(msg->headers[i].name, name) == 0) return msg->headers[i].value;
   return NULL;
+}
+
+const char *obx_envelope_partition_key(const obx_envelope_t *msg, size_t *len) {
+  const char *k = obx_envelope_header(msg, "ce_partitionkey");
+  if (k) {
+    *len = strlen(k);
+    return k;
+  }
+  *len = msg->key ? msg->key_len : 0;
+  return msg->key ? msg->key : "";
 }
 
 /* Appends s as a JSON string literal (quotes included) to buf, at most `max` input bytes. */
@@ -134,7 +144,7 @@ static size_t json_quote(char *buf, size_t cap, size_t pos, const char *s, size_
   return pos;
 }
 
-void obx_ladder_msg_fail(obx_ladder_msg_t *msg, const char *failure_class, const char *error, int64_t now_ms) {
+void obx_envelope_fail(obx_envelope_t *msg, const char *failure_class, const char *error, int64_t now_ms) {
   msg->attempt++;
   if (!msg->first_failure_ms) msg->first_failure_ms = now_ms;
   free(msg->last_error);
@@ -412,7 +422,7 @@ static char *table_text(const amqp_table_t *t, const char *name) {
  * reached, or a reject without requeue) carries no failure class of the worker's: x-death's
  * newest entry says why and from which queue, and becomes its class and reason. A retry's
  * "expired" death (tier -> work queue) is the ladder working, not a failure. */
-static void msg_death(obx_ladder_msg_t *msg, const amqp_field_value_t *v) {
+static void msg_death(obx_envelope_t *msg, const amqp_field_value_t *v) {
   if (v->kind != AMQP_FIELD_KIND_ARRAY || v->value.array.num_entries < 1 ||
       v->value.array.entries[0].kind != AMQP_FIELD_KIND_TABLE)
     return;
@@ -433,7 +443,7 @@ static void msg_death(obx_ladder_msg_t *msg, const amqp_field_value_t *v) {
   free(queue);
 }
 
-static void msg_from_amqp(obx_ladder_msg_t *msg, const amqp_basic_properties_t *p, amqp_bytes_t body) {
+static void msg_from_amqp(obx_envelope_t *msg, const amqp_basic_properties_t *p, amqp_bytes_t body) {
   if (p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG) msg->message_id = dup_bytes(p->message_id.bytes, p->message_id.len);
   msg->body = dup_bytes(body.bytes, body.len);
   msg->body_len = body.len;
@@ -477,7 +487,7 @@ static void msg_from_amqp(obx_ladder_msg_t *msg, const amqp_basic_properties_t *
 }
 
 /* A header value as AMQP carries it: a UTF-8 string when it is one, else a byte array (the
- * bytes unchanged), cut to OBX_LADDER_MAX_VALUE bytes (obx_ladder_msg_carry_notes says so). */
+ * bytes unchanged), cut to OBX_LADDER_MAX_VALUE bytes (obx_ladder_carry_notes says so). */
 static amqp_table_entry_t hdr_bytes(const char *key, const void *value, size_t len) {
   amqp_table_entry_t e;
   e.key = amqp_cstring_bytes(key);
@@ -494,7 +504,7 @@ static bool name_fits(const char *name) { return strlen(name) <= OBX_LADDER_MAX_
 
 static bool message_id_fits(const char *id) { return strlen(id) <= 255 && bson_utf8_validate(id, strlen(id), false); }
 
-size_t obx_ladder_msg_carry_notes(const obx_ladder_msg_t *msg, char *buf, size_t cap) {
+size_t obx_ladder_carry_notes(const obx_envelope_t *msg, char *buf, size_t cap) {
   size_t pos = 0;
 #define NOTE(...)                                                                                                 \
   do {                                                                                                           \
@@ -509,7 +519,7 @@ size_t obx_ladder_msg_carry_notes(const obx_ladder_msg_t *msg, char *buf, size_t
   if (msg->key && msg->key_len > OBX_LADDER_MAX_VALUE)
     NOTE("x-key cut from %zu to %d bytes", msg->key_len, OBX_LADDER_MAX_VALUE);
   for (int i = 0; i < msg->nheaders; i++) {
-    const obx_ladder_header_t *h = &msg->headers[i];
+    const obx_envelope_header_t *h = &msg->headers[i];
     if (!name_fits(h->name)) {
       NOTE("a header name of %zu bytes (over %d) left out", strlen(h->name), OBX_LADDER_MAX_NAME);
       continue;
@@ -519,15 +529,15 @@ size_t obx_ladder_msg_carry_notes(const obx_ladder_msg_t *msg, char *buf, size_t
       NOTE("header %s cut from %zu to %d bytes", h->name, h->value_len, OBX_LADDER_MAX_VALUE);
   }
   if (msg->body_len > OBX_LADDER_MAX_BODY) NOTE("body cut from %zu to %d bytes", msg->body_len, OBX_LADDER_MAX_BODY);
-  if (msg->dropped_headers) NOTE("%d headers past the limit of %d not carried", msg->dropped_headers, OBX_LADDER_MAX_HEADERS);
+  if (msg->dropped_headers) NOTE("%d headers past the limit of %d not carried", msg->dropped_headers, OBX_ENVELOPE_MAX_HEADERS);
 #undef NOTE
   return pos < cap ? pos : (cap ? cap - 1 : 0);
 }
 
 /* Publishes msg on CH_PUBLISH and waits for its confirm. c->conn must be open. */
 static bool publish_confirmed(conn_t *c, const names_t *n, const char *exchange, const char *routing_key,
-                              const obx_ladder_msg_t *msg, const char *redriven_at, obx_err_t *err) {
-  amqp_table_entry_t h[OBX_LADDER_MAX_HEADERS + 12];
+                              const obx_envelope_t *msg, const char *redriven_at, obx_err_t *err) {
+  amqp_table_entry_t h[OBX_ENVELOPE_MAX_HEADERS + 12];
   int nh = 0;
   char first[32];
   for (int i = 0; i < msg->nheaders; i++)
@@ -553,7 +563,7 @@ static bool publish_confirmed(conn_t *c, const names_t *n, const char *exchange,
   memset(&props, 0, sizeof props);
   props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_HEADERS_FLAG |
                  AMQP_BASIC_TIMESTAMP_FLAG;
-  const char *ct = obx_ladder_msg_header(msg, "content-type");
+  const char *ct = obx_envelope_header(msg, "content-type");
   props.content_type = amqp_cstring_bytes(ct && message_id_fits(ct) ? ct : "application/json");
   props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
   props.timestamp = (uint64_t)(obx_time_now_ms() / 1000);
@@ -721,7 +731,7 @@ const char *obx_ladder_tier_queue(const obx_ladder_t *ladder, int tier) {
 }
 
 static bool ladder_publish(obx_ladder_t *ladder, const char *exchange, const char *routing_key,
-                           const obx_ladder_msg_t *msg, obx_err_t *err) {
+                           const obx_envelope_t *msg, obx_err_t *err) {
   pthread_mutex_lock(&ladder->mu);
   bool ok = ladder_open(ladder, err) &&
             publish_confirmed(&ladder->c, &ladder->names, exchange, routing_key, msg, NULL, err);
@@ -729,7 +739,7 @@ static bool ladder_publish(obx_ladder_t *ladder, const char *exchange, const cha
   return ok;
 }
 
-bool obx_ladder_publish_retry(obx_ladder_t *ladder, const obx_ladder_msg_t *msg, int tier, obx_err_t *err) {
+bool obx_ladder_publish_retry(obx_ladder_t *ladder, const obx_envelope_t *msg, int tier, obx_err_t *err) {
   assert(tier >= 0);
   if (ladder->names.ntiers == 0) {
     obx_err_set(err, OBX_ERR_CONF, 0, false, "RETRY_LADDER has no tiers");
@@ -740,11 +750,11 @@ bool obx_ladder_publish_retry(obx_ladder_t *ladder, const obx_ladder_msg_t *msg,
   return ladder_publish(ladder, ladder->names.exchange, q, msg, err);
 }
 
-bool obx_ladder_publish_dlq(obx_ladder_t *ladder, const obx_ladder_msg_t *msg, obx_err_t *err) {
+bool obx_ladder_publish_dlq(obx_ladder_t *ladder, const obx_envelope_t *msg, obx_err_t *err) {
   return ladder_publish(ladder, "", ladder->names.dlq, msg, err);
 }
 
-bool obx_ladder_publish_work(obx_ladder_t *ladder, const obx_ladder_msg_t *msg, obx_err_t *err) {
+bool obx_ladder_publish_work(obx_ladder_t *ladder, const obx_envelope_t *msg, obx_err_t *err) {
   return ladder_publish(ladder, "", ladder->names.work, msg, err);
 }
 
@@ -765,7 +775,7 @@ bool obx_ladder_queue_depth(obx_ladder_t *ladder, const char *queue, uint32_t *m
 /* Visits DLQ messages through basic.get on CH_BROWSE. For each message `act` decides:
  * 1 acks it (removes it), 0 leaves it, 2 stops the walk, -1 stops with an error. Unacked
  * messages return to the queue when the channel closes. Caller holds mu. */
-typedef int (*browse_act_fn)(obx_ladder_t *ladder, void *ctx, const obx_ladder_msg_t *msg, obx_err_t *err);
+typedef int (*browse_act_fn)(obx_ladder_t *ladder, void *ctx, const obx_envelope_t *msg, obx_err_t *err);
 
 static bool dlq_walk(obx_ladder_t *ladder, browse_act_fn act, void *ctx, obx_err_t *err) {
   if (!ladder_open(ladder, err)) return false;
@@ -795,14 +805,14 @@ static bool dlq_walk(obx_ladder_t *ladder, browse_act_fn act, void *ctx, obx_err
       ok = false;
       break;
     }
-    obx_ladder_msg_t msg;
-    obx_ladder_msg_init(&msg);
+    obx_envelope_t msg;
+    obx_envelope_init(&msg);
     msg_from_amqp(&msg, &m.properties, m.body);
     amqp_destroy_message(&m);
     msg.delivery_tag = tag;
     msg.redelivered = redelivered;
     int verdict = act(ladder, ctx, &msg, err);
-    obx_ladder_msg_cleanup(&msg);
+    obx_envelope_cleanup(&msg);
     if (verdict < 0) {
       ok = false;
       break;
@@ -834,7 +844,7 @@ typedef struct {
   int moved;
 } walk_t;
 
-static int browse_act(obx_ladder_t *ladder, void *ctx, const obx_ladder_msg_t *msg, obx_err_t *err) {
+static int browse_act(obx_ladder_t *ladder, void *ctx, const obx_envelope_t *msg, obx_err_t *err) {
   walk_t *w = ctx;
   if (w->match && !w->match(w->ctx, msg)) return 0;
   w->seen++;
@@ -851,7 +861,7 @@ bool obx_ladder_dlq_browse(obx_ladder_t *ladder, int limit, obx_ladder_match_fn 
   return ok;
 }
 
-static int redrive_act(obx_ladder_t *ladder, void *ctx, const obx_ladder_msg_t *msg, obx_err_t *err) {
+static int redrive_act(obx_ladder_t *ladder, void *ctx, const obx_envelope_t *msg, obx_err_t *err) {
   walk_t *w = ctx;
   if (w->match && !w->match(w->ctx, msg)) return 0;
   if (w->visit && !w->visit(w->ctx, msg)) return 2;
@@ -859,7 +869,7 @@ static int redrive_act(obx_ladder_t *ladder, void *ctx, const obx_ladder_msg_t *
     w->moved++;
     return 0;
   }
-  obx_ladder_msg_t out = *msg; /* shallow: only attempt and reason change, nothing is freed */
+  obx_envelope_t out = *msg; /* shallow: only attempt and reason change, nothing is freed */
   out.attempt = 0;
   out.reason = NULL;
   char now[32];
@@ -944,7 +954,7 @@ fail:
   return false;
 }
 
-bool obx_ladder_consumer_next(obx_ladder_consumer_t *consumer, obx_ladder_msg_t *msg, int timeout_ms, bool *got,
+bool obx_ladder_consumer_next(obx_ladder_consumer_t *consumer, obx_envelope_t *msg, int timeout_ms, bool *got,
                               obx_err_t *err) {
   *got = false;
   if (!consumer_open(consumer, err)) return false;
@@ -982,7 +992,7 @@ bool obx_ladder_consumer_next(obx_ladder_consumer_t *consumer, obx_ladder_msg_t 
   return false;
 }
 
-static bool consumer_settle(obx_ladder_consumer_t *consumer, const obx_ladder_msg_t *msg, bool ack, bool requeue,
+static bool consumer_settle(obx_ladder_consumer_t *consumer, const obx_envelope_t *msg, bool ack, bool requeue,
                             obx_err_t *err) {
   conn_t *c = &consumer->c;
   if (!c->conn || msg->epoch_ != c->epoch) return true; /* the broker redelivers it */
@@ -994,11 +1004,11 @@ static bool consumer_settle(obx_ladder_consumer_t *consumer, const obx_ladder_ms
   return false;
 }
 
-bool obx_ladder_consumer_ack(obx_ladder_consumer_t *consumer, const obx_ladder_msg_t *msg, obx_err_t *err) {
+bool obx_ladder_consumer_ack(obx_ladder_consumer_t *consumer, const obx_envelope_t *msg, obx_err_t *err) {
   return consumer_settle(consumer, msg, true, false, err);
 }
 
-bool obx_ladder_consumer_nack(obx_ladder_consumer_t *consumer, const obx_ladder_msg_t *msg, bool requeue,
+bool obx_ladder_consumer_nack(obx_ladder_consumer_t *consumer, const obx_envelope_t *msg, bool requeue,
                               obx_err_t *err) {
   return consumer_settle(consumer, msg, false, requeue, err);
 }

@@ -1,12 +1,12 @@
 /* sched.c - the worker's scheduling: one queue per business key, a pool of runner threads
  *
  * DESIGN: owns the per-key queues, the ready list and the runner threads; never decodes, stores
- * or settles an event (the run callback, worker.c, does). A job is queued behind the earlier
+ * or settles an event (the run callback, lifecycle.c, does). A job is queued behind the earlier
  * jobs of its key and a key is run by one thread at a time, so one key's events run strictly in
  * arrival order while other keys run in parallel; a key whose event hangs holds one runner and
  * its own queue, nothing else. Pushing never blocks: the sources read the depth of the key and
  * the number in flight after each push and hold their intake themselves (the Kafka thread pauses
- * the partition concerned, see worker.c). One mutex guards everything here. */
+ * the partition concerned, see kafka.c). One mutex guards everything here. */
 #include <assert.h>
 #include <pthread.h>
 #include <stdio.h>

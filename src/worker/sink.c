@@ -21,6 +21,7 @@
  * from the knativeerrorcode / knativeerrordest / knativeerrordata extensions): 200 once
  * RabbitMQ confirmed, 503 when it did not. Owns the sink's listener and a DLQ publisher; never
  * runs pipelines itself (the lanes do). Reads worker.sink_*, http.bind, http.max_body. */
+#include <assert.h>
 #include <openssl/crypto.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -134,7 +135,7 @@ static bool json_attr(const bson_t *doc, const char *name, char *out, size_t cap
 
 /* Fills msg with the request as it came (headers, body), whatever it holds, and checks the
  * four attributes the CloudEvents spec requires. false with err: not a CloudEvent. */
-static bool msg_from_request(const obx_http_req_t *req, obx_ladder_msg_t *msg, obx_err_t *err) {
+static bool msg_from_request(const obx_http_req_t *req, obx_envelope_t *msg, obx_err_t *err) {
   size_t len = 0;
   const char *body = obx_http_req_body(req, &len);
   const char *ct = obx_http_req_header(req, "Content-Type");
@@ -150,7 +151,7 @@ static bool msg_from_request(const obx_http_req_t *req, obx_ladder_msg_t *msg, o
     for (int i = 0; i < 4; i++) json_attr(doc, required[i], attrs[i], sizeof attrs[i]);
     bson_destroy(doc);
     obx_ce_header_t h = {"content-type", ct, strlen(ct)};
-    obx_ladder_msg_from_record(msg, attrs[1][0] ? attrs[1] : "structured", NULL, 0, body, len, &h, 1);
+    obx_envelope_from_record(msg, attrs[1][0] ? attrs[1] : "structured", NULL, 0, body, len, &h, 1);
   } else {
     enum { N = sizeof ce_attributes / sizeof ce_attributes[0] };
     obx_ce_header_t hdrs[N + 1];
@@ -168,7 +169,7 @@ static bool msg_from_request(const obx_http_req_t *req, obx_ladder_msg_t *msg, o
     }
     if (ct) hdrs[n++] = (obx_ce_header_t){"content-type", ct, strlen(ct)};
     const char *key = obx_http_req_header(req, "ce-partitionkey");
-    obx_ladder_msg_from_record(msg, attrs[1][0] ? attrs[1] : "binary", key, key ? strlen(key) : 0, body, len, hdrs, n);
+    obx_envelope_from_record(msg, attrs[1][0] ? attrs[1] : "binary", key, key ? strlen(key) : 0, body, len, hdrs, n);
   }
   for (int i = 0; i < 4; i++) {
     if (!attrs[i][0]) {
@@ -186,33 +187,33 @@ static bool msg_from_request(const obx_http_req_t *req, obx_ladder_msg_t *msg, o
 
 /* Whether outboxd can run the event (its own attributes present and well-formed). A structured
  * event that decodes replaces msg with its binary form, the one the lanes and the ladder carry. */
-static bool outboxd_decodes(const obx_http_req_t *req, obx_ladder_msg_t *msg, obx_err_t *err) {
+static bool outboxd_decodes(const obx_http_req_t *req, obx_envelope_t *msg, obx_err_t *err) {
   obx_event_t ev;
   obx_event_init(&ev);
   size_t len = 0;
   const char *body = obx_http_req_body(req, &len);
   bool ok;
   if (is_structured(req)) {
-    obx_ladder_msg_t binary;
-    obx_ladder_msg_init(&binary);
-    ok = obx_event_from_ce_json(&ev, body, len, err) && obx_ladder_msg_from_event(&binary, &ev, err);
+    obx_envelope_t binary;
+    obx_envelope_init(&binary);
+    ok = obx_event_from_ce_json(&ev, body, len, err) && obx_envelope_from_event(&binary, &ev, err);
     if (ok) {
-      obx_ladder_msg_cleanup(msg);
+      obx_envelope_cleanup(msg);
       *msg = binary;
     } else {
-      obx_ladder_msg_cleanup(&binary);
+      obx_envelope_cleanup(&binary);
     }
   } else {
-    ok = obx_ladder_msg_to_event(msg, &ev, err);
+    ok = obx_envelope_to_event(msg, &ev, err);
   }
   obx_event_cleanup(&ev);
   return ok;
 }
 
 /* Parks msg in the DLQ; answers 200 {"status":"dead"} or 503. */
-static void park(worker_sink_t *sink, obx_ladder_msg_t *msg, const char *failure_class, const char *reason,
+static void park(worker_sink_t *sink, obx_envelope_t *msg, const char *failure_class, const char *reason,
                  obx_http_resp_t *resp) {
-  obx_ladder_msg_fail(msg, failure_class, reason, obx_time_now_ms());
+  obx_envelope_fail(msg, failure_class, reason, obx_time_now_ms());
   free(msg->reason);
   msg->reason = strdup(reason);
   obx_err_t err = OBX_ERR_INIT;
@@ -231,8 +232,8 @@ static void park(worker_sink_t *sink, obx_ladder_msg_t *msg, const char *failure
 static void sink_handler(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
   worker_sink_t *sink = ctx;
   if (!authorized(sink, req, resp)) return;
-  obx_ladder_msg_t msg;
-  obx_ladder_msg_init(&msg);
+  obx_envelope_t msg;
+  obx_envelope_init(&msg);
   obx_err_t err = OBX_ERR_INIT;
   worker_http_wait_t wait = {.done = false};
   pthread_mutex_init(&wait.mu, NULL);
@@ -277,14 +278,14 @@ static void sink_handler(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) 
 done:
   pthread_cond_destroy(&wait.cv);
   pthread_mutex_destroy(&wait.mu);
-  obx_ladder_msg_cleanup(&msg);
+  obx_envelope_cleanup(&msg);
 }
 
 static void dead_letter_handler(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
   worker_sink_t *sink = ctx;
   if (!authorized(sink, req, resp)) return;
-  obx_ladder_msg_t msg;
-  obx_ladder_msg_init(&msg);
+  obx_envelope_t msg;
+  obx_envelope_init(&msg);
   obx_err_t err = OBX_ERR_INIT;
   bool is_ce = msg_from_request(req, &msg, &err);
   const char *code = obx_http_req_header(req, "ce-knativeerrorcode");
@@ -293,7 +294,7 @@ static void dead_letter_handler(obx_http_req_t *req, obx_http_resp_t *resp, void
   snprintf(reason, sizeof reason, "Knative gave up delivering it%s%s%s%s%s%s", code ? ": HTTP " : "", code ? code : "",
            dest ? " from " : "", dest ? dest : "", is_ce ? "" : "; ", is_ce ? "" : err.msg);
   park(sink, &msg, "terminal", reason, resp);
-  obx_ladder_msg_cleanup(&msg);
+  obx_envelope_cleanup(&msg);
 }
 
 static bool sink_ready(void *ctx, obx_err_t *err) {
@@ -342,4 +343,21 @@ void worker_sink_stop(worker_sink_t *sink) {
   obx_http_destroy(sink->http);
   obx_ladder_destroy(sink->dlq);
   free(sink);
+}
+
+bool worker_enqueue_http(obx_worker_t *w, obx_envelope_t *msg, worker_http_wait_t *wait) {
+  job_t *job = calloc(1, sizeof *job);
+  assert(job);
+  job->source = WORKER_SOURCE_HTTP;
+  job->msg = *msg; /* ownership moves to the job */
+  obx_envelope_init(msg);
+  job->wait = wait;
+  if (atomic_load(&w->stop)) {
+    *msg = job->msg;
+    free(job);
+    return false;
+  }
+  worker_count_consumed(w, WORKER_SOURCE_HTTP);
+  worker_job_push(w, job, NULL, NULL); /* bounded by the HTTP server's connections */
+  return true;
 }

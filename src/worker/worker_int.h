@@ -1,18 +1,40 @@
-/* worker_int.h - private interface between the worker's files (worker.c, sched.c, offsets.c, sink.c)
+/* worker_int.h - private interface between the worker's files
  *
- * DESIGN: worker.c owns the sources' threads and the event's lifecycle (worker_handle); sched.c
- * the per-key queues and the runner threads; offsets.c which Kafka offsets may be committed;
- * sink.c turns HTTP requests into envelopes, queues them and waits for their outcome. */
+ * DESIGN: one file per responsibility:
+ *   worker.c     the role's wiring: start, stop, /readyz
+ *   kafka.c      the Kafka source: consumer, offsets (offsets.c), paused partitions, rebalances
+ *   workq.c      the work-queue source (RabbitMQ P.work) and the periodic chores of its thread
+ *   sink.c       the HTTP source (CloudEvents sink)
+ *   jobs.c       a job between a source and the runners: queued by key, handed back to settle
+ *   sched.c      the per-key queues and the runner threads
+ *   lifecycle.c  one event through its states (worker_run_job, worker_handle)
+ *   steps.c      bounded retries of one step, publishes to the ladder
+ *   claims.c     the claims this process holds (lease renewal) and the keys whose claim it lost
+ *   parking.c    a parked key handed on to its next BLOCKED event
+ *   stats.c      counters and gauges
+ * The worker's state (struct obx_worker) is shared; each field says which thread owns it. */
 #ifndef OBX_WORKER_INT_H
 #define OBX_WORKER_INT_H
 
+#include <librdkafka/rdkafka.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "obx/obx_envelope.h"
+#include "obx/obx_event.h"
 #include "obx/obx_http.h"
+#include "obx/obx_inbox.h"
 #include "obx/obx_ladder.h"
 #include "obx/obx_mongo.h"
+#include "obx/obx_ops.h"
+#include "obx/obx_pipeline.h"
+#include "obx/obx_schema.h"
 #include "obx/obx_worker.h"
+
+#define INFRA_BACKOFF_MIN_MS 100
+#define INFRA_BACKOFF_MAX_MS 5000
+#define LOST_KEYS 64 /* keys remembered after their claim was taken over (worker_run_job) */
 
 typedef enum { WORKER_SOURCE_KAFKA, WORKER_SOURCE_WORK, WORKER_SOURCE_HTTP } worker_source_t;
 
@@ -50,7 +72,7 @@ void worker_sink_stop(worker_sink_t *sink);
 /* One event handed from a source to the runners and back: the envelope and where it came from. */
 typedef struct worker_job {
   worker_source_t source;
-  obx_ladder_msg_t msg;       /* the envelope */
+  obx_envelope_t msg;       /* the envelope */
   int32_t partition;          /* from Kafka */
   int64_t offset;
   uint64_t generation;        /* assignment generation the offset belongs to */
@@ -58,6 +80,9 @@ typedef struct worker_job {
   worker_outcome_t outcome;
   struct worker_job *next;
 } worker_job_t;
+
+typedef worker_job_t job_t;
+
 
 /* ---- scheduling (sched.c): per-key queues run by a pool of threads -------------------------- */
 typedef struct worker_sched worker_sched_t;
@@ -108,14 +133,173 @@ int64_t worker_offsets_pending_low(const worker_offsets_t *offsets, int32_t part
 bool worker_offsets_idle(const worker_offsets_t *offsets);
 void worker_offsets_clear(worker_offsets_t *offsets);
 
+/* ---- the worker's state ----------------------------------------------------------------- */
+
+typedef struct {
+  int32_t partition;
+  char *key;      /* the key whose queue was full (or the last one pushed when the bound was) */
+  size_t len;
+} paused_t;
+
+struct obx_worker {
+  const obx_conf_t *conf;
+  worker_sink_t *sink;      /* http mode: the CloudEvents sink (sink.c) */
+  const char *consumer;     /* inbox consumer name = WORKER_GROUP */
+  const char *db;
+  int max_attempts;
+  int infra_attempts;       /* WORKER_INFRA_ATTEMPTS */
+  char owner[128];          /* this process's name on its inbox claims: host:pid:uuid */
+  const char *member;       /* WORKER_INSTANCE_ID when set: claims of a restarted process of it are its own */
+  int64_t lease_ms;         /* WORKER_LEASE */
+  pthread_mutex_t claims_mu; /* the events this process runs now (their leases are renewed) */
+  char (*claims)[OBX_UUID_LEN + 1];
+  struct {
+    char *key;
+    size_t len;
+    uint64_t generation;
+  } lost[LOST_KEYS];        /* keys whose claim was taken over (run_job), under claims_mu */
+  int nlost;
+  int nclaims, claims_cap;
+  int64_t infra_timeout_ms; /* WORKER_INFRA_TIMEOUT */
+  obx_mongo_t *mongo;
+  obx_schema_guard_t *schema; /* runners start once the worker's collections and indexes exist */
+  obx_ladder_t *ladder;
+  obx_ladder_opts_t ladder_opts;
+  obx_egress_t egress;
+  bool egress_ok;
+  obx_pipeline_cache_t *pipelines; /* enabled pipeline per (org, trigger), PIPELINES_CACHE_TTL */
+
+  worker_sched_t *sched;    /* per-key queues and the runner threads (sched.c) */
+  int nrunners;             /* ORDER_POST_CONCURRENCY */
+  int max_inflight;         /* WORKER_MAX_INFLIGHT */
+  atomic_bool stop;
+  atomic_int assigned;      /* partitions of the last assignment; -1 until the group is joined */
+
+  rd_kafka_t *rk;
+  pthread_t kafka_thread;
+  bool kafka_running;
+  worker_offsets_t offsets; /* Kafka thread only */
+  int kafka_jobs;           /* Kafka thread only: dispatched, not yet taken back */
+  paused_t *paused;         /* Kafka thread only: partitions paused by a full key or bound */
+  int npaused;
+  uint64_t generation;      /* bumped on every rebalance; Kafka thread writes, jobs carry it */
+
+  obx_ladder_consumer_t *wq;
+  pthread_t wq_thread;
+  bool wq_running;
+
+  pthread_mutex_t done_mu;  /* completions handed back by the runners */
+  job_t *kafka_done, *wq_done;
+
+  worker_stats_t stats;
+  obx_ops_drain_t *drain; /* parking-lot queue -> dead_letters (src/ops/ops_drain.c) */
+};
+
 /* Runs one event end to end (see obx_worker.h); msg may be updated (attempts, reason).
  * partition/offset: the Kafka position (-1 otherwise). */
-worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_ladder_msg_t *msg, int32_t partition,
+worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_envelope_t *msg, int32_t partition,
                                int64_t offset);
+/* ---- jobs (jobs.c) ------------------------------------------------------------------------ */
+void worker_job_free(job_t *job);
+/* Queues a job behind the earlier ones of its key (never blocks); *key_depth and *inflight
+ * (may be NULL) receive the key's depth and the worker's events in flight after the push. */
+void worker_job_push(obx_worker_t *w, job_t *job, int *key_depth, int *inflight);
+/* Hands a job's outcome back to its source (HTTP: answered and freed; else the source's list). */
+void worker_job_complete(obx_worker_t *w, job_t *job);
+
+/* ---- the lifecycle (lifecycle.c) ------------------------------------------------------------ */
+typedef enum {
+  CLAIM_TAKEN, /* this process holds the claim */
+  CLAIM_LIVE,  /* a live peer holds it */
+  CLAIM_MOVED, /* the entry is no longer in the status (or attempt) it was met in */
+} claim_t;
+
+/* One event on its way through worker_handle: what it is, where it came from, what happened. */
+typedef struct {
+  obx_worker_t *w;
+  worker_source_t source;
+  obx_envelope_t *msg;   /* the envelope; attempts, reason and history are updated on it */
+  obx_event_t ev;          /* decoded */
+  mongoc_client_t *client;
+  obx_inbox_entry_t entry;
+  const char *names[OBX_ENVELOPE_MAX_HEADERS], *values[OBX_ENVELOPE_MAX_HEADERS];
+  bool claimed;            /* an inbox entry exists for it and this process holds its claim */
+  obx_inbox_cas_t cas;     /* that claim: every status write of this run is conditional on it */
+  claim_t claim;
+  char holder[128];        /* CLAIM_LIVE: the peer */
+  /* admit */
+  bool blocked, inserted;
+  obx_inbox_status_t existing;
+  char head[OBX_UUID_LEN + 1];
+  /* lookup */
+  obx_pipeline_t *pipeline;
+  char trigger[160];
+} event_t;
+
+/* The runners' callback (sched.c): one event end to end, then its outcome back to its source. */
+void worker_run_job(void *ctx, job_t *job);
+/* Ends an event in the DLQ (class, cause); see lifecycle.c. */
+worker_outcome_t worker_dead_letter(event_t *e, const char *failure_class, const char *cause, bool attempted);
+
+/* ---- bounded steps (steps.c) ---------------------------------------------------------------- */
+typedef enum {
+  STEP_OK,
+  STEP_FAILED,    /* non-retriable error: retrying cannot help */
+  STEP_EXHAUSTED, /* retriable, but WORKER_INFRA_ATTEMPTS tries or WORKER_INFRA_TIMEOUT are spent */
+  STEP_STOPPED,   /* the worker stops */
+} step_result_t;
+
+typedef bool (*step_fn)(void *ctx, obx_err_t *err);
+
+/* Sleeps up to ms unless the worker stops; returns false when stopping. */
+bool worker_nap(obx_worker_t *w, int64_t ms);
+/* Naps *backoff_ms, then doubles it up to INFRA_BACKOFF_MAX_MS; false when stopping. */
+bool worker_nap_backoff(obx_worker_t *w, int64_t *backoff_ms);
+step_result_t worker_retry_step(obx_worker_t *w, const char *what, const char *event_id, step_fn fn, void *ctx,
+                                int tries, bool finish, obx_err_t *err);
+#define PUBLISH_DLQ (-1)
+#define PUBLISH_WORK (-2)
+/* Publishes to retry tier `tier` (0-based), PUBLISH_DLQ or PUBLISH_WORK, confirmed and bounded. */
+step_result_t worker_publish(obx_worker_t *w, const obx_envelope_t *msg, int tier, obx_err_t *err);
+
+/* ---- claims (claims.c) ---------------------------------------------------------------------- */
+void worker_claims_add(obx_worker_t *w, const char *id);
+void worker_claims_remove(obx_worker_t *w, const char *id);
+/* Extends the leases of every event this process runs (one write). */
+void worker_claims_renew(obx_worker_t *w, mongoc_client_t *client);
+/* Whether (key, generation) is remembered as lost; with add, remembers it (the oldest goes). */
+bool worker_lost_key(obx_worker_t *w, const char *key, size_t len, uint64_t generation, bool add);
+/* Waits, up to two leases, while a peer holds a live claim on an event of key. */
+void worker_wait_key_elsewhere(obx_worker_t *w, const char *key);
+
+/* ---- parking (parking.c) -------------------------------------------------------------------- */
+/* After an event from the work queue finished: hands its key on when it is the head; false when
+ * that cannot be done within the bounds (the message is given back and takes the step later). */
+bool worker_release_if_head(event_t *e);
+
+/* ---- sources (kafka.c, workq.c) ------------------------------------------------------------- */
+bool worker_kafka_start(obx_worker_t *w, obx_err_t *err);
+void worker_kafka_close(obx_worker_t *w);
+bool worker_wq_start(obx_worker_t *w, obx_err_t *err);
+/* Acks or nacks the work-queue messages whose outcome the runners handed back. */
+void worker_wq_settle(obx_worker_t *w);
+
+/* ---- numbers (stats.c) ---------------------------------------------------------------------- */
+void worker_metrics_init(void);
+void worker_count_consumed(obx_worker_t *w, worker_source_t source);
+void worker_count_run(obx_worker_t *w, obx_pipeline_status_t status);
+void worker_count_retry(obx_worker_t *w, int tier);
+void worker_count_dlq(obx_worker_t *w, const char *failure_class);
+void worker_count_malformed(obx_worker_t *w);
+void worker_count_outcome(obx_worker_t *w, worker_outcome_t outcome);
+void worker_set_lag(obx_worker_t *w, int64_t lag);
+void worker_set_parked(obx_worker_t *w, int64_t n);
+void worker_set_paused_gauge(obx_worker_t *w);
+
 /* Queues an HTTP event behind the earlier events of its key; takes msg's contents on success
  * (msg is then empty). The runner calls worker_http_complete(wait, outcome) when done. False
  * when stopping. */
-bool worker_enqueue_http(obx_worker_t *w, obx_ladder_msg_t *msg, worker_http_wait_t *wait);
+bool worker_enqueue_http(obx_worker_t *w, obx_envelope_t *msg, worker_http_wait_t *wait);
 void worker_http_complete(worker_http_wait_t *wait, worker_outcome_t outcome);
 
 #endif

@@ -48,7 +48,7 @@ static int teardown(void **state) {
 }
 
 /* Waits for the next work-queue message; fails the test after timeout_ms. */
-static void next_msg(fx_t *fx, obx_ladder_msg_t *got, int timeout_ms) {
+static void next_msg(fx_t *fx, obx_envelope_t *got, int timeout_ms) {
   if (!wt_ladder_next(fx->consumer, got, timeout_ms)) fail_msg("no message on the work queue within %d ms", timeout_ms);
 }
 
@@ -182,9 +182,9 @@ static void test_tiers_return_to_work_queue_after_their_delay(void **state) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char id[40];
     snprintf(id, sizeof id, "0190f0e0-0000-7000-8000-00000000000%zu", i);
-    obx_ladder_msg_t msg, got;
+    obx_envelope_t msg, got;
     wt_ladder_msg(&msg, id, "K-1");
-    for (int a = 0; a <= cases[i].tier; a++) obx_ladder_msg_fail(&msg, "transient", "HTTP 503 from \"erp\"", 1000 + a);
+    for (int a = 0; a <= cases[i].tier; a++) obx_envelope_fail(&msg, "transient", "HTTP 503 from \"erp\"", 1000 + a);
     obx_err_t err = OBX_ERR_INIT;
     int64_t t0 = obx_test_now_ms();
     if (!obx_ladder_publish_retry(fx->ladder, &msg, cases[i].tier, &err)) fail_msg("publish: %s", err.msg);
@@ -198,20 +198,20 @@ static void test_tiers_return_to_work_queue_after_their_delay(void **state) {
     assert_string_equal(got.failure_class, "transient");
     assert_string_equal(got.last_error, "HTTP 503 from \"erp\"");
     assert_non_null(strstr(got.history, "\"error\":\"HTTP 503 from \\\"erp\\\"\""));
-    assert_string_equal(obx_ladder_msg_header(&got, "ce_type"), "OrderConfirmed");
-    assert_string_equal(obx_ladder_msg_header(&got, "ce_id"), id);
+    assert_string_equal(obx_envelope_header(&got, "ce_type"), "OrderConfirmed");
+    assert_string_equal(obx_envelope_header(&got, "ce_id"), id);
     assert_int_equal(got.key_len, 3);
     assert_memory_equal(got.key, "K-1", 3);
     assert_int_equal(got.body_len, msg.body_len);
     assert_memory_equal(got.body, msg.body, msg.body_len);
     if (!obx_ladder_consumer_ack(fx->consumer, &got, &err)) fail_msg("ack: %s", err.msg);
-    obx_ladder_msg_cleanup(&got);
-    obx_ladder_msg_cleanup(&msg);
+    obx_envelope_cleanup(&got);
+    obx_envelope_cleanup(&msg);
   }
   wait_depth(fx, obx_ladder_work_queue(fx->ladder), 0);
 }
 
-static bool match_id(void *ctx, const obx_ladder_msg_t *msg) {
+static bool match_id(void *ctx, const obx_envelope_t *msg) {
   return msg->message_id && strcmp(msg->message_id, ctx) == 0;
 }
 
@@ -220,7 +220,7 @@ typedef struct {
   char ids[8][40];
 } seen_t;
 
-static bool collect(void *ctx, const obx_ladder_msg_t *msg) {
+static bool collect(void *ctx, const obx_envelope_t *msg) {
   seen_t *s = ctx;
   if (s->n < 8) snprintf(s->ids[s->n++], 40, "%s", msg->message_id);
   return true;
@@ -234,12 +234,12 @@ static void test_dlq_browse_redrive_purge(void **state) {
                        "0190f0e0-0000-7000-8000-0000000000c3"};
   obx_err_t err = OBX_ERR_INIT;
   for (int i = 0; i < 3; i++) {
-    obx_ladder_msg_t msg;
+    obx_envelope_t msg;
     wt_ladder_msg(&msg, ids[i], "K-2");
-    obx_ladder_msg_fail(&msg, "terminal", "HTTP 400", 5000);
+    obx_envelope_fail(&msg, "terminal", "HTTP 400", 5000);
     msg.reason = strdup("terminal failure");
     if (!obx_ladder_publish_dlq(fx->ladder, &msg, &err)) fail_msg("publish dlq: %s", err.msg);
-    obx_ladder_msg_cleanup(&msg);
+    obx_envelope_cleanup(&msg);
   }
   wait_depth(fx, dlq, 3);
 
@@ -269,15 +269,15 @@ static void test_dlq_browse_redrive_purge(void **state) {
     fail_msg("redrive: %s", err.msg);
   assert_int_equal(moved, 1);
   wait_depth(fx, dlq, 2);
-  obx_ladder_msg_t got;
+  obx_envelope_t got;
   next_msg(fx, &got, 10000);
   assert_string_equal(got.message_id, ids[1]);
   assert_int_equal(got.attempt, 0);
   assert_null(got.reason);
   assert_non_null(strstr(got.history, "HTTP 400"));
-  assert_string_equal(obx_ladder_msg_header(&got, "ce_id"), ids[1]);
+  assert_string_equal(obx_envelope_header(&got, "ce_id"), ids[1]);
   assert_true(obx_ladder_consumer_ack(fx->consumer, &got, &err));
-  obx_ladder_msg_cleanup(&got);
+  obx_envelope_cleanup(&got);
 
   /* An id that is not there moves nothing. */
   if (!obx_ladder_dlq_redrive(fx->ladder, match_id, "nope", false, NULL, &moved, &err)) fail_msg("%s", err.msg);
@@ -296,10 +296,10 @@ static void test_redrive_all(void **state) {
   for (int i = 0; i < 4; i++) {
     char id[40];
     snprintf(id, sizeof id, "0190f0e0-0000-7000-8000-00000000001%d", i);
-    obx_ladder_msg_t msg;
+    obx_envelope_t msg;
     wt_ladder_msg(&msg, id, "K-3");
     if (!obx_ladder_publish_dlq(fx->ladder, &msg, &err)) fail_msg("publish dlq: %s", err.msg);
-    obx_ladder_msg_cleanup(&msg);
+    obx_envelope_cleanup(&msg);
   }
   wait_depth(fx, obx_ladder_dlq_queue(fx->ladder), 4);
   int moved = 0;
@@ -307,10 +307,10 @@ static void test_redrive_all(void **state) {
   assert_int_equal(moved, 4);
   wait_depth(fx, obx_ladder_dlq_queue(fx->ladder), 0);
   for (int i = 0; i < 4; i++) {
-    obx_ladder_msg_t got;
+    obx_envelope_t got;
     next_msg(fx, &got, 10000);
     assert_true(obx_ladder_consumer_ack(fx->consumer, &got, &err));
-    obx_ladder_msg_cleanup(&got);
+    obx_envelope_cleanup(&got);
   }
   wait_depth(fx, obx_ladder_work_queue(fx->ladder), 0);
 }
@@ -330,10 +330,10 @@ static void test_ticked_idle_connection_survives_heartbeats(void **state) {
     if (!obx_ladder_connected(ladder)) fail_msg("the idle connection was dropped");
     usleep(200 * 1000);
   }
-  obx_ladder_msg_t msg;
+  obx_envelope_t msg;
   wt_ladder_msg(&msg, "0190f0e0-0000-7000-8000-0000000000d4", "K-4");
   if (!obx_ladder_publish_dlq(ladder, &msg, &err)) fail_msg("publish after idling: %s", err.msg);
-  obx_ladder_msg_cleanup(&msg);
+  obx_envelope_cleanup(&msg);
   obx_ladder_destroy(ladder);
   wait_depth(fx, obx_ladder_dlq_queue(fx->ladder), 1);
 }

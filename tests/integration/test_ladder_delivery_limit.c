@@ -89,7 +89,7 @@ static void test_limit_parks_in_dlq(void **state) {
   fx_t fx;
   fx_init(&fx);
   obx_err_t err = OBX_ERR_INIT;
-  obx_ladder_msg_t msg, got;
+  obx_envelope_t msg, got;
   wt_ladder_msg(&msg, "limit-1", "k");
   if (!obx_ladder_publish_work(fx.ladder, &msg, &err)) fail_msg("publish: %s", err.msg);
   obx_ladder_consumer_t *work = obx_ladder_consumer_new(&fx.opts, 1, &err);
@@ -99,9 +99,9 @@ static void test_limit_parks_in_dlq(void **state) {
     deliveries++;
     assert_string_equal(got.message_id, "limit-1");
     if (!obx_ladder_consumer_nack(work, &got, true, &err)) fail_msg("nack: %s", err.msg);
-    obx_ladder_msg_cleanup(&got);
+    obx_envelope_cleanup(&got);
   }
-  obx_ladder_msg_cleanup(&got);
+  obx_envelope_cleanup(&got);
   printf("delivered %d times from %s (x-delivery-limit %d)\n", deliveries, obx_ladder_work_queue(fx.ladder),
          OBX_LADDER_WORK_DELIVERY_LIMIT);
   if (deliveries != OBX_LADDER_WORK_DELIVERY_LIMIT + 1)
@@ -119,8 +119,8 @@ static void test_limit_parks_in_dlq(void **state) {
   assert_non_null(strstr(got.reason, "x-delivery-limit"));
   assert_non_null(strstr(got.reason, obx_ladder_work_queue(fx.ladder)));
   assert_true(obx_ladder_consumer_ack(dlq, &got, &err));
-  obx_ladder_msg_cleanup(&got);
-  obx_ladder_msg_cleanup(&msg);
+  obx_envelope_cleanup(&got);
+  obx_envelope_cleanup(&msg);
   obx_ladder_consumer_destroy(dlq);
   obx_ladder_consumer_destroy(work);
   fx_cleanup(&fx);
@@ -140,10 +140,10 @@ static void test_existing_queue_kept(void **state) {
 
   obx_err_t err = OBX_ERR_INIT;
   if (!obx_ladder_connect(fx.ladder, &err)) fail_msg("connect with an older work queue: %s", err.msg);
-  obx_ladder_msg_t msg;
+  obx_envelope_t msg;
   wt_ladder_msg(&msg, "kept-1", "k");
   if (!obx_ladder_publish_work(fx.ladder, &msg, &err)) fail_msg("publish to the older work queue: %s", err.msg);
-  obx_ladder_msg_cleanup(&msg);
+  obx_envelope_cleanup(&msg);
   char args[2048];
   list_queues();
   queue_arguments(obx_ladder_work_queue(fx.ladder), args, sizeof args);

@@ -131,23 +131,23 @@ static void test_ladder_over_tls(void **state) {
   if (!obx_ladder_connect(ladder, &err)) fail_msg("connect over TLS: %s", err.msg);
   obx_ladder_consumer_t *consumer = obx_ladder_consumer_new(&o, 1, &err);
   assert_non_null(consumer);
-  obx_ladder_msg_t msg;
-  obx_ladder_msg_init(&msg);
-  obx_ladder_msg_from_record(&msg, "tls-event-1", "K", 1, "{\"over\":\"tls\"}", 14, NULL, 0);
-  obx_ladder_msg_fail(&msg, "transient", "503 from the ERP", 0);
+  obx_envelope_t msg;
+  obx_envelope_init(&msg);
+  obx_envelope_from_record(&msg, "tls-event-1", "K", 1, "{\"over\":\"tls\"}", 14, NULL, 0);
+  obx_envelope_fail(&msg, "transient", "503 from the ERP", 0);
   if (!obx_ladder_publish_retry(ladder, &msg, 0, &err)) fail_msg("publish to the tier over TLS: %s", err.msg);
-  obx_ladder_msg_cleanup(&msg);
+  obx_envelope_cleanup(&msg);
   bool got = false;
   int64_t deadline = obx_test_now_ms() + 30000;
-  obx_ladder_msg_t in;
-  obx_ladder_msg_init(&in);
+  obx_envelope_t in;
+  obx_envelope_init(&in);
   while (!got && obx_test_now_ms() < deadline)
     if (!obx_ladder_consumer_next(consumer, &in, 500, &got, &err)) fail_msg("consume over TLS: %s", err.msg);
   if (!got) fail_msg("the message never came back from the 200 ms tier over TLS");
   assert_string_equal(in.message_id, "tls-event-1");
   assert_int_equal(in.attempt, 1);
   assert_true(obx_ladder_consumer_ack(consumer, &in, &err));
-  obx_ladder_msg_cleanup(&in);
+  obx_envelope_cleanup(&in);
   obx_ladder_consumer_destroy(consumer);
   obx_ladder_destroy(ladder);
 }

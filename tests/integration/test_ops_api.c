@@ -120,11 +120,11 @@ static void seed_inbox(const char *org, const char *key, char id[OBX_UUID_LEN + 
 static void seed_dlq(const char *org, const char *key, char id[OBX_UUID_LEN + 1]) {
   obx_event_t ev;
   make_event(&ev, org, key);
-  obx_ladder_msg_t msg;
-  obx_ladder_msg_init(&msg);
+  obx_envelope_t msg;
+  obx_envelope_init(&msg);
   obx_err_t err = OBX_ERR_INIT;
-  if (!obx_ladder_msg_from_event(&msg, &ev, &err)) fail_msg("ladder msg: %s", err.msg);
-  obx_ladder_msg_fail(&msg, "terminal", "HTTP 400 from the ERP", obx_time_now_ms());
+  if (!obx_envelope_from_event(&msg, &ev, &err)) fail_msg("ladder msg: %s", err.msg);
+  obx_envelope_fail(&msg, "terminal", "HTTP 400 from the ERP", obx_time_now_ms());
   msg.reason = strdup("terminal failure");
   obx_uuid7(id);
   bson_t doc = BSON_INITIALIZER;
@@ -135,7 +135,7 @@ static void seed_dlq(const char *org, const char *key, char id[OBX_UUID_LEN + 1]
   if (!mongoc_collection_insert_one(c, &doc, NULL, NULL, &berr)) fail_msg("seed dead letter: %s", berr.message);
   mongoc_collection_destroy(c);
   bson_destroy(&doc);
-  obx_ladder_msg_cleanup(&msg);
+  obx_envelope_cleanup(&msg);
   obx_event_cleanup(&ev);
 }
 

@@ -50,13 +50,13 @@ static char dl_ids[NDL][OBX_UUID_LEN + 1];
 
 static void seed_dead_letters(void) {
   for (int i = 0; i < NDL; i++) {
-    obx_ladder_msg_t msg;
+    obx_envelope_t msg;
     char ev[64];
     snprintf(ev, sizeof ev, "ev-ctl-%d", i);
-    obx_ladder_msg_init(&msg);
+    obx_envelope_init(&msg);
     obx_ce_header_t h[] = {{"ce_type", "OrderConfirmed", 14}, {"ce_orgid", ORG, 4}, {"ce_id", ev, strlen(ev)}};
-    obx_ladder_msg_from_record(&msg, ev, "key-ctl", 7, "{}", 2, h, 3);
-    obx_ladder_msg_fail(&msg, "terminal", "HTTP 400", obx_time_now_ms() - i);
+    obx_envelope_from_record(&msg, ev, "key-ctl", 7, "{}", 2, h, 3);
+    obx_envelope_fail(&msg, "terminal", "HTTP 400", obx_time_now_ms() - i);
     bson_t doc = BSON_INITIALIZER;
     obx_uuid7(dl_ids[i]);
     BSON_APPEND_UTF8(&doc, "_id", dl_ids[i]);
@@ -66,7 +66,7 @@ static void seed_dead_letters(void) {
     if (!mongoc_collection_insert_one(c, &doc, NULL, NULL, &berr)) fail_msg("insert dead letter: %s", berr.message);
     mongoc_collection_destroy(c);
     bson_destroy(&doc);
-    obx_ladder_msg_cleanup(&msg);
+    obx_envelope_cleanup(&msg);
   }
 }
 

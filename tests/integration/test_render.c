@@ -127,12 +127,12 @@ static void seed_mongo(void) {
 }
 
 static void seed_dlq(void) {
-  obx_ladder_msg_t msg;
-  obx_ladder_msg_init(&msg);
+  obx_envelope_t msg;
+  obx_envelope_init(&msg);
   obx_ce_header_t h[] = {{"ce_type", "OrderConfirmed", 14}, {"ce_orgid", ORG, 4}, {"ce_subject", "Order/\xff\xfe", 8},
                          {"ce_id", "ev-\xff\xfe" "-1", 7}};
-  obx_ladder_msg_from_record(&msg, dlq_id, long_key, strlen(long_key), "{\"a\": \"\xff\"}", 10, h, 4);
-  obx_ladder_msg_fail(&msg, "terminal", "HTTP 400 \xff", now_ms);
+  obx_envelope_from_record(&msg, dlq_id, long_key, strlen(long_key), "{\"a\": \"\xff\"}", 10, h, 4);
+  obx_envelope_fail(&msg, "terminal", "HTTP 400 \xff", now_ms);
   msg.reason = strdup("terminal failure \xfe");
   /* the dead letter as the drain writes it (obx_ops_dl_from_msg), stored with the bad bytes */
   bson_t doc = BSON_INITIALIZER;
@@ -140,7 +140,7 @@ static void seed_dlq(void) {
   obx_ops_dl_from_msg(&msg, &doc);
   insert_raw("dead_letters", &doc);
   bson_destroy(&doc);
-  obx_ladder_msg_cleanup(&msg);
+  obx_envelope_cleanup(&msg);
 }
 
 static int group_setup(void **state) {

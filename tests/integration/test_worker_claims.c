@@ -68,12 +68,12 @@ static int overlapping_calls(wt_fx_t *fx, int *calls) {
 }
 
 static void publish_copy(wt_fx_t *fx, const obx_event_t *ev) {
-  obx_ladder_msg_t copy;
-  obx_ladder_msg_init(&copy);
+  obx_envelope_t copy;
+  obx_envelope_init(&copy);
   obx_err_t err = OBX_ERR_INIT;
-  if (!obx_ladder_msg_from_event(&copy, ev, &err) || !obx_ladder_publish_work(fx->ladder, &copy, &err))
+  if (!obx_envelope_from_event(&copy, ev, &err) || !obx_ladder_publish_work(fx->ladder, &copy, &err))
     fail_msg("copy of %s: %s", ev->id, err.msg);
-  obx_ladder_msg_cleanup(&copy);
+  obx_envelope_cleanup(&copy);
 }
 
 /* Every tier queue, the work queue and the DLQ are empty. */

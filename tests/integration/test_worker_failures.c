@@ -40,9 +40,9 @@ typedef struct {
   int attempt;
 } dlq_find_t;
 
-static bool dlq_find(void *ctx, const obx_ladder_msg_t *msg) {
+static bool dlq_find(void *ctx, const obx_envelope_t *msg) {
   dlq_find_t *f = ctx;
-  const char *ce_id = obx_ladder_msg_header(msg, "ce_id");
+  const char *ce_id = obx_envelope_header(msg, "ce_id");
   bool match = f->want_id ? msg->message_id && strcmp(msg->message_id, f->want_id) == 0
                           : ce_id && strlen(ce_id) == f->want_ce_id_len && memcmp(ce_id, f->want_ce_id, f->want_ce_id_len) == 0;
   if (!match) return true;
@@ -187,12 +187,12 @@ static void test_each_trigger_ends_in_the_dlq_once(void **state) {
     BSON_APPEND_UTF8(&ev.payload, "fill", fill);
     free(fill);
     wt_route(fx, "BIG-1", 200);
-    obx_ladder_msg_t msg;
-    obx_ladder_msg_init(&msg);
+    obx_envelope_t msg;
+    obx_envelope_init(&msg);
     obx_err_t err = OBX_ERR_INIT;
-    if (!obx_ladder_msg_from_event(&msg, &ev, &err) || !obx_ladder_publish_work(fx->ladder, &msg, &err))
+    if (!obx_envelope_from_event(&msg, &ev, &err) || !obx_ladder_publish_work(fx->ladder, &msg, &err))
       fail_msg("publish: %s", err.msg);
-    obx_ladder_msg_cleanup(&msg);
+    obx_envelope_cleanup(&msg);
     dlq_find_t f = {.want_id = ev.id};
     want_dlq(fx, &f, "document over 16 MB", "malformed", "the inbox cannot store the event");
     if (!strstr(f.reason, "body cut from")) fail_msg("reason: %s", f.reason);

@@ -116,12 +116,12 @@ static void test_two_replicas_keep_key_order(void **state) {
   /* Two more copies of K-A's head on the work queue: several processes may finish the same head
    * at once, and only one of them may hand the key on. */
   for (int c = 0; c < 2; c++) {
-    obx_ladder_msg_t copy;
-    obx_ladder_msg_init(&copy);
+    obx_envelope_t copy;
+    obx_envelope_init(&copy);
     obx_err_t err = OBX_ERR_INIT;
-    if (!obx_ladder_msg_from_event(&copy, &head_ev[0], &err) || !obx_ladder_publish_work(fx->ladder, &copy, &err))
+    if (!obx_envelope_from_event(&copy, &head_ev[0], &err) || !obx_ladder_publish_work(fx->ladder, &copy, &err))
       fail_msg("copy of the head: %s", err.msg);
-    obx_ladder_msg_cleanup(&copy);
+    obx_envelope_cleanup(&copy);
   }
   for (int k = 0; k < 2; k++) {
     wt_wait_status(fx, head_ev[k].id, "DONE");
@@ -191,9 +191,9 @@ static void test_redelivered_head_sends_the_unsent_next(void **state) {
       !obx_inbox_move_head(fx->client, db, NULL, fx->group, "K-R", head.id, next.id, &moved, &err) || !moved)
     fail_msg("park and move: %s", err.msg);
 
-  obx_ladder_msg_t msg;
-  obx_ladder_msg_init(&msg);
-  if (!obx_ladder_msg_from_event(&msg, &head, &err) || !obx_ladder_publish_work(fx->ladder, &msg, &err))
+  obx_envelope_t msg;
+  obx_envelope_init(&msg);
+  if (!obx_envelope_from_event(&msg, &head, &err) || !obx_ladder_publish_work(fx->ladder, &msg, &err))
     fail_msg("copy of the head: %s", err.msg);
   wt_start_worker(fx);
   int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
@@ -216,21 +216,21 @@ static void test_redelivered_head_sends_the_unsent_next(void **state) {
                           .ntiers = fx->conf.retry_ladder.n};
   obx_ladder_consumer_t *taker = obx_ladder_consumer_new(&lo, 1, &err);
   if (!taker) fail_msg("consumer: %s", err.msg);
-  obx_ladder_msg_t got;
-  obx_ladder_msg_init(&got);
+  obx_envelope_t got;
+  obx_envelope_init(&got);
   bool have = false;
   deadline = obx_test_now_ms() + WT_WAIT_MS;
   while (!have && obx_test_now_ms() < deadline)
     if (!obx_ladder_consumer_next(taker, &got, 200, &have, &err)) print_message("consume: %s\n", err.msg);
   if (!have) fail_msg("the head's message never reached the work queue");
-  obx_ladder_msg_cleanup(&got);
+  obx_envelope_cleanup(&got);
   obx_ladder_consumer_destroy(taker);
   wt_start_worker(fx);
   wt_wait_status(fx, next.id, "DONE");
   wt_wait_unparked(fx, "K-R");
   assert_int_equal(wt_erp_calls(fx, "R-1"), 1);
   assert_int_equal(wt_erp_calls(fx, "R-0"), 0); /* the head itself is never run again */
-  obx_ladder_msg_cleanup(&msg);
+  obx_envelope_cleanup(&msg);
   obx_event_cleanup(&head);
   obx_event_cleanup(&next);
 }

@@ -110,20 +110,20 @@ static inline void wt_delete_topology(obx_ladder_t *ladder, const char *prefix) 
 }
 
 /* A ladder message of an OrderConfirmed CloudEvent with id and key (msg is initialised here). */
-static inline void wt_ladder_msg(obx_ladder_msg_t *msg, const char *id, const char *key) {
+static inline void wt_ladder_msg(obx_envelope_t *msg, const char *id, const char *key) {
   obx_ce_header_t h[] = {
     {"ce_specversion", "1.0", 3}, {"ce_id", id, strlen(id)}, {"ce_type", "OrderConfirmed", 14},
     {"ce_source", "/test", 5},    {"content-type", "application/json", 16},
   };
-  obx_ladder_msg_init(msg);
+  obx_envelope_init(msg);
   const char *body = "{\"orderNumber\":\"A-1\"}";
-  obx_ladder_msg_from_record(msg, id, key, strlen(key), body, strlen(body), h, 5);
+  obx_envelope_from_record(msg, id, key, strlen(key), body, strlen(body), h, 5);
 }
 
 /* The next message of consumer within timeout_ms into got (initialised here); false on none. */
-static inline bool wt_ladder_next(obx_ladder_consumer_t *consumer, obx_ladder_msg_t *got, int timeout_ms) {
+static inline bool wt_ladder_next(obx_ladder_consumer_t *consumer, obx_envelope_t *got, int timeout_ms) {
   int64_t deadline = obx_test_now_ms() + timeout_ms;
-  obx_ladder_msg_init(got);
+  obx_envelope_init(got);
   while (obx_test_now_ms() < deadline) {
     bool have = false;
     obx_err_t err = OBX_ERR_INIT;
@@ -494,7 +494,7 @@ typedef struct {
   int attempt[8];
 } wt_dlq_seen_t;
 
-static inline bool wt_dlq_collect(void *ctx, const obx_ladder_msg_t *msg) {
+static inline bool wt_dlq_collect(void *ctx, const obx_envelope_t *msg) {
   wt_dlq_seen_t *s = ctx;
   if (s->n >= 8) return false;
   snprintf(s->id[s->n], sizeof s->id[0], "%s", msg->message_id ? msg->message_id : "");

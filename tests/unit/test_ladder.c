@@ -13,11 +13,11 @@ static void test_fail_records_history(void **state) {
     {"transient", "say \"hi\"\n", "{\"attempt\":2,\"at\":\"1970-01-01T00:00:02.000Z\",\"class\":\"transient\",\"error\":\"say \\\"hi\\\"\\u000a\"}"},
     {"terminal", "back\\slash", "{\"attempt\":3,\"at\":\"1970-01-01T00:00:03.000Z\",\"class\":\"terminal\",\"error\":\"back\\\\slash\"}"},
   };
-  obx_ladder_msg_t msg;
-  obx_ladder_msg_init(&msg);
+  obx_envelope_t msg;
+  obx_envelope_init(&msg);
   char want[1024] = "[";
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    obx_ladder_msg_fail(&msg, cases[i].cls, cases[i].error, 1000 * (int64_t)(i + 1));
+    obx_envelope_fail(&msg, cases[i].cls, cases[i].error, 1000 * (int64_t)(i + 1));
     if (i) strcat(want, ",");
     strcat(want, cases[i].want_entry);
     char full[1100];
@@ -28,24 +28,24 @@ static void test_fail_records_history(void **state) {
     assert_string_equal(msg.last_error, cases[i].error);
   }
   assert_int_equal(msg.first_failure_ms, 1000);
-  obx_ladder_msg_cleanup(&msg);
+  obx_envelope_cleanup(&msg);
 }
 
 static void test_from_record_copies_everything(void **state) {
   obx_ce_header_t h[] = {{"ce_id", "abc", 3}, {"ce_type", "X", 1}, {"empty", NULL, 0}};
-  obx_ladder_msg_t msg;
-  obx_ladder_msg_init(&msg);
+  obx_envelope_t msg;
+  obx_envelope_init(&msg);
   char key[] = "K", body[] = "{}";
-  obx_ladder_msg_from_record(&msg, "abc", key, 1, body, 2, h, 3);
+  obx_envelope_from_record(&msg, "abc", key, 1, body, 2, h, 3);
   key[0] = body[0] = 'x';
   assert_string_equal(msg.message_id, "abc");
   assert_memory_equal(msg.key, "K", 1);
   assert_memory_equal(msg.body, "{}", 2);
   assert_int_equal(msg.nheaders, 3);
-  assert_string_equal(obx_ladder_msg_header(&msg, "ce_type"), "X");
-  assert_string_equal(obx_ladder_msg_header(&msg, "empty"), "");
-  assert_null(obx_ladder_msg_header(&msg, "ce_source"));
-  obx_ladder_msg_cleanup(&msg);
+  assert_string_equal(obx_envelope_header(&msg, "ce_type"), "X");
+  assert_string_equal(obx_envelope_header(&msg, "empty"), "");
+  assert_null(obx_envelope_header(&msg, "ce_source"));
+  obx_envelope_cleanup(&msg);
 }
 
 static void test_bad_urls_are_config_errors(void **state) {
@@ -85,9 +85,9 @@ static void test_unreachable_broker_is_retriable_with_backoff(void **state) {
   obx_ladder_t *ladder = obx_ladder_new(&opts, &err);
   assert_non_null(ladder);
   assert_false(obx_ladder_connected(ladder));
-  obx_ladder_msg_t msg;
-  obx_ladder_msg_init(&msg);
-  obx_ladder_msg_from_record(&msg, "id", NULL, 0, "{}", 2, NULL, 0);
+  obx_envelope_t msg;
+  obx_envelope_init(&msg);
+  obx_envelope_from_record(&msg, "id", NULL, 0, "{}", 2, NULL, 0);
   assert_false(obx_ladder_publish_retry(ladder, &msg, 0, &err));
   assert_int_equal(err.domain, OBX_ERR_AMQP);
   assert_true(err.retriable);
@@ -96,7 +96,7 @@ static void test_unreachable_broker_is_retriable_with_backoff(void **state) {
   assert_true(err.retriable);
   if (!strstr(err.msg, "next attempt in")) fail_msg("second attempt inside the backoff: got %s", err.msg);
   obx_ladder_tick(ladder);
-  obx_ladder_msg_cleanup(&msg);
+  obx_envelope_cleanup(&msg);
   obx_ladder_destroy(ladder);
 }
 

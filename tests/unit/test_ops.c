@@ -36,16 +36,16 @@ static void test_status_check(void **state) {
 
 static void test_dl_from_msg(void **state) {
   (void)state;
-  obx_ladder_msg_t msg;
-  obx_ladder_msg_init(&msg);
+  obx_envelope_t msg;
+  obx_envelope_init(&msg);
   static const obx_ce_header_t headers[] = {{"ce_id", "e-1", 3},
                                             {"ce_type", "OrderConfirmed", 14},
                                             {"ce_orgid", "acme", 4},
                                             {OBX_OPS_REDRIVE_COUNT_HEADER, "2", 1},
                                             {OBX_OPS_REDRIVE_ID_HEADER, "r-9", 3}};
-  obx_ladder_msg_from_record(&msg, "e-1", "K-1", 3, "{\"n\": 1}", 8, headers, 5);
-  obx_ladder_msg_fail(&msg, "transient", "HTTP 503", 1700000000000);
-  obx_ladder_msg_fail(&msg, "terminal", "HTTP 400", 1700000001000);
+  obx_envelope_from_record(&msg, "e-1", "K-1", 3, "{\"n\": 1}", 8, headers, 5);
+  obx_envelope_fail(&msg, "transient", "HTTP 503", 1700000000000);
+  obx_envelope_fail(&msg, "terminal", "HTTP 400", 1700000001000);
   msg.reason = strdup("terminal failure");
 
   bson_t doc = BSON_INITIALIZER;
@@ -71,7 +71,7 @@ static void test_dl_from_msg(void **state) {
   /* the redrive headers are bookkeeping, not part of the stored CloudEvent */
   assert_null(obx_test_doc_str(&doc, "headers." OBX_OPS_REDRIVE_COUNT_HEADER));
   bson_destroy(&doc);
-  obx_ladder_msg_cleanup(&msg);
+  obx_envelope_cleanup(&msg);
 }
 
 static void test_dl_filter_check(void **state) {

@@ -1,0 +1,37 @@
+/* jobs.c - a job: one envelope on its way from a source to the runners and back
+ *
+ * DESIGN: owns the job's life outside a run: queueing it behind its key (sched.c), handing its
+ * outcome back to the source that settles it (the Kafka thread's and the work-queue thread's
+ * locked lists, the HTTP sink's waiting handler), freeing it. Never runs, records or settles an
+ * event itself (lifecycle.c runs it; kafka.c, workq.c and sink.c settle it). */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "worker_int.h"
+
+void worker_job_free(job_t *job) {
+  if (!job) return;
+  obx_envelope_cleanup(&job->msg);
+  free(job);
+}
+
+/* Queues a job behind the earlier ones of its key (never blocks); *key_depth and *inflight
+ * (may be NULL) receive the key's depth and the worker's events in flight after the push. */
+void worker_job_push(obx_worker_t *w, job_t *job, int *key_depth, int *inflight) {
+  size_t klen;
+  const char *key = obx_envelope_partition_key(&job->msg, &klen);
+  worker_sched_push(w->sched, job, key, klen, key_depth, inflight);
+}
+
+void worker_job_complete(obx_worker_t *w, job_t *job) {
+  if (job->source == WORKER_SOURCE_HTTP) {
+    worker_http_complete(job->wait, job->outcome);
+    worker_job_free(job);
+    return;
+  }
+  pthread_mutex_lock(&w->done_mu);
+  job_t **list = job->source == WORKER_SOURCE_KAFKA ? &w->kafka_done : &w->wq_done;
+  job->next = *list;
+  *list = job;
+  pthread_mutex_unlock(&w->done_mu);
+}

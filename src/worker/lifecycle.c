@@ -1,0 +1,663 @@
+/* lifecycle.c - one event through its states: decode, claim, admit, run, record, settle
+ *
+ * DESIGN: see include/obx/obx_worker.h. Owns the run of one event
+ * on a runner thread (worker_run_job, worker_handle): decode the envelope (malformed: the DLQ),
+ * claim its inbox entry (a live peer's claim is never run here; an expired one is taken over),
+ * admit it behind its parked key (BLOCKED), look up and run its pipeline once, record the
+ * outcome (only the recording is retried), then a retry tier (intent before publish) or the DLQ
+ * (worker_dead_letter: the one way out of every failure that is not a retry). Never touches a
+ * source's consumer, offsets or acks (kafka.c, workq.c, sink.c settle the outcome it hands
+ * back) and never moves a parked key's head (parking.c). */
+#include <assert.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "obx/obx_event.h"
+#include "obx/obx_health.h"
+#include "obx/obx_inbox.h"
+#include "obx/obx_log.h"
+#include "obx/obx_mongo.h"
+#include "obx/obx_pipeline.h"
+#include "obx/obx_schema.h"
+#include "obx/obx_trace.h"
+#include "worker_int.h"
+
+/* The runners' callback (sched.c): one event end to end, then its outcome back to its source.
+ * Nothing runs before the worker's collections and indexes exist (the schema guard); an HTTP
+ * event is answered 503 meanwhile (the sender delivers again). worker_handle bounds its own
+ * retries: it returns WORKER_INFRA only when the event could be put nowhere (or the worker
+ * stops), and the source then gives it back. */
+void worker_run_job(void *ctx, job_t *job) {
+  obx_worker_t *w = ctx;
+  job->outcome = WORKER_INFRA;
+  while (!obx_schema_guard_wait(w->schema, 100)) {
+    if (atomic_load(&w->stop) || job->source == WORKER_SOURCE_HTTP) goto done; /* HTTP: 503, sent again */
+    obx_health_stamp("waiting for the schema");
+  }
+  size_t klen;
+  const char *k = obx_envelope_partition_key(&job->msg, &klen);
+  char *key = strndup(k, klen); /* the run may change the envelope's headers */
+  assert(key);
+  klen = strlen(key);
+  if (job->source == WORKER_SOURCE_KAFKA && worker_lost_key(w, key, klen, job->generation, false)) worker_wait_key_elsewhere(w, key);
+  job->outcome = job->source == WORKER_SOURCE_KAFKA
+                   ? worker_handle(w, job->source, &job->msg, job->partition, job->offset)
+                   : worker_handle(w, job->source, &job->msg, -1, -1);
+  if (job->source == WORKER_SOURCE_KAFKA && job->outcome == WORKER_LOST) worker_lost_key(w, key, klen, job->generation, true);
+  free(key);
+  worker_count_outcome(w, job->outcome);
+done:
+  worker_job_complete(w, job);
+}
+
+/* ---- the event's lifecycle ---------------------------------------------------------------- */
+
+/* The stored entry of a DEAD event: status, attempts, the reason, and its key parked with it as
+ * the head (so later events of the key wait, as behind a failed pipeline run). */
+typedef struct {
+  obx_worker_t *w;
+  const obx_event_t *ev;
+  const obx_inbox_cas_t *cas;
+  int attempts;
+  const char *reason;
+} dead_txn_t;
+
+static bool dead_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *err) {
+  dead_txn_t *t = ctx;
+  mongoc_client_t *client = mongoc_client_session_get_client(session);
+  return obx_inbox_set_status_owned(client, t->w->db, session, t->w->consumer, t->ev->id, t->cas, OBX_INBOX_DEAD,
+                                    t->attempts, t->reason, NULL, err) &&
+         obx_inbox_park_key(client, t->w->db, session, t->w->consumer, t->ev->partition_key, t->ev->id,
+                            obx_inbox_status_name(OBX_INBOX_DEAD), err);
+}
+
+static bool dead_step(void *ctx, obx_err_t *err) {
+  dead_txn_t *t = ctx;
+  return obx_mongo_transaction(t->w->mongo, dead_txn, t, err);
+}
+
+/* Gives the envelope a message id the DLQ can carry (the event id; a generated one when the
+ * record's own is not a valid AMQP message-id, which the reason then says). */
+static void ensure_message_id(obx_envelope_t *msg, const obx_event_t *ev) {
+  if (!msg->message_id) {
+    const char *id = ev && ev->id[0] ? ev->id : obx_envelope_header(msg, "ce_id");
+    if (id) msg->message_id = strdup(id);
+  }
+  if (!msg->message_id || strlen(msg->message_id) > 255 ||
+      !bson_utf8_validate(msg->message_id, strlen(msg->message_id), false)) {
+    char gen[OBX_UUID_LEN + 1];
+    obx_uuid7(gen);
+    free(msg->message_id);
+    msg->message_id = strdup(gen);
+  }
+}
+
+/* Ends an event in the DLQ: the one way out of every failure that is not a retry. Records the
+ * failed attempt (class, cause) on the envelope, its reason with what the publish could not carry
+ * as it is, publishes it (confirmed, bounded), then, when the event has an inbox entry, marks it
+ * DEAD with the reason and parks its key. `attempted`: the failure was already recorded on the
+ * envelope (a pipeline run's). When the DLQ cannot be reached within the bounds the inbox entry
+ * holds the event (DEAD, the reason says so, replayable); without one either, the event is given
+ * back to its source (WORKER_INFRA). */
+worker_outcome_t worker_dead_letter(event_t *e, const char *failure_class, const char *cause, bool attempted) {
+  obx_worker_t *w = e->w;
+  obx_envelope_t *msg = e->msg;
+  const obx_event_t *ev = e->ev.id[0] ? &e->ev : NULL;
+  if (!attempted) obx_envelope_fail(msg, failure_class, cause, obx_time_now_ms());
+  free(msg->failure_class);
+  msg->failure_class = strdup(failure_class);
+  char original[OBX_LADDER_MAX_NAME + 80] = "";
+  const char *ce_id = obx_envelope_header(msg, "ce_id");
+  ensure_message_id(msg, ev);
+  if (ce_id && strcmp(ce_id, msg->message_id) != 0)
+    snprintf(original, sizeof original, "; message id %s generated (the record's ce_id is %zu bytes%s)",
+             msg->message_id, strlen(ce_id), bson_utf8_validate(ce_id, strlen(ce_id), false) ? "" : ", not UTF-8");
+  char notes[512], reason[2000];
+  obx_ladder_carry_notes(msg, notes, sizeof notes);
+  snprintf(reason, sizeof reason, "%s%s%s%s", cause, original, notes[0] ? "; " : "", notes);
+  free(msg->reason);
+  msg->reason = strdup(reason);
+  obx_log_event(OBX_LOG_WARN, msg->message_id, ev ? ev->correlation_id : NULL, "dead-lettered (%s): %s",
+                failure_class, reason);
+
+  obx_err_t err = OBX_ERR_INIT;
+  step_result_t published = worker_publish(w, msg, PUBLISH_DLQ, &err);
+  if (published == STEP_OK) worker_count_dlq(w, failure_class);
+  if (!e->claimed) return published == STEP_OK ? WORKER_DEAD : WORKER_INFRA;
+  char stored[2400];
+  snprintf(stored, sizeof stored, "%s%s%s", reason, published == STEP_OK ? "" : "; not in the DLQ: ",
+           published == STEP_OK ? "" : err.msg);
+  dead_txn_t t = {.w = w, .ev = &e->ev, .cas = &e->cas, .attempts = msg->attempt, .reason = stored};
+  step_result_t recorded = worker_retry_step(w, "recording DEAD", e->ev.id, dead_step, &t, 0, true, &err);
+  if (recorded != STEP_OK && published != STEP_OK) return WORKER_INFRA;
+  return WORKER_DEAD;
+}
+
+/* Points the message's ce_traceparent at the current span (the attempt that failed), so its
+ * retry, or a redrive from the DLQ, links to it. */
+static void msg_continue_trace(obx_envelope_t *msg) {
+  const obx_trace_ctx_t *trace = obx_trace_current();
+  if (!trace) return;
+  char tp[OBX_TRACEPARENT_LEN + 1];
+  obx_trace_format(trace, tp);
+  int i = 0;
+  while (i < msg->nheaders && strcmp(msg->headers[i].name, "ce_traceparent") != 0) i++;
+  if (i == OBX_ENVELOPE_MAX_HEADERS) return;
+  if (i == msg->nheaders) msg->headers[msg->nheaders++].name = strdup("ce_traceparent");
+  free(msg->headers[i].value);
+  msg->headers[i].value = strdup(tp);
+  msg->headers[i].value_len = strlen(tp);
+}
+
+/* The consumer span of one delivery (messaging semconv): a child of the event's traceparent;
+ * for a redrive or a replay, whose original trace finished long ago, a new trace with a link to
+ * it. A work-queue message at attempt 0 with a history is a redrive (attempts reset, history
+ * kept). */
+static obx_span_t *consume_span(obx_worker_t *w, worker_source_t source, const obx_envelope_t *msg,
+                                const obx_event_t *ev, int32_t partition, int64_t offset) {
+  obx_trace_ctx_t origin;
+  obx_trace_parse(ev->traceparent, ev->traceparent ? strlen(ev->traceparent) : 0, ev->tracestate,
+                  ev->tracestate ? strlen(ev->tracestate) : 0, &origin);
+  bool relinked = source == WORKER_SOURCE_WORK && (msg->replay_id || (msg->attempt == 0 && msg->history));
+  const char *dest = source == WORKER_SOURCE_KAFKA ? w->conf->kafka_topic
+                     : source == WORKER_SOURCE_WORK ? obx_ladder_work_queue(w->ladder) : "http";
+  char name[300];
+  snprintf(name, sizeof name, "process %s", dest);
+  obx_span_t *span = obx_span_start(name, OBX_SPAN_CONSUMER, relinked ? NULL : &origin);
+  if (relinked) obx_span_add_link(span, &origin, msg->replay_id ? "replay" : "redrive");
+  if (source != WORKER_SOURCE_HTTP)
+    obx_span_set_str(span, "messaging.system", source == WORKER_SOURCE_KAFKA ? "kafka" : "rabbitmq");
+  obx_span_set_str(span, "messaging.operation.type", "process");
+  obx_span_set_str(span, "messaging.operation.name", "process");
+  obx_span_set_str(span, "messaging.destination.name", dest);
+  obx_span_set_str(span, "messaging.message.id", ev->id);
+  obx_span_set_str(span, "messaging.consumer.group.name", w->consumer);
+  if (source == WORKER_SOURCE_KAFKA) {
+    char p[16];
+    snprintf(p, sizeof p, "%d", (int)partition);
+    obx_span_set_str(span, "messaging.destination.partition.id", p);
+    obx_span_set_int(span, "messaging.kafka.message.offset", offset);
+    obx_span_set_str(span, "messaging.kafka.message.key", ev->partition_key);
+  }
+  obx_span_set_str(span, "outboxd.event.type", ev->event_type);
+  obx_span_set_str(span, "outboxd.org_id", ev->org_id);
+  obx_span_set_int(span, "outboxd.attempt", msg->attempt + 1);
+  return span;
+}
+
+/* What the outcome transaction writes. */
+typedef struct {
+  obx_worker_t *w;
+  obx_pipeline_run_t *run;  /* NULL when no pipeline ran */
+  const obx_event_t *ev;
+  const obx_inbox_cas_t *cas; /* the run's claim (compare-and-set) */
+  obx_inbox_status_t status;
+  int attempts;
+  const char *last_error;
+  bool park;                /* park the key with this event as head */
+} outcome_txn_t;
+
+static bool outcome_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *err) {
+  outcome_txn_t *t = ctx;
+  mongoc_client_t *client = mongoc_client_session_get_client(session);
+  const char *db = t->w->db;
+  if (t->run && !obx_pipeline_run_commit(t->run, client, db, session, err)) return false;
+  const char *exec_id = t->run ? obx_pipeline_run_execution_id(t->run) : NULL;
+  if (!obx_inbox_set_status_owned(client, db, session, t->w->consumer, t->ev->id, t->cas, t->status, t->attempts,
+                                  t->last_error, exec_id, err))
+    return false;
+  if (t->park && !obx_inbox_park_key(client, db, session, t->w->consumer, t->ev->partition_key, t->ev->id,
+                                     obx_inbox_status_name(t->status), err))
+    return false;
+  return true;
+}
+
+static bool outcome_step(void *ctx, obx_err_t *err) {
+  outcome_txn_t *t = ctx;
+  return obx_mongo_transaction(t->w->mongo, outcome_txn, t, err);
+}
+
+static bool lookup_step(void *ctx, obx_err_t *err) {
+  event_t *e = ctx;
+  obx_pipeline_destroy(e->pipeline);
+  e->pipeline = NULL;
+  return obx_pipeline_cache_find_enabled(e->w->pipelines, e->client, e->w->db, e->ev.org_id, e->trigger, &e->pipeline,
+                                         err);
+}
+
+/* Records the outcome of a finished run (or of no run). Only the recording is retried: the run's
+ * result is kept, so a pipeline that ran is never run again because its recording failed. When
+ * the claim is no longer this run's (taken over by a peer after the lease, or moved on) nothing
+ * is recorded and the event is the peer's (WORKER_DUPLICATE). When the recording cannot be
+ * made, the event is dead-lettered (class terminal for a non-retriable error, infra when the
+ * bounds are spent). */
+static worker_outcome_t record(event_t *e, outcome_txn_t *t, worker_outcome_t outcome, bool dlq_published) {
+  obx_err_t err = OBX_ERR_INIT;
+  step_result_t r = worker_retry_step(e->w, "recording the outcome", e->ev.id, outcome_step, t, 0, true, &err);
+  if (r == STEP_OK) return outcome;
+  if (err.domain == OBX_ERR_CONFLICT) {
+    obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id, "%s; this run's outcome is not recorded", err.msg);
+    return WORKER_LOST;
+  }
+  char cause[700];
+  snprintf(cause, sizeof cause, "recording the outcome (%s) failed: %s", obx_inbox_status_name(t->status), err.msg);
+  if (dlq_published) { /* the DLQ has it already: only the inbox is left to say DEAD */
+    dead_txn_t d = {.w = e->w, .ev = &e->ev, .cas = &e->cas, .attempts = e->msg->attempt, .reason = cause};
+    return worker_retry_step(e->w, "recording DEAD", e->ev.id, dead_step, &d, 0, true, &err) == STEP_OK ? WORKER_DEAD
+                                                                                                   : outcome;
+  }
+  return worker_dead_letter(e, r == STEP_FAILED ? "terminal" : "infra", cause, outcome == WORKER_RETRYING);
+}
+
+/* A transient failure with attempts left goes up the ladder, intent first: one transaction
+ * records the run, RETRYING with the attempt number and the parked key (compare-and-set on the
+ * claim); then the confirmed publish to the tier; then retrySent. A copy is therefore never on a
+ * tier before its attempt is recorded, so it cannot run early; a copy of an attempt the entry no
+ * longer records never runs (obx_inbox_take). When the process stops between the commit and the
+ * worker_publish, the next delivery of the event finds the intent unsent past its lease and publishes
+ * it (resend_intent). When the tier cannot be reached within the bounds, the DLQ. */
+static worker_outcome_t retry(event_t *e, outcome_txn_t *t, int attempt, const char *error) {
+  obx_worker_t *w = e->w;
+  t->status = OBX_INBOX_RETRYING;
+  worker_outcome_t outcome = record(e, t, WORKER_RETRYING, false);
+  if (outcome != WORKER_RETRYING) return outcome; /* not this run's any more, or dead-lettered */
+  obx_err_t err = OBX_ERR_INIT;
+  int tier = attempt - 1;
+  if (worker_publish(w, e->msg, tier, &err) != STEP_OK) {
+    char cause[700];
+    snprintf(cause, sizeof cause, "attempt %d failed (%s) and the retry tier cannot be reached: %s", attempt, error,
+             err.msg);
+    free(e->msg->reason);
+    e->msg->reason = NULL;
+    return worker_dead_letter(e, "infra", cause, true); /* DEAD from this run's unsent RETRYING */
+  }
+  int ntiers = obx_ladder_ntiers(w->ladder);
+  worker_count_retry(w, tier < ntiers ? tier : ntiers - 1);
+  obx_log_event(OBX_LOG_INFO, e->ev.id, e->ev.correlation_id, "attempt %d failed (transient: %s); retry tier %d",
+                attempt, error, tier + 1);
+  if (!obx_inbox_retry_sent(e->client, w->db, w->consumer, e->ev.id, attempt, &err))
+    obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id,
+                  "recording the tier publish failed (%s): the copy runs anyway, a later delivery may send another",
+                  err.msg);
+  return WORKER_RETRYING;
+}
+
+/* Before a failed run goes up the ladder or to the DLQ: is the event still this process's? A
+ * process that stalled past its lease (paused, swapped out) finds its claim taken over and
+ * sends nothing; the new owner settles the event. When MongoDB cannot say, it goes on (at least
+ * once). */
+static bool claim_held(event_t *e) {
+  bson_t doc = BSON_INITIALIZER;
+  bool found = false;
+  obx_err_t err = OBX_ERR_INIT;
+  bool held = true;
+  if (obx_inbox_get(e->client, e->w->db, NULL, e->w->consumer, e->ev.id, &doc, &found, &err) && found) {
+    const char *owner = obx_mongo_doc_str(&doc, "owner"), *status = obx_mongo_doc_str(&doc, "status");
+    held = owner && strcmp(owner, e->w->owner) == 0 && status &&
+           (strcmp(status, obx_inbox_status_name(OBX_INBOX_RECEIVED)) == 0 ||
+            strcmp(status, obx_inbox_status_name(OBX_INBOX_PROCESSING)) == 0);
+  }
+  bson_destroy(&doc);
+  if (!held)
+    obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id,
+                  "the claim was taken over while the pipeline ran: its failure is not sent on");
+  return held;
+}
+
+/* Runs the pipeline of the event once and settles it: recorded, retried on a tier, or in the DLQ. */
+static worker_outcome_t run_event(event_t *e) {
+  obx_worker_t *w = e->w;
+  obx_envelope_t *msg = e->msg;
+  const obx_event_t *ev = &e->ev;
+  worker_outcome_t outcome = WORKER_INFRA;
+  obx_err_t err = OBX_ERR_INIT;
+  obx_pipeline_run_t *run = NULL;
+  bson_t ctx = BSON_INITIALIZER;
+  obx_pipeline_trigger_for_event(ev->event_type, e->trigger, sizeof e->trigger);
+  int attempt = msg->attempt + 1;
+
+  step_result_t looked = worker_retry_step(w, "pipeline lookup", ev->id, lookup_step, e,
+                                    e->source == WORKER_SOURCE_HTTP ? 1 : 0, false, &err);
+  if (looked == STEP_STOPPED || (looked == STEP_EXHAUSTED && e->source == WORKER_SOURCE_HTTP)) goto done;
+  if (looked != STEP_OK) {
+    char cause[600];
+    snprintf(cause, sizeof cause, "pipeline lookup failed: %s", err.msg);
+    outcome = worker_dead_letter(e, looked == STEP_FAILED ? "terminal" : "infra", cause, false);
+    goto done;
+  }
+  outcome_txn_t t = {.w = w, .ev = ev, .cas = &e->cas, .attempts = attempt};
+  bool dlq_published = false;
+  if (!e->pipeline) {
+    t.status = OBX_INBOX_SKIPPED;
+    t.attempts = msg->attempt;
+    outcome = WORKER_SKIPPED;
+  } else {
+    obx_pipeline_context_from_event(ev, &ctx);
+    obx_pipeline_input_t in = {.context = &ctx, .org_id = ev->org_id, .trigger = e->trigger, .event_id = ev->id,
+                               .correlation_id = ev->correlation_id, .aggregate_type = ev->aggregate_type,
+                               .aggregate_id = ev->aggregate_id, .partition_key = ev->partition_key,
+                               .replay_id = e->source == WORKER_SOURCE_WORK ? msg->replay_id : NULL,
+                               .attempt = attempt};
+    run = obx_pipeline_execute(e->pipeline, &in, &w->egress);
+    t.run = run;
+    worker_count_run(w, obx_pipeline_run_status(run));
+    switch (obx_pipeline_run_status(run)) {
+    case OBX_PIPELINE_SUCCEEDED:
+      t.status = OBX_INBOX_DONE;
+      outcome = WORKER_DONE;
+      break;
+    case OBX_PIPELINE_SKIPPED:
+      t.status = OBX_INBOX_SKIPPED;
+      outcome = WORKER_SKIPPED;
+      break;
+    case OBX_PIPELINE_FAILED: {
+      const obx_err_t *rerr = obx_pipeline_run_error(run);
+      bool transient = obx_pipeline_run_failure_class(run) == OBX_FAILURE_TRANSIENT;
+      t.last_error = rerr->msg;
+      t.park = true;
+      msg_continue_trace(msg);
+      obx_envelope_fail(msg, transient ? "transient" : "terminal", rerr->msg, obx_time_now_ms());
+      if (transient && attempt < w->max_attempts) {
+        outcome = retry(e, &t, attempt, rerr->msg);
+        goto done;
+      }
+      if (!claim_held(e)) { /* the DLQ copy goes before the recording: look first */
+        outcome = WORKER_LOST;
+        goto done;
+      }
+      /* Terminal, or attempts exhausted: the DLQ. */
+      char cause[700];
+      snprintf(cause, sizeof cause, "%s after attempt %d: %s", transient ? "attempts exhausted" : "terminal failure",
+               attempt, rerr->msg);
+      const char *fclass = transient ? "exhausted" : "terminal";
+      free(msg->reason);
+      msg->reason = NULL;
+      /* The run's record and DEAD go in one transaction below; the DLQ copy goes first. */
+      bool claimed = e->claimed;
+      e->claimed = false;
+      outcome = worker_dead_letter(e, fclass, cause, true);
+      e->claimed = claimed;
+      dlq_published = outcome == WORKER_DEAD;
+      t.status = OBX_INBOX_DEAD;
+      t.last_error = msg->reason;
+      t.attempts = msg->attempt;
+      outcome = WORKER_DEAD;
+      obx_log_event(OBX_LOG_WARN, ev->id, ev->correlation_id, "attempt %d failed (%s: %s); parked in the DLQ",
+                    attempt, fclass, rerr->msg);
+      break;
+    }
+    }
+  }
+  outcome = record(e, &t, outcome, dlq_published);
+done:
+  obx_pipeline_run_destroy(run);
+  bson_destroy(&ctx);
+  return outcome;
+}
+
+/* Stores a fresh event of a parked key: BLOCKED when the key is still parked behind another
+ * head (holding it, see obx_inbox_hold_key), else RECEIVED. One transaction. */
+static bool admit_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *err) {
+  event_t *e = ctx;
+  mongoc_client_t *client = mongoc_client_session_get_client(session);
+  return obx_inbox_hold_key(client, e->w->db, session, e->w->consumer, e->ev.partition_key, e->ev.id, &e->blocked,
+                            err) &&
+         obx_inbox_claim(client, e->w->db, session, &e->entry, e->blocked ? OBX_INBOX_BLOCKED : OBX_INBOX_RECEIVED,
+                         &e->inserted, &e->existing, err);
+}
+
+/* Admission: a fresh event of a parked key waits behind the head (BLOCKED); retries and
+ * redrives (work queue) are heads or released events themselves. Then the inbox entry. */
+static bool admit_step(void *ctx, obx_err_t *err) {
+  event_t *e = ctx;
+  obx_worker_t *w = e->w;
+  bool parked = false;
+  e->head[0] = '\0';
+  e->blocked = e->inserted = false;
+  e->existing = OBX_INBOX_RECEIVED;
+  if (e->source != WORKER_SOURCE_WORK &&
+      !obx_inbox_key_parked(e->client, w->db, NULL, w->consumer, e->ev.partition_key, &parked, e->head, err))
+    return false;
+  e->blocked = parked && strcmp(e->head, e->ev.id) != 0;
+  if (e->blocked) /* the head may finish in another worker process right now: decide and store together */
+    return obx_mongo_transaction(w->mongo, admit_txn, e, err);
+  return obx_inbox_claim(e->client, w->db, NULL, &e->entry, OBX_INBOX_RECEIVED, &e->inserted, &e->existing, err);
+}
+
+/* Takes the claim of an entry met in `existing`. A retry tier's copy (work queue, attempt > 0,
+ * not an operator's replay) runs only when its attempt is the one the entry records: a stale or
+ * early copy never runs. When the claim is not taken, the entry tells whether a live peer runs it
+ * (RECEIVED or PROCESSING under a lease that is not past) or it moved on. */
+static bool take_step(void *ctx, obx_err_t *err) {
+  event_t *e = ctx;
+  obx_worker_t *w = e->w;
+  bool tier_copy = e->source == WORKER_SOURCE_WORK && e->msg->attempt > 0 && !e->msg->replay_id;
+  bool taken = false;
+  if (!obx_inbox_take(e->client, w->db, w->consumer, e->ev.id, w->owner, w->member, w->lease_ms, e->existing,
+                      tier_copy ? e->msg->attempt : -1, e->msg->attempt, &taken, err))
+    return false;
+  e->claim = CLAIM_TAKEN;
+  if (taken) return true;
+  bson_t doc = BSON_INITIALIZER;
+  bool found = false;
+  bool ok = obx_inbox_get(e->client, w->db, NULL, w->consumer, e->ev.id, &doc, &found, err);
+  bson_iter_t it;
+  int64_t until = found && bson_iter_init_find(&it, &doc, "leaseUntil") && BSON_ITER_HOLDS_DATE_TIME(&it)
+                    ? bson_iter_date_time(&it) : 0;
+  const char *holder = found ? obx_mongo_doc_str(&doc, "owner") : NULL, *status = obx_mongo_doc_str(&doc, "status");
+  bool running = status && (strcmp(status, obx_inbox_status_name(OBX_INBOX_RECEIVED)) == 0 ||
+                            strcmp(status, obx_inbox_status_name(OBX_INBOX_PROCESSING)) == 0);
+  e->claim = running && until > obx_time_now_ms() && holder && strcmp(holder, w->owner) != 0 ? CLAIM_LIVE : CLAIM_MOVED;
+  if (e->claim == CLAIM_LIVE) snprintf(e->holder, sizeof e->holder, "%s", holder);
+  bson_destroy(&doc);
+  return ok;
+}
+
+/* An entry met RETRYING whose intent's owner went away between its commit and the tier publish
+ * (retrySent false, the intent's lease past): this delivery publishes the tier copy of the
+ * recorded attempt, so a parked key never waits for a message that is nowhere. A work-queue copy
+ * of exactly that attempt is the publish itself and sends nothing. True when it sent the copy. */
+static bool resend_intent(event_t *e) {
+  obx_worker_t *w = e->w;
+  bson_t doc = BSON_INITIALIZER;
+  bool found = false, taken = false, sent = false;
+  obx_err_t err = OBX_ERR_INIT;
+  bson_iter_t it;
+  if (!obx_inbox_get(e->client, w->db, NULL, w->consumer, e->ev.id, &doc, &found, &err) || !found ||
+      !bson_iter_init_find(&it, &doc, "retrySent") || !BSON_ITER_HOLDS_BOOL(&it) || bson_iter_bool(&it))
+    goto done;
+  int attempts = bson_iter_init_find(&it, &doc, "attempts") && BSON_ITER_HOLDS_INT(&it) ? (int)bson_iter_as_int64(&it) : 0;
+  if (attempts < 1 || (e->source == WORKER_SOURCE_WORK && e->msg->attempt == attempts)) goto done;
+  if (!obx_inbox_take_resend(e->client, w->db, w->consumer, e->ev.id, w->owner, w->lease_ms, attempts, &taken, &err) ||
+      !taken)
+    goto done;
+  const char *last_error = obx_mongo_doc_str(&doc, "lastError");
+  e->msg->attempt = attempts - 1;
+  obx_envelope_fail(e->msg, "transient", last_error ? last_error : "", obx_time_now_ms());
+  if (worker_publish(w, e->msg, attempts - 1, &err) != STEP_OK) {
+    obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id,
+                  "the unsent tier copy of attempt %d cannot be published (%s); the next delivery tries again",
+                  attempts, err.msg);
+    goto done;
+  }
+  obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id,
+                "attempt %d was recorded RETRYING but its tier copy was never sent: sent now", attempts);
+  if (!obx_inbox_retry_sent(e->client, w->db, w->consumer, e->ev.id, attempts, &err))
+    obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id, "recording the tier publish failed: %s", err.msg);
+  sent = true;
+done:
+  bson_destroy(&doc);
+  return sent;
+}
+
+/* A claim not taken. Moved on (finished, or a copy of another attempt): a duplicate. Held by a
+ * live peer: the event is never run here. A work-queue copy goes back to the first retry tier
+ * (it comes back after the delay and looks again); a Kafka record waits, holding its key, up to
+ * two leases for the peer to finish or its claim to expire, then goes the same way; an HTTP
+ * delivery is answered 503 (the sender delivers again). */
+static worker_outcome_t claim_not_taken(event_t *e) {
+  obx_worker_t *w = e->w;
+  if (e->claim == CLAIM_MOVED) {
+    obx_log_event(OBX_LOG_INFO, e->ev.id, e->ev.correlation_id, "stale copy (attempt %d): the entry moved on; skipped",
+                  e->msg->attempt);
+    return WORKER_DUPLICATE;
+  }
+  obx_log_event(OBX_LOG_INFO, e->ev.id, e->ev.correlation_id, "claimed by %s, who runs it now: not run here", e->holder);
+  if (e->source == WORKER_SOURCE_HTTP) return WORKER_INFRA;
+  if (e->source == WORKER_SOURCE_KAFKA) {
+    int64_t deadline = obx_time_now_ms() + 2 * w->lease_ms, backoff = INFRA_BACKOFF_MIN_MS;
+    while (obx_time_now_ms() < deadline) {
+      if (!worker_nap_backoff(w, &backoff)) return WORKER_INFRA;
+      obx_err_t err = OBX_ERR_INIT;
+      if (!admit_step(e, &err)) continue;
+      if (e->existing == OBX_INBOX_RETRYING) (void)resend_intent(e);
+      if (e->existing == OBX_INBOX_DONE || e->existing == OBX_INBOX_SKIPPED || e->existing == OBX_INBOX_RETRYING ||
+          e->existing == OBX_INBOX_DEAD || e->existing == OBX_INBOX_BLOCKED)
+        return WORKER_DUPLICATE; /* the peer settled it */
+      if (take_step(e, &err) && e->claim == CLAIM_TAKEN) return WORKER_DONE; /* taken over: the caller runs it */
+      if (e->claim == CLAIM_MOVED) return WORKER_DUPLICATE;
+    }
+  }
+  obx_err_t err = OBX_ERR_INIT;
+  if (obx_ladder_ntiers(w->ladder) == 0 || worker_publish(w, e->msg, 0, &err) != STEP_OK) return WORKER_INFRA;
+  obx_log_event(OBX_LOG_INFO, e->ev.id, e->ev.correlation_id, "sent to the first retry tier to look again later");
+  return WORKER_DUPLICATE;
+}
+
+/* Header checks the decoder does not make: the inbox stores every header, so each must be a
+ * UTF-8 string, and none of the record's may be left behind. */
+static bool check_headers(const obx_envelope_t *msg, obx_err_t *err) {
+  if (msg->dropped_headers) {
+    obx_err_set(err, OBX_ERR_INPUT, 0, false, "%d headers, over the limit of %d",
+                msg->nheaders + msg->dropped_headers, OBX_ENVELOPE_MAX_HEADERS);
+    return false;
+  }
+  for (int i = 0; i < msg->nheaders; i++) {
+    const obx_envelope_header_t *h = &msg->headers[i];
+    if (!bson_utf8_validate(h->name, strlen(h->name), false) || strlen(h->name) > OBX_LADDER_MAX_NAME) {
+      obx_err_set(err, OBX_ERR_INPUT, 0, false, "a header name (%zu bytes) is not a UTF-8 string of at most %d bytes",
+                  strlen(h->name), OBX_LADDER_MAX_NAME);
+      return false;
+    }
+    if (!bson_utf8_validate(h->value, h->value_len, false)) {
+      obx_err_set(err, OBX_ERR_INPUT, 0, false, "header %s: the value (%zu bytes) is not UTF-8", h->name,
+                  h->value_len);
+      return false;
+    }
+  }
+  return true;
+}
+
+worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_envelope_t *msg, int32_t partition,
+                               int64_t offset) {
+  event_t e = {.w = w, .source = source, .msg = msg};
+  obx_event_init(&e.ev);
+  obx_err_t err = OBX_ERR_INIT;
+  worker_outcome_t outcome = WORKER_INFRA;
+  int pre_tries = source == WORKER_SOURCE_HTTP ? 1 : 0; /* the sink's caller retries a 503 itself */
+
+  /* decode: anything that cannot be decoded is dead-lettered as it came (class malformed). */
+  if (!obx_envelope_to_event(msg, &e.ev, &err) || !check_headers(msg, &err)) {
+    obx_event_cleanup(&e.ev);
+    obx_event_init(&e.ev);
+    if (source == WORKER_SOURCE_HTTP) return WORKER_MALFORMED;
+    worker_count_malformed(w);
+    char cause[600];
+    snprintf(cause, sizeof cause, "malformed CloudEvent: %s", err.msg);
+    outcome = worker_dead_letter(&e, "malformed", cause, false);
+    obx_event_cleanup(&e.ev);
+    return outcome;
+  }
+  if (!msg->message_id) msg->message_id = strdup(e.ev.id); /* the ladder and the DLQ find it by id */
+  obx_span_t *span = consume_span(w, source, msg, &e.ev, partition, offset);
+  obx_trace_set_current(obx_span_ctx(span)); /* logs, the pipeline's spans and its HTTP calls */
+  char traceparent[OBX_TRACEPARENT_LEN + 1];
+  obx_trace_format(obx_span_ctx(span), traceparent);
+  e.client = obx_mongo_pop(w->mongo);
+  for (int i = 0; i < msg->nheaders; i++) {
+    e.names[i] = msg->headers[i].name;
+    e.values[i] = msg->headers[i].value;
+  }
+  e.entry = (obx_inbox_entry_t){.consumer = w->consumer, .event = &e.ev, .header_names = e.names,
+                                .header_values = e.values, .nheaders = msg->nheaders,
+                                .seq = offset >= 0 ? offset : obx_time_now_ms(), .traceparent = traceparent,
+                                .owner = w->owner, .member = w->member, .lease_ms = w->lease_ms};
+  if (source == WORKER_SOURCE_KAFKA) {
+    e.entry.topic = w->conf->kafka_topic;
+    e.entry.partition = partition;
+    e.entry.offset = offset;
+  } else {
+    e.entry.source_kind = source == WORKER_SOURCE_HTTP ? "http" : "amqp";
+  }
+
+  /* claim */
+  step_result_t admitted = worker_retry_step(w, "inbox claim", e.ev.id, admit_step, &e, pre_tries, false, &err);
+  if (admitted == STEP_STOPPED || (admitted == STEP_EXHAUSTED && source == WORKER_SOURCE_HTTP)) goto done;
+  if (admitted != STEP_OK) {
+    char cause[600];
+    snprintf(cause, sizeof cause, "the inbox cannot store the event: %s", err.msg);
+    outcome = worker_dead_letter(&e, admitted == STEP_FAILED ? "malformed" : "infra", cause, false);
+    goto done;
+  }
+  if (e.inserted && e.blocked) {
+    obx_log_event(OBX_LOG_INFO, e.ev.id, e.ev.correlation_id, "key %s is parked behind %s: stored BLOCKED",
+                  e.ev.partition_key, e.head);
+    outcome = WORKER_BLOCKED;
+    goto done;
+  }
+  if (!e.inserted) {
+    if (e.existing == OBX_INBOX_RETRYING && resend_intent(&e)) { /* the copy sent now carries it on */
+      outcome = WORKER_DUPLICATE;
+      goto done;
+    }
+    bool finished = e.existing == OBX_INBOX_DONE || e.existing == OBX_INBOX_SKIPPED;
+    /* From Kafka or HTTP, an event the ladder, the DLQ or its key already owns is a duplicate
+     * too; from the work queue those are exactly the events to run again. */
+    bool owned = e.existing == OBX_INBOX_RETRYING || e.existing == OBX_INBOX_DEAD || e.existing == OBX_INBOX_BLOCKED;
+    bool replay = source == WORKER_SOURCE_WORK && msg->replay_id;
+    if ((finished && !replay) || (source != WORKER_SOURCE_WORK && owned)) {
+      obx_log_event(OBX_LOG_DEBUG, e.ev.id, e.ev.correlation_id, "duplicate (%s): skipped",
+                    obx_inbox_status_name(e.existing));
+      outcome = WORKER_DUPLICATE;
+      /* A finished head that comes back (a copy, or a release interrupted by a stop) still
+       * hands its key on. */
+      if (finished && source == WORKER_SOURCE_WORK && !worker_release_if_head(&e)) outcome = WORKER_INFRA;
+      goto done;
+    }
+    /* claim: never run what a live peer runs; take over an expired claim */
+    step_result_t r = worker_retry_step(w, "inbox claim", e.ev.id, take_step, &e, pre_tries, false, &err);
+    if (r == STEP_STOPPED || (r == STEP_EXHAUSTED && source == WORKER_SOURCE_HTTP)) goto done;
+    if (r != STEP_OK) {
+      char cause[600];
+      snprintf(cause, sizeof cause, "claiming the inbox entry failed: %s", err.msg);
+      outcome = worker_dead_letter(&e, r == STEP_FAILED ? "terminal" : "infra", cause, false);
+      goto done;
+    }
+    if (e.claim != CLAIM_TAKEN) {
+      outcome = claim_not_taken(&e);
+      if (e.claim != CLAIM_TAKEN) goto done;
+    }
+  }
+  /* the claim's attempts: a fresh entry's 0, a taken one's the copy's (obx_inbox_take) */
+  e.cas = (obx_inbox_cas_t){.owner = w->owner, .attempts = e.inserted ? 0 : msg->attempt, .lease_ms = w->lease_ms};
+  e.claimed = true;
+  worker_claims_add(w, e.ev.id);
+  outcome = run_event(&e);
+  if ((outcome == WORKER_DONE || outcome == WORKER_SKIPPED) && source == WORKER_SOURCE_WORK && !worker_release_if_head(&e))
+    outcome = WORKER_INFRA;
+done:
+  if (e.claimed) worker_claims_remove(w, e.ev.id);
+  obx_pipeline_destroy(e.pipeline);
+  if (e.client) obx_mongo_push(w->mongo, e.client);
+  obx_event_cleanup(&e.ev);
+  if (outcome == WORKER_RETRYING || outcome == WORKER_DEAD || outcome == WORKER_INFRA)
+    obx_span_set_error(span, msg->last_error ? msg->last_error : "MongoDB or RabbitMQ unavailable");
+  obx_span_set_bool(span, "outboxd.duplicate", outcome == WORKER_DUPLICATE);
+  obx_trace_set_current(NULL);
+  obx_span_end(span);
+  return outcome;
+}
