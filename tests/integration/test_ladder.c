@@ -183,7 +183,7 @@ static void test_tiers_return_to_work_queue_after_their_delay(void **state) {
     char id[40];
     snprintf(id, sizeof id, "0190f0e0-0000-7000-8000-00000000000%zu", i);
     obx_envelope_t msg, got;
-    wt_ladder_msg(&msg, id, "K-1");
+    wt_envelope(&msg, id, "K-1");
     for (int a = 0; a <= cases[i].tier; a++) obx_envelope_fail(&msg, "transient", "HTTP 503 from \"erp\"", 1000 + a);
     obx_err_t err = OBX_ERR_INIT;
     int64_t t0 = obx_test_now_ms();
@@ -235,7 +235,7 @@ static void test_dlq_browse_redrive_purge(void **state) {
   obx_err_t err = OBX_ERR_INIT;
   for (int i = 0; i < 3; i++) {
     obx_envelope_t msg;
-    wt_ladder_msg(&msg, ids[i], "K-2");
+    wt_envelope(&msg, ids[i], "K-2");
     obx_envelope_fail(&msg, "terminal", "HTTP 400", 5000);
     msg.reason = strdup("terminal failure");
     if (!obx_ladder_publish_dlq(fx->ladder, &msg, &err)) fail_msg("publish dlq: %s", err.msg);
@@ -297,7 +297,7 @@ static void test_redrive_all(void **state) {
     char id[40];
     snprintf(id, sizeof id, "0190f0e0-0000-7000-8000-00000000001%d", i);
     obx_envelope_t msg;
-    wt_ladder_msg(&msg, id, "K-3");
+    wt_envelope(&msg, id, "K-3");
     if (!obx_ladder_publish_dlq(fx->ladder, &msg, &err)) fail_msg("publish dlq: %s", err.msg);
     obx_envelope_cleanup(&msg);
   }
@@ -331,7 +331,7 @@ static void test_ticked_idle_connection_survives_heartbeats(void **state) {
     usleep(200 * 1000);
   }
   obx_envelope_t msg;
-  wt_ladder_msg(&msg, "0190f0e0-0000-7000-8000-0000000000d4", "K-4");
+  wt_envelope(&msg, "0190f0e0-0000-7000-8000-0000000000d4", "K-4");
   if (!obx_ladder_publish_dlq(ladder, &msg, &err)) fail_msg("publish after idling: %s", err.msg);
   obx_envelope_cleanup(&msg);
   obx_ladder_destroy(ladder);

@@ -90,7 +90,7 @@ static void test_limit_parks_in_dlq(void **state) {
   fx_init(&fx);
   obx_err_t err = OBX_ERR_INIT;
   obx_envelope_t msg, got;
-  wt_ladder_msg(&msg, "limit-1", "k");
+  wt_envelope(&msg, "limit-1", "k");
   if (!obx_ladder_publish_work(fx.ladder, &msg, &err)) fail_msg("publish: %s", err.msg);
   obx_ladder_consumer_t *work = obx_ladder_consumer_new(&fx.opts, 1, &err);
   assert_non_null(work);
@@ -141,7 +141,7 @@ static void test_existing_queue_kept(void **state) {
   obx_err_t err = OBX_ERR_INIT;
   if (!obx_ladder_connect(fx.ladder, &err)) fail_msg("connect with an older work queue: %s", err.msg);
   obx_envelope_t msg;
-  wt_ladder_msg(&msg, "kept-1", "k");
+  wt_envelope(&msg, "kept-1", "k");
   if (!obx_ladder_publish_work(fx.ladder, &msg, &err)) fail_msg("publish to the older work queue: %s", err.msg);
   obx_envelope_cleanup(&msg);
   char args[2048];

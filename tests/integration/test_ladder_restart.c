@@ -124,14 +124,14 @@ static void test_tiers_drain_after_restart(void **state) {
     obx_ladder_opts_t o = {.url = url, .prefix = prefix, .tiers_ms = tiers, .ntiers = 1, .confirm_timeout_ms = 10000};
     l.ladders[i] = obx_ladder_new(&o, &err);
     if (!l.ladders[i]) fail_msg("obx_ladder_new: %s", err.msg);
-    obx_ladder_msg_t msg;
+    obx_envelope_t msg;
     obx_ce_header_t h[] = {{"ce_id", "restart-1", 9}, {"ce_type", "OrderConfirmed", 14}};
-    obx_ladder_msg_init(&msg);
-    obx_ladder_msg_from_record(&msg, "restart-1", "k", 1, "{}", 2, h, 2);
-    obx_ladder_msg_fail(&msg, "transient", "test", obx_test_now_ms());
+    obx_envelope_init(&msg);
+    obx_envelope_from_record(&msg, "restart-1", "k", 1, "{}", 2, h, 2);
+    obx_envelope_fail(&msg, "transient", "test", obx_test_now_ms());
     if (!obx_ladder_publish_retry(l.ladders[i], &msg, 0, &err)) fail_msg("publish to tier %d: %s", i, err.msg);
     if (i == 0) first = obx_test_now_ms();
-    obx_ladder_msg_cleanup(&msg);
+    obx_envelope_cleanup(&msg);
   }
   int64_t published = obx_test_now_ms();
 

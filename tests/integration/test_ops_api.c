@@ -123,7 +123,7 @@ static void seed_dlq(const char *org, const char *key, char id[OBX_UUID_LEN + 1]
   obx_envelope_t msg;
   obx_envelope_init(&msg);
   obx_err_t err = OBX_ERR_INIT;
-  if (!obx_envelope_from_event(&msg, &ev, &err)) fail_msg("ladder msg: %s", err.msg);
+  if (!obx_envelope_from_event(&msg, &ev, &err)) fail_msg("envelope: %s", err.msg);
   obx_envelope_fail(&msg, "terminal", "HTTP 400 from the ERP", obx_time_now_ms());
   msg.reason = strdup("terminal failure");
   obx_uuid7(id);

@@ -109,8 +109,8 @@ static inline void wt_delete_topology(obx_ladder_t *ladder, const char *prefix) 
   wt_delete_amqp(queues, n, ex);
 }
 
-/* A ladder message of an OrderConfirmed CloudEvent with id and key (msg is initialised here). */
-static inline void wt_ladder_msg(obx_envelope_t *msg, const char *id, const char *key) {
+/* An envelope of an OrderConfirmed CloudEvent with id and key (msg is initialised here). */
+static inline void wt_envelope(obx_envelope_t *msg, const char *id, const char *key) {
   obx_ce_header_t h[] = {
     {"ce_specversion", "1.0", 3}, {"ce_id", id, strlen(id)}, {"ce_type", "OrderConfirmed", 14},
     {"ce_source", "/test", 5},    {"content-type", "application/json", 16},

@@ -1,4 +1,4 @@
-/* test_ladder.c - ladder messages and connection behaviour that need no broker */
+/* test_ladder.c - envelopes and ladder connection behaviour that need no broker */
 #include <stdlib.h>
 #include <string.h>
 
