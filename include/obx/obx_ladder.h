@@ -51,7 +51,8 @@
 /* x-delivery-limit of P.work and the tiers, and of P.dlq (never reached: the DLQ is the end). */
 #define OBX_LADDER_WORK_DELIVERY_LIMIT 100
 #define OBX_LADDER_DLQ_DELIVERY_LIMIT 1000000000
-/* AMQP field names are short strings; longer header names are left out of a publish. */
+/* AMQP field names are short strings; longer header names are left out of a publish, and so are
+ * empty ones (rabbitmq-c cannot consume a message whose headers hold an empty name). */
 #define OBX_LADDER_MAX_NAME 128
 /* Longest header value a publish carries (a message's headers travel in one AMQP frame). */
 #define OBX_LADDER_MAX_VALUE 32768
@@ -71,7 +72,7 @@ typedef struct {
 /* Describes, into buf, what a publish cannot carry as it is: a message id that is not a valid
  * AMQP message-id (over 255 bytes or not UTF-8: left out), header values that are not UTF-8
  * (sent as AMQP byte arrays, bytes unchanged), values over OBX_LADDER_MAX_VALUE (cut), names
- * over OBX_LADDER_MAX_NAME (left out), a body over OBX_LADDER_MAX_BODY (cut), headers past the limit. Empty when nothing; returns the
+ * over OBX_LADDER_MAX_NAME or empty (left out), a body over OBX_LADDER_MAX_BODY (cut), headers past the limit. Empty when nothing; returns the
  * length. The worker appends it to a DLQ message's reason. */
 size_t obx_ladder_carry_notes(const obx_envelope_t *msg, char *buf, size_t cap);
 

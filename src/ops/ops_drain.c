@@ -38,6 +38,7 @@ struct obx_ops_drain {
   pthread_t thread;
   atomic_bool stop;
   bool ready; /* dead_letters and its indexes exist (obx_schema.h) */
+  char last_error[256]; /* the consumer's last failure, logged when it changes */
 };
 
 static struct {
@@ -152,10 +153,13 @@ static void *drain_main(void *p) {
     bool got = false;
     obx_err_t err = OBX_ERR_INIT;
     if (!obx_ladder_consumer_next(d->consumer, &msg, DRAIN_WAIT_MS, &got, &err)) {
+      if (strcmp(err.msg, d->last_error) != 0) obx_warn("DLQ drain: %s", err.msg);
+      snprintf(d->last_error, sizeof d->last_error, "%s", err.msg);
       obx_envelope_cleanup(&msg);
       nap(d, DRAIN_WAIT_MS); /* the consumer's own backoff bounds the reconnects */
       continue;
     }
+    d->last_error[0] = '\0';
     if (got) drain_one(d, &msg);
     obx_envelope_cleanup(&msg);
   }

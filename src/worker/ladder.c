@@ -500,7 +500,9 @@ static amqp_table_entry_t hdr_bytes(const char *key, const void *value, size_t l
 
 static amqp_table_entry_t hdr_text(const char *key, const char *value) { return hdr_bytes(key, value, strlen(value)); }
 
-static bool name_fits(const char *name) { return strlen(name) <= OBX_LADDER_MAX_NAME; }
+/* An empty field name goes out but rabbitmq-c cannot read it back (amqp_consume_message fails
+ * with "invalid parameter" and the broker redelivers it for ever), so it is never published. */
+static bool name_fits(const char *name) { return name[0] && strlen(name) <= OBX_LADDER_MAX_NAME; }
 
 static bool message_id_fits(const char *id) { return strlen(id) <= 255 && bson_utf8_validate(id, strlen(id), false); }
 
@@ -520,6 +522,13 @@ size_t obx_ladder_carry_notes(const obx_envelope_t *msg, char *buf, size_t cap) 
     NOTE("x-key cut from %zu to %d bytes", msg->key_len, OBX_LADDER_MAX_VALUE);
   for (int i = 0; i < msg->nheaders; i++) {
     const obx_envelope_header_t *h = &msg->headers[i];
+    if (!h->name[0]) {
+      if (h->value_len <= 64 && bson_utf8_validate(h->value, h->value_len, false))
+        NOTE("a header with an empty name left out (value \"%s\")", h->value);
+      else
+        NOTE("a header with an empty name left out (a value of %zu bytes)", h->value_len);
+      continue;
+    }
     if (!name_fits(h->name)) {
       NOTE("a header name of %zu bytes (over %d) left out", strlen(h->name), OBX_LADDER_MAX_NAME);
       continue;

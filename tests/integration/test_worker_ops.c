@@ -439,9 +439,54 @@ static void test_keys_list_and_release(void **state) {
   for (int i = 0; i < 2; i++) obx_event_cleanup(&later[i]);
 }
 
+/* A Kafka record with a header whose name is empty (Kafka allows it; the inbox cannot store it)
+ * is dead-lettered by the worker (malformed); the drain stores it, the reason naming the header
+ * left out and its value, and the dead letters queued after it are stored too. The drain once
+ * stalled on it: rabbitmq-c cannot consume a message whose AMQP headers hold an empty name, so
+ * the drain reconnected twice a second and nothing after it reached dead_letters. */
+static void test_dead_letter_with_empty_header_name(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  start_worker_draining(fx);
+  const char *id = "0190f0e0-0000-7000-8000-00000000e0e0";
+  obx_ce_header_t h[] = {{"ce_specversion", "1.0", 3},  {"ce_id", id, strlen(id)},
+                         {"ce_type", "OrderConfirmed", 14}, {"ce_source", "/test", 5},
+                         {"ce_subject", "Order/K-E", 9},   {"ce_time", "2026-01-01T00:00:00Z", 20},
+                         {"ce_orgid", WT_ORG, strlen(WT_ORG)}, {"ce_partitionkey", "K-E", 3},
+                         {"", "nameless", 8},              {"x.dotted", "d", 1},
+                         {"$dollar", "s", 1}};
+  const char *body = "{\"orderNumber\":\"Q-E\"}";
+  wt_produce_record(fx, "K-E", 3, body, strlen(body), h, (int)(sizeof h / sizeof h[0]));
+  obx_event_t after;
+  wt_event(&after, "OrderConfirmed", "K-F", "Q-F");
+  wt_route(fx, "Q-F", 400);
+  wt_produce(fx, &after);
+  wt_wait_status(fx, after.id, "DEAD");
+  wait_dl_count(fx, "eventId", after.id, 1);
+  wait_dl_count(fx, "eventId", id, 1);
+  wt_wait_depth(fx, obx_ladder_dlq_queue(fx->ladder), 0);
+  bson_t *filter = BCON_NEW("eventId", BCON_UTF8(id));
+  bson_t doc = BSON_INITIALIZER;
+  if (!obx_test_find_one(fx->client, obx_mongo_db_name(fx->mongo), "dead_letters", filter, &doc))
+    fail_msg("no dead letter of %s", id);
+  char *json = bson_as_canonical_extended_json(&doc, NULL);
+  print_message("%s\n", json);
+  assert_string_equal(obx_mongo_doc_str(&doc, "failureClass"), "malformed");
+  const char *reason = obx_mongo_doc_str(&doc, "reason");
+  if (!reason || !strstr(reason, "a header with an empty name left out (value \"nameless\")"))
+    fail_msg("reason \"%s\" does not name the header with an empty name and its value", reason);
+  if (!strstr(json, "\"x.dotted\" : \"d\"") || !strstr(json, "\"$dollar\" : \"s\""))
+    fail_msg("the headers named with a dot or a dollar are not kept: %s", json);
+  bson_free(json);
+  bson_destroy(&doc);
+  bson_destroy(filter);
+  obx_event_cleanup(&after);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_dead_letter_store, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_dead_letter_with_empty_header_name, setup, teardown),
     cmocka_unit_test_setup_teardown(test_redrive_exactly_once, setup, teardown),
     cmocka_unit_test_setup_teardown(test_inbox_show_and_replay, setup, teardown),
     cmocka_unit_test_setup_teardown(test_keys_list_and_release, setup, teardown),
