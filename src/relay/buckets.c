@@ -214,11 +214,9 @@ static bool group_members(relay_group_t *group, mongoc_collection_t *members, in
 
 /* ---- the plan ------------------------------------------------------------------------------- */
 
-typedef enum { LEASE_FREE, LEASE_OTHER } lease_state_t;
-
 /* The state of every bucket's lease (free: none, expired, or a stale one of ours) into state[],
  * the soonest expiry of another relay's into *next_ms; false on a MongoDB error. */
-static bool group_leases(relay_group_t *group, mongoc_collection_t *leases, int64_t now, lease_state_t *state,
+static bool group_leases(relay_group_t *group, mongoc_collection_t *leases, int64_t now, relay_lease_state_t *state,
                          int64_t *next_ms) {
   bson_t *filter = bson_new(), id, in;
   char idx[16];
@@ -227,7 +225,7 @@ static bool group_leases(relay_group_t *group, mongoc_collection_t *leases, int6
   for (int32_t b = 0; b < group->nbuckets; b++) {
     snprintf(idx, sizeof idx, "%d", b);
     BSON_APPEND_UTF8(&in, idx, group->relays[b]->lease_id);
-    state[b] = LEASE_FREE;
+    state[b] = RELAY_LEASE_FREE;
   }
   bson_append_array_end(&id, &in);
   bson_append_document_end(filter, &id);
@@ -241,7 +239,7 @@ static bool group_leases(relay_group_t *group, mongoc_collection_t *leases, int6
     if (!lid || expires <= now || (owner && strcmp(owner, group->owner) == 0)) continue;
     for (int32_t b = 0; b < group->nbuckets; b++)
       if (strcmp(lid, group->relays[b]->lease_id) == 0) {
-        state[b] = LEASE_OTHER;
+        state[b] = RELAY_LEASE_OTHER;
         if (expires < *next_ms) *next_ms = expires;
       }
   }
@@ -250,6 +248,27 @@ static bool group_leases(relay_group_t *group, mongoc_collection_t *leases, int6
   mongoc_cursor_destroy(cursor);
   bson_destroy(filter);
   return ok;
+}
+
+int32_t relay_share_plan(int32_t nb, const bool *held, const relay_lease_state_t *state, int live, int me,
+                         bool *allowed) {
+  int32_t share = (nb + live - 1) / live, nheld = 0;
+  for (int32_t b = 0; b < nb; b++) nheld += held[b];
+  if (nheld > share) {
+    int32_t keep = 0; /* the lowest `share` held buckets stay, the others are handed over */
+    for (int32_t b = 0; b < nb; b++) allowed[b] = held[b] && keep++ < share;
+    return share;
+  }
+  int32_t want = share - nheld, start = (int32_t)((int64_t)me * nb / live);
+  for (int32_t b = 0; b < nb; b++) allowed[b] = held[b];
+  for (int pass = 0; pass < 2; pass++) /* free buckets first, then those another relay holds */
+    for (int32_t i = 0; i < nb && want > 0; i++) {
+      int32_t b = (start + i) % nb;
+      if (allowed[b] || state[b] != (pass ? RELAY_LEASE_OTHER : RELAY_LEASE_FREE)) continue;
+      allowed[b] = true;
+      want--;
+    }
+  return share;
 }
 
 /* One turn: which buckets this group may hold. Returns when the next turn is due. */
@@ -262,9 +281,9 @@ static int64_t group_plan(relay_group_t *group, mongoc_collection_t *members, mo
   }
   int64_t next = group->next_beat_ms;
   group_members_t m;
-  lease_state_t *state = calloc((size_t)nb, sizeof *state);
-  bool *held = calloc((size_t)nb, sizeof *held);
-  if (!state || !held) abort();
+  relay_lease_state_t *state = calloc((size_t)nb, sizeof *state);
+  bool *held = calloc((size_t)nb, sizeof *held), *allowed = calloc((size_t)nb, sizeof *allowed);
+  if (!state || !held || !allowed) abort();
   int64_t lease_expiry = INT64_MAX;
   if (!group->beat_ok || !group_members(group, members, now, &m)) goto done; /* as they are */
   if (!group_leases(group, leases, now, state, &lease_expiry)) {
@@ -274,32 +293,18 @@ static int64_t group_plan(relay_group_t *group, mongoc_collection_t *members, mo
   int live = m.n, me = 0;
   while (me < m.n && strcmp(m.owners[me], group->owner) != 0) me++;
   if (me == m.n) live++; /* our heartbeat is written but not read back yet */
-  int32_t share = (nb + live - 1) / live, nheld = 0;
+  int32_t nheld = 0;
   for (int32_t b = 0; b < nb; b++) nheld += held[b] = atomic_load(&group->relays[b]->counters.leader) != 0;
-  if (nheld > share) {
-    int32_t keep = 0; /* the lowest `share` held buckets stay, the others are handed over */
-    for (int32_t b = 0; b < nb; b++) atomic_store(&group->relays[b]->allowed, held[b] && keep++ < share);
-  } else {
-    int32_t want = share - nheld, start = (int32_t)((int64_t)me * nb / live);
-    bool *pick = calloc((size_t)nb, sizeof *pick);
-    if (!pick) abort();
-    for (int pass = 0; pass < 2; pass++) /* free buckets first, then those another relay holds */
-      for (int32_t i = 0; i < nb && want > 0; i++) {
-        int32_t b = (start + i) % nb;
-        if (held[b] || pick[b] || state[b] != (pass ? LEASE_OTHER : LEASE_FREE)) continue;
-        pick[b] = true;
-        want--;
-      }
-    for (int32_t b = 0; b < nb; b++) atomic_store(&group->relays[b]->allowed, held[b] || pick[b]);
-    free(pick);
-    if (nheld < share) {
-      if (now + GROUP_SHORT_TICK_MS < next) next = now + GROUP_SHORT_TICK_MS;
-      if (lease_expiry < next) next = lease_expiry + 1;
-    }
+  int32_t share = relay_share_plan(nb, held, state, live, me, allowed);
+  for (int32_t b = 0; b < nb; b++) atomic_store(&group->relays[b]->allowed, allowed[b]);
+  if (nheld < share) {
+    if (now + GROUP_SHORT_TICK_MS < next) next = now + GROUP_SHORT_TICK_MS;
+    if (lease_expiry < next) next = lease_expiry + 1;
   }
   if (m.next_expiry_ms < next) next = m.next_expiry_ms + 1; /* the share may grow then */
   members_cleanup(&m);
 done:
+  free(allowed);
   free(held);
   free(state);
   return next > now + GROUP_MIN_TICK_MS ? next : now + GROUP_MIN_TICK_MS;

@@ -177,6 +177,16 @@ void relay_bucket_filter(const obx_relay_t *relay, bson_t *query, const char *fi
 /* The relay of bucket b of a group obx_relay_start returned (tests; NULL for a NULL group).
  * Borrowed until obx_relay_stop (of relay->group). */
 obx_relay_t *relay_group_bucket(void *group, int32_t b);
+/* A bucket's lease as the group sees it: free (none, expired, or a stale one of its own) or
+ * held by another relay. */
+typedef enum { RELAY_LEASE_FREE, RELAY_LEASE_OTHER } relay_lease_state_t;
+/* The plan of one turn (buckets.c's table): with `live` relays (this one the me-th in owner
+ * order) and nb buckets, of which held[b] are this relay's and state[b] the others' leases,
+ * allowed[b] says which it may hold: the surplus over the share is handed over (the highest
+ * held buckets), a shortfall is made up with free buckets from me * nb / live on, then with
+ * buckets others hold (standing by). Returns the share, ceil(nb / live). Pure. */
+int32_t relay_share_plan(int32_t nb, const bool *held, const relay_lease_state_t *state, int live, int me,
+                         bool *allowed);
 /* Sums the gauges of every bucket of relay's group into the process's metrics (metrics.c). */
 void relay_group_gauges(const obx_relay_t *relay, int *held, int *inflight, int *stream_up, int *held_keys,
                         int64_t *lag_ms);

@@ -1,7 +1,9 @@
 /* stream.c - the relay's change stream on `outbox` and its checkpoint window
  *
  * DESIGN: the stream matches inserts, replacements and updates that set status to PENDING
- * (a reprocessed FAILED event), with fullDocument updateLookup; an update whose looked-up
+ * (a reprocessed FAILED event) of this relay's bucket (fullDocument.bucket, or none given:
+ * relay_bucket_filter; such an event is this relay's when its key falls in the bucket), with
+ * fullDocument updateLookup; an update whose looked-up
  * document is no longer PENDING (published meanwhile, deleted) is skipped. It is read only while
  * fewer than relay.max_inflight events are unacknowledged and the window has room: when Kafka is
  * down the relay stops reading and memory stays flat.

@@ -10,6 +10,9 @@
  *      claimedUntil: until}, `until` (now + max(relay.lease, 30 s)) unique to the batch;
  *   3. find {_id $in those, claimedBy: owner, claimedUntil: until} (the _id index): what this
  *      relay holds, put back in the order of step 1.
+ * Every step filters on this relay's bucket (relay_bucket_filter); step 2 writes the bucket of
+ * an event that had none, and an event without one whose key falls in another bucket is given
+ * that bucket instead of being claimed (claim_assign), for the sweeper of its holder.
  * Steps 2 and 3 also filter on partitionKey $in the batch's keys (when each event has one): the
  * shard key of a sharded outbox, so they go only to the shards that hold those keys.
  * The claim is the MongoDB analogue of SELECT ... FOR UPDATE SKIP LOCKED: several relays never

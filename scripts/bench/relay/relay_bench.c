@@ -19,6 +19,8 @@
  *                                                report; prints seconds
  *   relay_bench wait     URI DB N TIMEOUT_S      waits until no event is PENDING, checks that N are
  *                                                PUBLISHED; prints seconds
+ *   relay_bench shares   URI DB RELAYS B TIMEOUT_S  waits until RELAYS relays hold the leases of
+ *                                                all B buckets, a fair share each; prints seconds
  *   relay_bench rate     URI DB N TIMEOUT_S      like wait, but times from the first PUBLISHED event
  *                                                (process start and lease left out); prints the
  *                                                events/s published from then on
@@ -251,6 +253,38 @@ int main(int argc, char **argv) {
     double t = now_s() - t0;
     if (count(outbox, "PUBLISHED") < n) die("wait", "no event left PENDING, but fewer than N are PUBLISHED");
     printf("%.3f\n", t);
+  } else if (strcmp(cmd, "shares") == 0 && argc >= 7) {
+    /* every bucket's lease live, held by RELAYS owners, none holding more than its fair share */
+    int relays = atoi(argv[4]), buckets = atoi(argv[5]), share = (buckets + relays - 1) / relays;
+    double start = now_s(), limit = atof(argv[6]);
+    mongoc_collection_t *leases = mongoc_client_get_collection(client, db, "leases");
+    for (;;) {
+      if (now_s() - start > limit) die("shares", "the relays did not share the buckets in time");
+      char owners[64][128];
+      int held[64] = {0}, nowners = 0, live = 0;
+      bson_t *filter = BCON_NEW("expiresAt", "{", "$gt", BCON_DATE_TIME((int64_t)time(NULL) * 1000), "}");
+      mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(leases, filter, NULL, NULL);
+      const bson_t *doc;
+      bson_iter_t it;
+      while (mongoc_cursor_next(cursor, &doc)) {
+        if (!bson_iter_init_find(&it, doc, "owner") || !BSON_ITER_HOLDS_UTF8(&it)) continue;
+        const char *owner = bson_iter_utf8(&it, NULL);
+        int o = 0;
+        while (o < nowners && strcmp(owners[o], owner)) o++;
+        if (o == nowners && nowners < 64) snprintf(owners[nowners++], sizeof owners[0], "%s", owner);
+        if (o < 64) held[o]++;
+        live++;
+      }
+      mongoc_cursor_destroy(cursor);
+      bson_destroy(filter);
+      bool fair = live == (buckets > 1 ? buckets : 1) && nowners == (relays < buckets ? relays : buckets);
+      for (int o = 0; o < nowners; o++) fair = fair && held[o] <= share;
+      if (fair) break;
+      struct timespec ts = {0, 50 * 1000000L};
+      nanosleep(&ts, NULL);
+    }
+    printf("%.3f\n", now_s() - start);
+    mongoc_collection_destroy(leases);
   } else if (strcmp(cmd, "rate") == 0 && argc >= 6) {
     int64_t n = atoll(argv[4]);
     double limit = atof(argv[5]), start = now_s(), t0 = 0;
