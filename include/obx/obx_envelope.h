@@ -53,9 +53,16 @@ typedef struct {
 
 void obx_envelope_init(obx_envelope_t *msg);
 void obx_envelope_cleanup(obx_envelope_t *msg);
+/* A new NUL-terminated copy of len bytes (which may hold NULs): how every field of an envelope is
+ * filled, so obx_envelope_cleanup frees it. */
+char *obx_envelope_copy(const void *bytes, size_t len);
+/* Appends a header (name and value copied); past OBX_ENVELOPE_MAX_HEADERS it is counted in
+ * dropped_headers instead. */
+void obx_envelope_add_header(obx_envelope_t *msg, const char *name, size_t name_len, const void *value,
+                             size_t value_len);
 /* Fills msg (after init) from a Kafka record in binary mode: headers, key and value copied. */
 void obx_envelope_from_record(obx_envelope_t *msg, const char *message_id, const void *key, size_t key_len,
-                                const void *value, size_t value_len, const obx_ce_header_t *headers, int nheaders);
+                              const void *value, size_t value_len, const obx_ce_header_t *headers, int nheaders);
 /* Fills msg (after init) from an event, in the form obx_event_to_kafka gives it. */
 bool obx_envelope_from_event(obx_envelope_t *msg, const obx_event_t *ev, obx_err_t *err);
 /* Decodes the CloudEvent a message carries (obx_event_from_kafka). ev must be initialised. */
