@@ -22,9 +22,10 @@
  *   holds fewer than the share       it may take (share - held) more: free buckets first (no
  *                                    lease, expired, or a stale one of its own), starting at
  *                                    index * B / N of the live members in owner order so that
- *                                    relays pick different ones, then buckets another relay
- *                                    holds (a standby: it takes them when they expire or are
- *                                    released)
+ *                                    relays pick different ones, then those of relays no longer
+ *                                    live (taken the moment their lease expires), then buckets
+ *                                    another live relay holds (a standby: it takes them when
+ *                                    they expire or are released)
  *   holds its share                  keeps them (sticky: nothing moves while membership holds)
  *
  * So a relay that joins gets its share as the others see it and hand their surplus over, and
@@ -214,10 +215,11 @@ static bool group_members(relay_group_t *group, mongoc_collection_t *members, in
 
 /* ---- the plan ------------------------------------------------------------------------------- */
 
-/* The state of every bucket's lease (free: none, expired, or a stale one of ours) into state[],
- * the soonest expiry of another relay's into *next_ms; false on a MongoDB error. */
-static bool group_leases(relay_group_t *group, mongoc_collection_t *leases, int64_t now, relay_lease_state_t *state,
-                         int64_t *next_ms) {
+/* The state of every bucket's lease (free: none, expired, or a stale one of ours; orphan: its
+ * owner is not among the live members m) into state[], another relay's expiry into expiry[b];
+ * false on a MongoDB error. */
+static bool group_leases(relay_group_t *group, mongoc_collection_t *leases, int64_t now, const group_members_t *m,
+                         relay_lease_state_t *state, int64_t *expiry) {
   bson_t *filter = bson_new(), id, in;
   char idx[16];
   BSON_APPEND_DOCUMENT_BEGIN(filter, "_id", &id);
@@ -226,6 +228,7 @@ static bool group_leases(relay_group_t *group, mongoc_collection_t *leases, int6
     snprintf(idx, sizeof idx, "%d", b);
     BSON_APPEND_UTF8(&in, idx, group->relays[b]->lease_id);
     state[b] = RELAY_LEASE_FREE;
+    expiry[b] = 0;
   }
   bson_append_array_end(&id, &in);
   bson_append_document_end(filter, &id);
@@ -239,8 +242,9 @@ static bool group_leases(relay_group_t *group, mongoc_collection_t *leases, int6
     if (!lid || expires <= now || (owner && strcmp(owner, group->owner) == 0)) continue;
     for (int32_t b = 0; b < group->nbuckets; b++)
       if (strcmp(lid, group->relays[b]->lease_id) == 0) {
-        state[b] = RELAY_LEASE_OTHER;
-        if (expires < *next_ms) *next_ms = expires;
+        bool live = owner && bsearch(&owner, m->owners, (size_t)m->n, sizeof *m->owners, owner_cmp);
+        state[b] = live ? RELAY_LEASE_OTHER : RELAY_LEASE_ORPHAN;
+        expiry[b] = expires;
       }
   }
   bool ok = !mongoc_cursor_error(cursor, &berr);
@@ -261,10 +265,11 @@ int32_t relay_share_plan(int32_t nb, const bool *held, const relay_lease_state_t
   }
   int32_t want = share - nheld, start = (int32_t)((int64_t)me * nb / live);
   for (int32_t b = 0; b < nb; b++) allowed[b] = held[b];
-  for (int pass = 0; pass < 2; pass++) /* free buckets first, then those another relay holds */
+  /* free buckets first, then those of relays no longer live, then those live others hold */
+  for (relay_lease_state_t pass = RELAY_LEASE_FREE; pass <= RELAY_LEASE_OTHER; pass++)
     for (int32_t i = 0; i < nb && want > 0; i++) {
       int32_t b = (start + i) % nb;
-      if (allowed[b] || state[b] != (pass ? RELAY_LEASE_OTHER : RELAY_LEASE_FREE)) continue;
+      if (allowed[b] || state[b] != pass) continue;
       allowed[b] = true;
       want--;
     }
@@ -283,10 +288,10 @@ static int64_t group_plan(relay_group_t *group, mongoc_collection_t *members, mo
   group_members_t m;
   relay_lease_state_t *state = calloc((size_t)nb, sizeof *state);
   bool *held = calloc((size_t)nb, sizeof *held), *allowed = calloc((size_t)nb, sizeof *allowed);
-  if (!state || !held || !allowed) abort();
-  int64_t lease_expiry = INT64_MAX;
+  int64_t *expiry = calloc((size_t)nb, sizeof *expiry);
+  if (!state || !held || !allowed || !expiry) abort();
   if (!group->beat_ok || !group_members(group, members, now, &m)) goto done; /* as they are */
-  if (!group_leases(group, leases, now, state, &lease_expiry)) {
+  if (!group_leases(group, leases, now, &m, state, expiry)) {
     members_cleanup(&m);
     goto done;
   }
@@ -296,14 +301,16 @@ static int64_t group_plan(relay_group_t *group, mongoc_collection_t *members, mo
   int32_t nheld = 0;
   for (int32_t b = 0; b < nb; b++) nheld += held[b] = atomic_load(&group->relays[b]->counters.leader) != 0;
   int32_t share = relay_share_plan(nb, held, state, live, me, allowed);
-  for (int32_t b = 0; b < nb; b++) atomic_store(&group->relays[b]->allowed, allowed[b]);
-  if (nheld < share) {
-    if (now + GROUP_SHORT_TICK_MS < next) next = now + GROUP_SHORT_TICK_MS;
-    if (lease_expiry < next) next = lease_expiry + 1;
+  for (int32_t b = 0; b < nb; b++) {
+    /* standing by on another relay's bucket: its relay tries the lease the moment it expires */
+    if (allowed[b] && !held[b] && state[b] != RELAY_LEASE_FREE) atomic_store(&group->relays[b]->take_at_ms, expiry[b] + 1);
+    atomic_store(&group->relays[b]->allowed, allowed[b]);
   }
+  if (nheld < share && now + GROUP_SHORT_TICK_MS < next) next = now + GROUP_SHORT_TICK_MS;
   if (m.next_expiry_ms < next) next = m.next_expiry_ms + 1; /* the share may grow then */
   members_cleanup(&m);
 done:
+  free(expiry);
   free(allowed);
   free(held);
   free(state);

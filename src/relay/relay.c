@@ -38,6 +38,7 @@
 
 #define RELAY_REPORT_BATCH 256
 #define RELAY_REPORT_DELAY_MS 10
+#define RELAY_HANDOVER_WAIT_MS 30000 /* a hand-over waits this long for the reports of what is in flight */
 #define RELAY_CE_SOURCE "/outboxd"
 #define RELAY_READY_METADATA_MS 800 /* /readyz answers within the probe's 2 s with the MongoDB ping */
 
@@ -419,13 +420,27 @@ static void relay_lease_step_down(obx_relay_t *relay, const char *why) {
 
 static void relay_checkpoint_write(obx_relay_t *relay);
 
-/* The group gives the bucket to another relay (a fair share, buckets.c): everything in flight
- * is reported and recorded, the checkpoint written, then the lease released, so the next holder
- * starts at once from where this one ended. */
+/* The group gives the bucket to another relay (a fair share, buckets.c). Intake stops (the
+ * stream is closed, the loop only serves reports); once no record is in flight (called again on
+ * every tick meanwhile, at most RELAY_HANDOVER_WAIT_MS) the reports are recorded, the checkpoint
+ * written and the lease released, so the next holder starts at once from where this one ended
+ * and never publishes a key while this relay's producer still holds an event of it. After the
+ * bound (Kafka unreachable) it hands over anyway, and what is still in flight may be published
+ * twice. */
 static void relay_hand_over(obx_relay_t *relay) {
-  obx_info("relay hands bucket %d of %d over (the group's fair share)", relay->bucket, relay->nbuckets);
-  relay_stream_close(relay);
-  obx_relay_producer_flush(relay->producer, 5000);
+  int64_t now = obx_time_now_ms();
+  int pending = obx_relay_producer_pending(relay->producer);
+  if (!relay->handover_since_ms) {
+    relay->handover_since_ms = now;
+    obx_info("relay hands bucket %d of %d over (the group's fair share) once its %d events in flight are reported",
+             relay->bucket, relay->nbuckets, pending);
+    relay_stream_close(relay);
+  }
+  if (pending > 0 && now - relay->handover_since_ms < RELAY_HANDOVER_WAIT_MS) return;
+  if (pending > 0)
+    obx_warn("relay hands bucket %d over with %d events still in flight after %d ms (they may be published twice)",
+             relay->bucket, pending, RELAY_HANDOVER_WAIT_MS);
+  relay->handover_since_ms = 0;
   relay_write_reports(relay);
   relay_checkpoint_write(relay);
   relay_lease_step_down(relay, "bucket handed over");
@@ -437,9 +452,15 @@ static void relay_lease_tick(obx_relay_t *relay) {
   int64_t now = obx_time_now_ms(), lease = relay->conf->relay_lease;
   bool allowed = atomic_load(&relay->allowed);
   if (relay->leader && !allowed) relay_hand_over(relay);
+  if (allowed) relay->handover_since_ms = 0; /* allowed again before the hand-over ended */
   if (!relay->leader && !allowed) {
     relay->next_lease_ms = 0; /* once allowed: an attempt at once */
     return;
+  }
+  int64_t take_at = atomic_load(&relay->take_at_ms);
+  if (!relay->leader && take_at && now >= take_at) {
+    atomic_store(&relay->take_at_ms, 0); /* a standby tries when the holder's lease ends, not a poll later */
+    relay->next_lease_ms = 0;
   }
   if (now < relay->next_lease_ms) return;
   if (relay->leader) relay_lease_renew(relay);
@@ -616,7 +637,8 @@ static bool relay_lead_begin(obx_relay_t *relay) {
   relay_stream_open(relay);
   if (!relay->ckpt_token) {
     obx_info("no checkpoint: publishing PENDING events, then following the stream from now");
-    relay_sweep_all(relay);
+    /* cut short (a hand-over began, an error): the stream step sweeps again while it leads */
+    if (!relay_sweep_all(relay) && relay->leader && !relay->stopping) relay->sweep_due = true;
   }
   return true;
 }
@@ -666,6 +688,10 @@ static void *relay_main(void *arg) {
     relay_lease_tick(relay);
     if (!relay->leader) {
       relay_serve(relay, 50, true); /* reports of what was in flight when we stepped down */
+      continue;
+    }
+    if (!atomic_load(&relay->allowed)) {
+      relay_serve(relay, 20, true); /* handing the bucket over: no intake, reports only */
       continue;
     }
     if (!relay->led) {

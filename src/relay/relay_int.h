@@ -107,6 +107,7 @@ typedef struct obx_relay {
   char lease_id[RELAY_ID_LEN]; /* leases._id of its bucket */
   char ckpt_id[RELAY_ID_LEN];  /* relay_checkpoints._id of its bucket */
   atomic_bool allowed;  /* the group lets it hold its bucket (take the lease, or keep it) */
+  atomic_int_fast64_t take_at_ms; /* the group saw another relay's lease of it expire then: try at once */
 
   pthread_t thread;
   bool running;         /* thread started (relay_run) */
@@ -123,6 +124,7 @@ typedef struct obx_relay {
   int64_t epoch;
   int64_t lease_until_ms;   /* our own view: stop publishing after this */
   int64_t next_lease_ms;
+  int64_t handover_since_ms; /* handing the bucket over since (0: not) */
 
   /* change stream */
   mongoc_change_stream_t *stream;
@@ -177,14 +179,14 @@ void relay_bucket_filter(const obx_relay_t *relay, bson_t *query, const char *fi
 /* The relay of bucket b of a group obx_relay_start returned (tests; NULL for a NULL group).
  * Borrowed until obx_relay_stop (of relay->group). */
 obx_relay_t *relay_group_bucket(void *group, int32_t b);
-/* A bucket's lease as the group sees it: free (none, expired, or a stale one of its own) or
- * held by another relay. */
-typedef enum { RELAY_LEASE_FREE, RELAY_LEASE_OTHER } relay_lease_state_t;
+/* A bucket's lease as the group sees it: free (none, expired, or a stale one of its own), held
+ * by a relay that is no longer a live member (it expires soon), or by another live relay. */
+typedef enum { RELAY_LEASE_FREE, RELAY_LEASE_ORPHAN, RELAY_LEASE_OTHER } relay_lease_state_t;
 /* The plan of one turn (buckets.c's table): with `live` relays (this one the me-th in owner
  * order) and nb buckets, of which held[b] are this relay's and state[b] the others' leases,
  * allowed[b] says which it may hold: the surplus over the share is handed over (the highest
  * held buckets), a shortfall is made up with free buckets from me * nb / live on, then with
- * buckets others hold (standing by). Returns the share, ceil(nb / live). Pure. */
+ * those of relays no longer live, then with buckets live others hold (standing by). Returns the share, ceil(nb / live). Pure. */
 int32_t relay_share_plan(int32_t nb, const bool *held, const relay_lease_state_t *state, int live, int me,
                          bool *allowed);
 /* Sums the gauges of every bucket of relay's group into the process's metrics (metrics.c). */

@@ -307,7 +307,7 @@ bool relay_sweep_all(obx_relay_t *relay) {
     obx_health_stamp("full sweep: awaiting delivery reports");
     relay_serve(relay, found == 0 || relay_pending(relay) >= relay->conf->relay_max_inflight ? 20 : 0, false);
     relay_keys_tick(relay);
-    if (relay->stopping || !relay->leader) return false;
+    if (relay->stopping || !relay->leader || !atomic_load(&relay->allowed)) return false; /* or handing over */
   }
   relay_serve(relay, 0, true);
   obx_info("published the PENDING events found by a full scan (%lld claimed)", (long long)total);

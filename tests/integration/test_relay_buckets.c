@@ -8,9 +8,12 @@
  *   - test_relays_share_buckets_through_kill_and_join: three `outboxd --roles relay` processes
  *     over 12 buckets (2 s lease) each hold 4; kill -9 of one while events flow: its 4 buckets
  *     are held by the two others within the lease (plus polling slack), and they end with 6
- *     each; it comes back (4 each again), and a fourth joins: every relay ends with 3. Half the events are written without a
- *     bucket (a writer that leaves it out): each ends PUBLISHED with the bucket of its key. Read
- *     back from Kafka: every event at least once, the first copies of each key in commit order. */
+ *     each; it comes back (4 each again), and a fourth joins: every relay ends with 3. Half the
+ *     events are written without a bucket (a writer that leaves it out): each ends PUBLISHED
+ *     with the bucket of its key. The first 600 are written before any relay starts (published
+ *     by the sweepers, which give the bucket-less ones of other buckets their bucket), the rest
+ *     while the relays run (their streams). Read back from Kafka: every event at least once,
+ *     the first copies of each key in commit order. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -287,6 +290,7 @@ static void test_relays_share_buckets_through_kill_and_join(void **state) {
   ctx.ids = calloc(MAX_EVENTS, sizeof *ctx.ids);
   ctx.key_of = calloc(MAX_EVENTS, sizeof *ctx.key_of);
 
+  insert_events(&ctx, 600); /* before any relay: their first sweeps publish them (and give buckets) */
   for (int r = 0; r < 3; r++) relay_spawn(&ctx, r);
   wait_shares(&ctx, (int[RELAYS]){4, 4, 4, -1}, 30000, "three relays");
   insert_events(&ctx, 1500);

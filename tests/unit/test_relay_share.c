@@ -2,8 +2,8 @@
  *
  * DESIGN: one row per line of the table at the top of src/relay/buckets.c: a relay's held
  * buckets, the others' leases and the live relays in, the buckets it may hold out. Buckets are
- * written as strings, one character per bucket: held 'H' / free '.' / another relay's 'O'; the
- * wanted plan as 'A' (allowed) / '.'. */
+ * written as strings, one character per bucket: held 'H' / free '.' / a live relay's 'O' / a
+ * relay's that is no longer live 'D'; the wanted plan as 'A' (allowed) / '.'. */
 #include <stdio.h>
 #include <string.h>
 
@@ -12,7 +12,7 @@
 
 typedef struct {
   const char *name;
-  const char *buckets; /* H held, . free, O another relay's */
+  const char *buckets; /* H held, . free, O a live relay's, D a dead relay's */
   int live, me;
   const char *want;    /* A allowed */
   int share;
@@ -29,6 +29,8 @@ static const row_t rows[] = {
   {"from its place: the second relay starts at 6", "OOOOHHHH....", 2, 1, "....AAAAAA..", 6},
   {"not enough free: stands by on others' buckets", "HHHHOOOOOOO.", 2, 0, "AAAAA......A", 6},
   {"joining: stands by on others' until they hand over", "OOOOOOOOOOOO", 4, 3, ".........AAA", 3},
+  {"one died, its leases not expired yet: its buckets before live ones", "HHHHOOOODDDD", 2, 0, "AAAA....AA..", 6},
+  {"free, then dead, then live", "HHHHO.OODDDD", 2, 0, "AAAA.A..A...", 6},
   {"one bucket, a standby: stands by on it", "O", 2, 1, "A", 1},
   {"one bucket, the holder keeps it", "H", 2, 0, "A", 1},
   {"more relays than buckets: one each at most", "HH..", 8, 0, "A...", 1},
@@ -44,7 +46,7 @@ static void test_share_plan(void **state) {
     relay_lease_state_t leases[16];
     for (int32_t b = 0; b < nb; b++) {
       held[b] = row->buckets[b] == 'H';
-      leases[b] = row->buckets[b] == 'O' ? RELAY_LEASE_OTHER : RELAY_LEASE_FREE;
+      leases[b] = row->buckets[b] == 'O' ? RELAY_LEASE_OTHER : row->buckets[b] == 'D' ? RELAY_LEASE_ORPHAN : RELAY_LEASE_FREE;
     }
     int32_t share = relay_share_plan(nb, held, leases, row->live, row->me, allowed);
     char got[17];
