@@ -14,6 +14,7 @@
 
 #include <stdbool.h>
 #include <stdio.h>
+#include "obx_trace.h"
 
 typedef enum { OBX_LOG_DEBUG = 0, OBX_LOG_INFO, OBX_LOG_WARN, OBX_LOG_ERROR, OBX_LOG_OFF } obx_log_level_t;
 
@@ -66,9 +67,11 @@ bool obx_log_key_is_secret(const char *key);
 
 /* Routes the client libraries' logs into ours: mongoc_log_set_handler; and, for an
  * rd_kafka_conf_t (void * to keep rdkafka.h out), rd_kafka_conf_set_log_cb; curl debug output is
- * routed with obx_log_curl_attach(CURL *) which sets CURLOPT_DEBUGFUNCTION at debug level. */
+ * routed with obx_log_curl_attach(CURL *, trace) which sets CURLOPT_DEBUGFUNCTION at debug level;
+ * its lines carry `trace` (borrowed for the handle's life; NULL: the performing thread's
+ * current context). */
 void obx_log_route_mongoc(void);
 void obx_log_route_kafka(void *rd_kafka_conf);
-void obx_log_curl_attach(void *curl_easy);
+void obx_log_curl_attach(void *curl_easy, const obx_trace_ctx_t *trace);
 
 #endif

@@ -22,9 +22,13 @@
  *
  * Threads: one Kafka poll thread (owns the consumer, the offset trackers and the pauses), one
  * work-queue thread (owns the AMQP consumer, acks), ORDER_POST_CONCURRENCY runner threads
- * (sched.c). Every event is queued behind the earlier events of its key (partitionKey) and a key
- * is run by one runner at a time, so one key's events run in arrival order while other keys run
- * in parallel; a key whose call hangs holds one runner and its own queue only. The poll thread
+ * (sched.c), one IO thread (io.c: every http-request call in flight, in a libcurl multi handle).
+ * Every event is queued behind the earlier events of its key (partitionKey) and a key is run by
+ * one runner at a time, so one key's events run in arrival order while other keys run in
+ * parallel; a run that reaches an http-request call hands it to the IO thread and frees its
+ * runner, and goes on on a runner when the call ended, its key held meanwhile. Up to
+ * WORKER_MAX_INFLIGHT events (queued, running or waiting for a call) are in flight; a key whose
+ * call hangs holds its own queue only. The poll thread
  * never blocks: when a key holds 64 events or the worker WORKER_MAX_INFLIGHT, it pauses the
  * partition of the record it just queued (rd_kafka_pause_partitions) and resumes it once the key
  * is half drained and the worker under three quarters of the bound; polls, heartbeats and

@@ -383,14 +383,20 @@ static int curl_handler(CURL *handle, curl_infotype type, char *data, size_t siz
   }
   if (sb.len) {
     obx_log_field_t f[2] = {{"lib", "curl"}, {"kind", kind}};
+    /* the call's own context: the thread that performs it may be another (the worker's IO thread) */
+    obx_trace_ctx_t outer = {0};
+    if (userp && obx_trace_current()) outer = *obx_trace_current();
+    if (userp) obx_trace_set_current(userp);
     write_line(OBX_LOG_DEBUG, f, 2, sb.s);
+    if (userp) obx_trace_set_current(&outer);
   }
   free(sb.s);
   return 0;
 }
 
-void obx_log_curl_attach(void *curl_easy) {
+void obx_log_curl_attach(void *curl_easy, const obx_trace_ctx_t *trace) {
   if (!obx_log_enabled(OBX_LOG_DEBUG)) return;
   curl_easy_setopt((CURL *)curl_easy, CURLOPT_DEBUGFUNCTION, curl_handler);
+  if (trace) curl_easy_setopt((CURL *)curl_easy, CURLOPT_DEBUGDATA, (void *)trace);
   curl_easy_setopt((CURL *)curl_easy, CURLOPT_VERBOSE, 1L);
 }

@@ -27,6 +27,7 @@
 
 #include "obx/obx_log.h"
 #include "obx/obx_metrics.h"
+#include "obx/obx_trace.h"
 
 static void free_list(char **list, int n) {
   for (int i = 0; i < n; i++) bson_free(list[i]);
@@ -358,6 +359,7 @@ struct obx_egress_call {
   CURL *curl;
   struct curl_slist *hdrs, *pins;
   char errbuf[CURL_ERROR_SIZE];
+  obx_trace_ctx_t trace; /* the context current when the call was made: its curl log lines carry it */
 };
 
 static curl_socket_t open_socket(void *clientp, curlsocktype purpose, struct curl_sockaddr *address) {
@@ -449,7 +451,8 @@ obx_egress_call_t *obx_egress_call_new(const obx_egress_t *egress, const char *m
   }
   /* POSTFIELDS implies POST: any other method (GET with a body included) is named explicitly */
   if (strcasecmp(method, "POST") != 0) curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
-  obx_log_curl_attach(curl);
+  if (obx_trace_current()) call->trace = *obx_trace_current();
+  obx_log_curl_attach(curl, call->trace.valid ? &call->trace : NULL);
   return call;
 }
 

@@ -3,7 +3,9 @@
  * DESIGN: see include/obx/obx_worker.h. Owns the run of one event
  * on a runner thread (worker_run_job, worker_handle): decode the envelope (malformed: the DLQ),
  * claim its inbox entry (a live peer's claim is never run here; an expired one is taken over),
- * admit it behind its parked key (BLOCKED), look up and run its pipeline once, record the
+ * admit it behind its parked key (BLOCKED), look up and run its pipeline once (a run stopped at
+ * an http-request call waits on the IO thread, io.c, the event kept in its job, and goes on in
+ * worker_handle_resume on whichever runner is free when the call ended), record the
  * outcome (only the recording is retried), then a retry tier (intent before publish) or the DLQ
  * (worker_dead_letter: the one way out of every failure that is not a retry). Never touches a
  * source's consumer, offsets or acks (kafka.c, workq.c, sink.c settle the outcome it hands
@@ -26,32 +28,61 @@
 #include "obx/obx_trace.h"
 #include "worker_int.h"
 
+static worker_outcome_t worker_handle(event_t *e, int32_t partition, int64_t offset);
+static worker_outcome_t worker_handle_resume(event_t *e, CURLcode rc);
+
+/* An event_t (it holds bson_t values: 128-byte aligned, zeroed). */
+static event_t *event_new(void) {
+  size_t bytes = (sizeof(event_t) + _Alignof(event_t) - 1) / _Alignof(event_t) * _Alignof(event_t);
+  event_t *e = aligned_alloc(_Alignof(event_t), bytes);
+  assert(e);
+  memset(e, 0, bytes);
+  return e;
+}
+
 /* The runners' callback (sched.c): one event end to end, then its outcome back to its source.
  * Nothing runs before the worker's collections and indexes exist (the schema guard); an HTTP
  * event is answered 503 meanwhile (the sender delivers again). worker_handle bounds its own
  * retries: it returns WORKER_INFRA only when the event could be put nowhere (or the worker
- * stops), and the source then gives it back. */
-void worker_run_job(void *ctx, job_t *job) {
+ * stops), and the source then gives it back. When the event's pipeline stops at an http-request
+ * call, the job goes to the IO thread (io.c) with the event kept in it, and this runner is free;
+ * the call's end brings the job back here (job->event set), where the run goes on. */
+bool worker_run_job(void *ctx, job_t *job) {
   obx_worker_t *w = ctx;
-  job->outcome = WORKER_INFRA;
-  while (!obx_schema_guard_wait(w->schema, 100)) {
-    if (atomic_load(&w->stop) || job->source == WORKER_SOURCE_HTTP) goto done; /* HTTP: 503, sent again */
-    obx_health_stamp("waiting for the schema");
+  event_t *e = job->event;
+  if (e) {
+    job->outcome = worker_handle_resume(e, job->call_result);
+  } else {
+    job->outcome = WORKER_INFRA;
+    while (!obx_schema_guard_wait(w->schema, 100)) {
+      if (atomic_load(&w->stop) || job->source == WORKER_SOURCE_HTTP) goto done; /* HTTP: 503, sent again */
+      obx_health_stamp("waiting for the schema");
+    }
+    size_t klen;
+    const char *k = obx_envelope_partition_key(&job->msg, &klen);
+    e = job->event = event_new();
+    *e = (event_t){.w = w, .source = job->source, .msg = &job->msg, .key = strndup(k, klen)};
+    assert(e->key);
+    klen = strlen(e->key);
+    if (job->source == WORKER_SOURCE_KAFKA && worker_lost_key(w, e->key, klen, job->generation, false))
+      worker_wait_key_elsewhere(w, e->key);
+    job->outcome = job->source == WORKER_SOURCE_KAFKA ? worker_handle(e, job->partition, job->offset)
+                                                      : worker_handle(e, -1, -1);
   }
-  size_t klen;
-  const char *k = obx_envelope_partition_key(&job->msg, &klen);
-  char *key = strndup(k, klen); /* the run may change the envelope's headers */
-  assert(key);
-  klen = strlen(key);
-  if (job->source == WORKER_SOURCE_KAFKA && worker_lost_key(w, key, klen, job->generation, false)) worker_wait_key_elsewhere(w, key);
-  job->outcome = job->source == WORKER_SOURCE_KAFKA
-                   ? worker_handle(w, job->source, &job->msg, job->partition, job->offset)
-                   : worker_handle(w, job->source, &job->msg, -1, -1);
-  if (job->source == WORKER_SOURCE_KAFKA && job->outcome == WORKER_LOST) worker_lost_key(w, key, klen, job->generation, true);
-  free(key);
+  if (job->outcome == WORKER_WAITING) {
+    job->call = obx_pipeline_run_waiting(e->run);
+    worker_io_submit(w->io, job); /* the job is the IO thread's now */
+    return false;
+  }
+  if (job->source == WORKER_SOURCE_KAFKA && job->outcome == WORKER_LOST)
+    worker_lost_key(w, e->key, strlen(e->key), job->generation, true);
+  free(e->key);
+  free(e);
+  job->event = NULL;
   worker_count_outcome(w, job->outcome);
 done:
   worker_job_complete(w, job);
+  return true;
 }
 
 /* ---- the event's lifecycle ---------------------------------------------------------------- */
@@ -308,41 +339,56 @@ static bool claim_held(event_t *e) {
   return held;
 }
 
-/* Runs the pipeline of the event once and settles it: recorded, retried on a tier, or in the DLQ. */
+static worker_outcome_t settle_run(event_t *e);
+
+/* Looks the event's pipeline up and starts its run once. WORKER_WAITING when the run stops at an
+ * http-request call (e->run waits; worker_handle_resume goes on), else its settled outcome. */
 static worker_outcome_t run_event(event_t *e) {
   obx_worker_t *w = e->w;
   obx_envelope_t *msg = e->msg;
   const obx_event_t *ev = &e->ev;
-  worker_outcome_t outcome = WORKER_INFRA;
   obx_err_t err = OBX_ERR_INIT;
-  obx_pipeline_run_t *run = NULL;
-  bson_t ctx = BSON_INITIALIZER;
   obx_pipeline_trigger_for_event(ev->event_type, e->trigger, sizeof e->trigger);
-  int attempt = msg->attempt + 1;
 
   step_result_t looked = worker_retry_step(w, "pipeline lookup", ev->id, lookup_step, e,
                                     e->source == WORKER_SOURCE_HTTP ? 1 : 0, false, &err);
-  if (looked == STEP_STOPPED || (looked == STEP_EXHAUSTED && e->source == WORKER_SOURCE_HTTP)) goto done;
+  if (looked == STEP_STOPPED || (looked == STEP_EXHAUSTED && e->source == WORKER_SOURCE_HTTP)) return WORKER_INFRA;
   if (looked != STEP_OK) {
     char cause[600];
     snprintf(cause, sizeof cause, "pipeline lookup failed: %s", err.msg);
-    outcome = worker_dead_letter(e, looked == STEP_FAILED ? "terminal" : "infra", cause, false);
-    goto done;
+    return worker_dead_letter(e, looked == STEP_FAILED ? "terminal" : "infra", cause, false);
   }
-  outcome_txn_t t = {.w = w, .ev = ev, .cas = &e->cas, .attempts = attempt};
-  bool dlq_published = false;
-  if (!e->pipeline) {
-    t.status = OBX_INBOX_SKIPPED;
-    t.attempts = msg->attempt;
-    outcome = WORKER_SKIPPED;
-  } else {
+  if (e->pipeline) {
+    bson_t ctx = BSON_INITIALIZER;
     obx_pipeline_context_from_event(ev, &ctx);
     obx_pipeline_input_t in = {.context = &ctx, .org_id = ev->org_id, .trigger = e->trigger, .event_id = ev->id,
                                .correlation_id = ev->correlation_id, .aggregate_type = ev->aggregate_type,
                                .aggregate_id = ev->aggregate_id, .partition_key = ev->partition_key,
                                .replay_id = e->source == WORKER_SOURCE_WORK ? msg->replay_id : NULL,
-                               .attempt = attempt};
-    run = obx_pipeline_execute(e->pipeline, &in, &w->egress);
+                               .attempt = msg->attempt + 1};
+    e->run = obx_pipeline_start(e->pipeline, &in, &w->egress); /* the run keeps a copy of the input */
+    bson_destroy(&ctx);
+    if (obx_pipeline_run_waiting(e->run)) return WORKER_WAITING;
+  }
+  return settle_run(e);
+}
+
+/* Settles the event's finished run (e->run; NULL: no enabled pipeline): recorded, retried on a
+ * tier, or in the DLQ. */
+static worker_outcome_t settle_run(event_t *e) {
+  obx_worker_t *w = e->w;
+  obx_envelope_t *msg = e->msg;
+  const obx_event_t *ev = &e->ev;
+  worker_outcome_t outcome = WORKER_INFRA;
+  obx_pipeline_run_t *run = e->run;
+  int attempt = msg->attempt + 1;
+  outcome_txn_t t = {.w = w, .ev = ev, .cas = &e->cas, .attempts = attempt};
+  bool dlq_published = false;
+  if (!run) {
+    t.status = OBX_INBOX_SKIPPED;
+    t.attempts = msg->attempt;
+    outcome = WORKER_SKIPPED;
+  } else {
     t.run = run;
     worker_count_run(w, obx_pipeline_run_status(run));
     switch (obx_pipeline_run_status(run)) {
@@ -395,7 +441,7 @@ static worker_outcome_t run_event(event_t *e) {
   outcome = record(e, &t, outcome, dlq_published);
 done:
   obx_pipeline_run_destroy(run);
-  bson_destroy(&ctx);
+  e->run = NULL;
   return outcome;
 }
 
@@ -552,112 +598,149 @@ static bool check_headers(const obx_envelope_t *msg, obx_err_t *err) {
   return true;
 }
 
-worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_envelope_t *msg, int32_t partition,
-                               int64_t offset) {
-  event_t e = {.w = w, .source = source, .msg = msg};
-  obx_event_init(&e.ev);
+/* After the event's run was settled: a work-queue head that finished hands its key on. */
+static worker_outcome_t after_run(event_t *e, worker_outcome_t outcome) {
+  if ((outcome == WORKER_DONE || outcome == WORKER_SKIPPED) && e->source == WORKER_SOURCE_WORK &&
+      !worker_release_if_head(e))
+    return WORKER_INFRA;
+  return outcome;
+}
+
+/* The event's end, whatever its outcome: its claim leaves the renewed ones, its consumer span
+ * ends; what it held goes back. */
+static worker_outcome_t event_end(event_t *e, worker_outcome_t outcome) {
+  obx_worker_t *w = e->w;
+  if (e->claimed) worker_claims_remove(w, e->ev.id);
+  obx_pipeline_destroy(e->pipeline);
+  if (e->client) obx_mongo_push(w->mongo, e->client);
+  obx_event_cleanup(&e->ev);
+  if (outcome == WORKER_RETRYING || outcome == WORKER_DEAD || outcome == WORKER_INFRA)
+    obx_span_set_error(e->span, e->msg->last_error ? e->msg->last_error : "MongoDB or RabbitMQ unavailable");
+  obx_span_set_bool(e->span, "outboxd.duplicate", outcome == WORKER_DUPLICATE);
+  obx_trace_set_current(NULL);
+  obx_span_end(e->span);
+  return outcome;
+}
+
+/* One event from its decoding to its settled outcome (see obx_worker.h); e->msg may be updated
+ * (attempts, reason). partition/offset: the Kafka position (-1 otherwise). WORKER_WAITING when its
+ * run stopped at a call: e keeps everything, worker_handle_resume goes on. */
+static worker_outcome_t worker_handle(event_t *e, int32_t partition, int64_t offset) {
+  obx_worker_t *w = e->w;
+  worker_source_t source = e->source;
+  obx_envelope_t *msg = e->msg;
+  obx_event_init(&e->ev);
   obx_err_t err = OBX_ERR_INIT;
   worker_outcome_t outcome = WORKER_INFRA;
   int pre_tries = source == WORKER_SOURCE_HTTP ? 1 : 0; /* the sink's caller retries a 503 itself */
 
   /* decode: anything that cannot be decoded is dead-lettered as it came (class malformed). */
-  if (!obx_envelope_to_event(msg, &e.ev, &err) || !check_headers(msg, &err)) {
-    obx_event_cleanup(&e.ev);
-    obx_event_init(&e.ev);
+  if (!obx_envelope_to_event(msg, &e->ev, &err) || !check_headers(msg, &err)) {
+    obx_event_cleanup(&e->ev);
+    obx_event_init(&e->ev);
     if (source == WORKER_SOURCE_HTTP) return WORKER_MALFORMED;
     worker_count_malformed(w);
     char cause[600];
     snprintf(cause, sizeof cause, "malformed CloudEvent: %s", err.msg);
-    outcome = worker_dead_letter(&e, "malformed", cause, false);
-    obx_event_cleanup(&e.ev);
+    outcome = worker_dead_letter(e, "malformed", cause, false);
+    obx_event_cleanup(&e->ev);
     return outcome;
   }
-  if (!msg->message_id) msg->message_id = strdup(e.ev.id); /* the ladder and the DLQ find it by id */
-  obx_span_t *span = consume_span(w, source, msg, &e.ev, partition, offset);
-  obx_trace_set_current(obx_span_ctx(span)); /* logs, the pipeline's spans and its HTTP calls */
+  if (!msg->message_id) msg->message_id = strdup(e->ev.id); /* the ladder and the DLQ find it by id */
+  e->span = consume_span(w, source, msg, &e->ev, partition, offset);
+  obx_trace_set_current(obx_span_ctx(e->span)); /* logs, the pipeline's spans and its HTTP calls */
   char traceparent[OBX_TRACEPARENT_LEN + 1];
-  obx_trace_format(obx_span_ctx(span), traceparent);
-  e.client = obx_mongo_pop(w->mongo);
+  obx_trace_format(obx_span_ctx(e->span), traceparent);
+  e->client = obx_mongo_pop(w->mongo);
   for (int i = 0; i < msg->nheaders; i++) {
-    e.names[i] = msg->headers[i].name;
-    e.values[i] = msg->headers[i].value;
+    e->names[i] = msg->headers[i].name;
+    e->values[i] = msg->headers[i].value;
   }
-  e.entry = (obx_inbox_entry_t){.consumer = w->consumer, .event = &e.ev, .header_names = e.names,
-                                .header_values = e.values, .nheaders = msg->nheaders,
+  e->entry = (obx_inbox_entry_t){.consumer = w->consumer, .event = &e->ev, .header_names = e->names,
+                                .header_values = e->values, .nheaders = msg->nheaders,
                                 .seq = offset >= 0 ? offset : obx_time_now_ms(), .traceparent = traceparent,
                                 .owner = w->owner, .member = w->member, .lease_ms = w->lease_ms};
   if (source == WORKER_SOURCE_KAFKA) {
-    e.entry.topic = w->conf->kafka_topic;
-    e.entry.partition = partition;
-    e.entry.offset = offset;
+    e->entry.topic = w->conf->kafka_topic;
+    e->entry.partition = partition;
+    e->entry.offset = offset;
   } else {
-    e.entry.source_kind = source == WORKER_SOURCE_HTTP ? "http" : "amqp";
+    e->entry.source_kind = source == WORKER_SOURCE_HTTP ? "http" : "amqp";
   }
 
   /* claim */
-  step_result_t admitted = worker_retry_step(w, "inbox claim", e.ev.id, admit_step, &e, pre_tries, false, &err);
+  step_result_t admitted = worker_retry_step(w, "inbox claim", e->ev.id, admit_step, e, pre_tries, false, &err);
   if (admitted == STEP_STOPPED || (admitted == STEP_EXHAUSTED && source == WORKER_SOURCE_HTTP)) goto done;
   if (admitted != STEP_OK) {
     char cause[600];
     snprintf(cause, sizeof cause, "the inbox cannot store the event: %s", err.msg);
-    outcome = worker_dead_letter(&e, admitted == STEP_FAILED ? "malformed" : "infra", cause, false);
+    outcome = worker_dead_letter(e, admitted == STEP_FAILED ? "malformed" : "infra", cause, false);
     goto done;
   }
-  if (e.inserted && e.blocked) {
-    obx_log_event(OBX_LOG_INFO, e.ev.id, e.ev.correlation_id, "key %s is parked behind %s: stored BLOCKED",
-                  e.ev.partition_key, e.head);
+  if (e->inserted && e->blocked) {
+    obx_log_event(OBX_LOG_INFO, e->ev.id, e->ev.correlation_id, "key %s is parked behind %s: stored BLOCKED",
+                  e->ev.partition_key, e->head);
     outcome = WORKER_BLOCKED;
     goto done;
   }
-  if (!e.inserted) {
-    if (e.existing == OBX_INBOX_RETRYING && resend_intent(&e)) { /* the copy sent now carries it on */
+  if (!e->inserted) {
+    if (e->existing == OBX_INBOX_RETRYING && resend_intent(e)) { /* the copy sent now carries it on */
       outcome = WORKER_DUPLICATE;
       goto done;
     }
-    bool finished = e.existing == OBX_INBOX_DONE || e.existing == OBX_INBOX_SKIPPED;
+    bool finished = e->existing == OBX_INBOX_DONE || e->existing == OBX_INBOX_SKIPPED;
     /* From Kafka or HTTP, an event the ladder, the DLQ or its key already owns is a duplicate
      * too; from the work queue those are exactly the events to run again. */
-    bool owned = e.existing == OBX_INBOX_RETRYING || e.existing == OBX_INBOX_DEAD || e.existing == OBX_INBOX_BLOCKED;
+    bool owned = e->existing == OBX_INBOX_RETRYING || e->existing == OBX_INBOX_DEAD || e->existing == OBX_INBOX_BLOCKED;
     bool replay = source == WORKER_SOURCE_WORK && msg->replay_id;
     if ((finished && !replay) || (source != WORKER_SOURCE_WORK && owned)) {
-      obx_log_event(OBX_LOG_DEBUG, e.ev.id, e.ev.correlation_id, "duplicate (%s): skipped",
-                    obx_inbox_status_name(e.existing));
+      obx_log_event(OBX_LOG_DEBUG, e->ev.id, e->ev.correlation_id, "duplicate (%s): skipped",
+                    obx_inbox_status_name(e->existing));
       outcome = WORKER_DUPLICATE;
       /* A finished head that comes back (a copy, or a release interrupted by a stop) still
        * hands its key on. */
-      if (finished && source == WORKER_SOURCE_WORK && !worker_release_if_head(&e)) outcome = WORKER_INFRA;
+      if (finished && source == WORKER_SOURCE_WORK && !worker_release_if_head(e)) outcome = WORKER_INFRA;
       goto done;
     }
     /* claim: never run what a live peer runs; take over an expired claim */
-    step_result_t r = worker_retry_step(w, "inbox claim", e.ev.id, take_step, &e, pre_tries, false, &err);
+    step_result_t r = worker_retry_step(w, "inbox claim", e->ev.id, take_step, e, pre_tries, false, &err);
     if (r == STEP_STOPPED || (r == STEP_EXHAUSTED && source == WORKER_SOURCE_HTTP)) goto done;
     if (r != STEP_OK) {
       char cause[600];
       snprintf(cause, sizeof cause, "claiming the inbox entry failed: %s", err.msg);
-      outcome = worker_dead_letter(&e, r == STEP_FAILED ? "terminal" : "infra", cause, false);
+      outcome = worker_dead_letter(e, r == STEP_FAILED ? "terminal" : "infra", cause, false);
       goto done;
     }
-    if (e.claim != CLAIM_TAKEN) {
-      outcome = claim_not_taken(&e);
-      if (e.claim != CLAIM_TAKEN) goto done;
+    if (e->claim != CLAIM_TAKEN) {
+      outcome = claim_not_taken(e);
+      if (e->claim != CLAIM_TAKEN) goto done;
     }
   }
   /* the claim's attempts: a fresh entry's 0, a taken one's the copy's (obx_inbox_take) */
-  e.cas = (obx_inbox_cas_t){.owner = w->owner, .attempts = e.inserted ? 0 : msg->attempt, .lease_ms = w->lease_ms};
-  e.claimed = true;
-  worker_claims_add(w, e.ev.id);
-  outcome = run_event(&e);
-  if ((outcome == WORKER_DONE || outcome == WORKER_SKIPPED) && source == WORKER_SOURCE_WORK && !worker_release_if_head(&e))
-    outcome = WORKER_INFRA;
+  e->cas = (obx_inbox_cas_t){.owner = w->owner, .attempts = e->inserted ? 0 : msg->attempt, .lease_ms = w->lease_ms};
+  e->claimed = true;
+  worker_claims_add(w, e->ev.id);
+  outcome = run_event(e);
+  if (outcome == WORKER_WAITING) {
+    obx_mongo_push(w->mongo, e->client); /* a waiting run holds no MongoDB client */
+    e->client = NULL;
+    obx_trace_set_current(NULL);
+    return outcome;
+  }
+  outcome = after_run(e, outcome);
 done:
-  if (e.claimed) worker_claims_remove(w, e.ev.id);
-  obx_pipeline_destroy(e.pipeline);
-  if (e.client) obx_mongo_push(w->mongo, e.client);
-  obx_event_cleanup(&e.ev);
-  if (outcome == WORKER_RETRYING || outcome == WORKER_DEAD || outcome == WORKER_INFRA)
-    obx_span_set_error(span, msg->last_error ? msg->last_error : "MongoDB or RabbitMQ unavailable");
-  obx_span_set_bool(span, "outboxd.duplicate", outcome == WORKER_DUPLICATE);
-  obx_trace_set_current(NULL);
-  obx_span_end(span);
-  return outcome;
+  return event_end(e, outcome);
+}
+
+/* The event's run went on after its call ended (io.c): on to its next call (WORKER_WAITING
+ * again) or its end, then settled and ended as worker_handle ends it. */
+static worker_outcome_t worker_handle_resume(event_t *e, CURLcode rc) {
+  obx_trace_set_current(obx_span_ctx(e->span));
+  obx_pipeline_resume(e->run, rc);
+  if (obx_pipeline_run_waiting(e->run)) {
+    obx_trace_set_current(NULL);
+    return WORKER_WAITING;
+  }
+  e->client = obx_mongo_pop(e->w->mongo);
+  return event_end(e, after_run(e, settle_run(e)));
 }

@@ -4,7 +4,10 @@
  * or settles an event (the run callback, lifecycle.c, does). A job is queued behind the earlier
  * jobs of its key and a key is run by one thread at a time, so one key's events run strictly in
  * arrival order while other keys run in parallel; a key whose event hangs holds one runner and
- * its own queue, nothing else. Pushing never blocks: the sources read the depth of the key and
+ * its own queue, nothing else. A run that waits for an HTTP call (the run callback returns false,
+ * the call goes to the IO thread, io.c) frees its runner but keeps its key running; when the call
+ * ends, worker_sched_resume puts the job on the continuation list, which runners serve before
+ * fresh keys, and the key is released only when the run finishes. Pushing never blocks: the sources read the depth of the key and
  * the number in flight after each push and hold their intake themselves (the Kafka thread pauses
  * the partition concerned, see kafka.c). One mutex guards everything here. */
 #include <assert.h>
@@ -25,9 +28,10 @@ typedef struct keyq {
   uint32_t hash;
   worker_job_t *head, *tail;
   int n;             /* queued, not started */
-  bool running;      /* a runner holds its head */
+  bool running;      /* a runner holds its head, or its run waits for a call */
   bool ready;        /* on the ready list */
-  struct keyq *chain, *next_ready;
+  worker_job_t *cont; /* the running job, its call ended: on the continuation list */
+  struct keyq *chain, *next_ready, *next_cont;
 } keyq_t;
 
 struct worker_sched {
@@ -35,7 +39,9 @@ struct worker_sched {
   pthread_cond_t ready_cv;
   keyq_t *buckets[NBUCKETS];
   keyq_t *ready_head, *ready_tail;
-  int inflight;      /* queued + running */
+  keyq_t *cont_head, *cont_tail; /* keys whose waiting run can go on */
+  int inflight;      /* queued + running (waiting runs included) */
+  int waiting;       /* runs waiting for a call (handed to the IO thread) */
   bool stop;
   pthread_t *threads;
   int nthreads;
@@ -87,6 +93,30 @@ static void make_ready(worker_sched_t *s, keyq_t *q) {
   pthread_cond_signal(&s->ready_cv);
 }
 
+/* The next job for a runner: a continuation first (its key is running already), then the head of
+ * a ready key (not once stopping: queued jobs are left). NULL when there is none. */
+static worker_job_t *next_job(worker_sched_t *s) {
+  keyq_t *q = s->cont_head;
+  if (q) {
+    s->cont_head = q->next_cont;
+    if (!s->cont_head) s->cont_tail = NULL;
+    worker_job_t *job = q->cont;
+    q->cont = NULL;
+    return job;
+  }
+  if (s->stop || !(q = s->ready_head)) return NULL;
+  s->ready_head = q->next_ready;
+  if (!s->ready_head) s->ready_tail = NULL;
+  q->ready = false;
+  worker_job_t *job = q->head;
+  q->head = job->next;
+  if (!q->head) q->tail = NULL;
+  q->n--;
+  q->running = true;
+  job->sched_key = q;
+  return job;
+}
+
 static void *runner_main(void *arg) {
   worker_sched_t *s = arg;
   pthread_setname_np(pthread_self(), "obx-runner");
@@ -97,25 +127,21 @@ static void *runner_main(void *arg) {
   obx_health_register("worker", name);
   for (;;) {
     obx_health_idle(); /* waiting for a key with work is not being stuck */
-    while (!s->ready_head && !s->stop) pthread_cond_wait(&s->ready_cv, &s->mu);
-    if (s->stop) break;
-    keyq_t *q = s->ready_head;
-    s->ready_head = q->next_ready;
-    if (!s->ready_head) s->ready_tail = NULL;
-    q->ready = false;
-    worker_job_t *job = q->head;
-    q->head = job->next;
-    if (!q->head) q->tail = NULL;
-    q->n--;
-    q->running = true;
+    worker_job_t *job;
+    /* a stopping scheduler still serves the continuations of the runs waiting for a call */
+    while (!(job = next_job(s)) && !(s->stop && s->waiting == 0)) pthread_cond_wait(&s->ready_cv, &s->mu);
+    if (!job) break;
+    keyq_t *q = job->sched_key;
     pthread_mutex_unlock(&s->mu);
     obx_health_stamp("running an event");
-    s->run(s->ctx, job); /* hands the job on: not touched after this */
+    bool finished = s->run(s->ctx, job); /* a finished job is handed on: not touched after this */
     pthread_mutex_lock(&s->mu);
+    if (!finished) continue; /* held (worker_sched_hold): its key stays running until it ends */
     q->running = false;
     s->inflight--;
     if (q->head) make_ready(s, q);
     else forget(s, q);
+    if (s->stop) pthread_cond_broadcast(&s->ready_cv); /* the last waiting run may have ended */
   }
   pthread_mutex_unlock(&s->mu);
   obx_health_unregister();
@@ -163,6 +189,26 @@ void worker_sched_destroy(worker_sched_t *s, void (*left)(void *ctx, worker_job_
   pthread_cond_destroy(&s->ready_cv);
   pthread_mutex_destroy(&s->mu);
   free(s);
+}
+
+void worker_sched_hold(worker_sched_t *s) {
+  pthread_mutex_lock(&s->mu);
+  s->waiting++;
+  pthread_mutex_unlock(&s->mu);
+}
+
+void worker_sched_resume(worker_sched_t *s, worker_job_t *job) {
+  pthread_mutex_lock(&s->mu);
+  keyq_t *q = job->sched_key;
+  assert(q->running && !q->cont);
+  q->cont = job;
+  q->next_cont = NULL;
+  if (s->cont_tail) s->cont_tail->next_cont = q;
+  else s->cont_head = q;
+  s->cont_tail = q;
+  s->waiting--;
+  pthread_cond_signal(&s->ready_cv);
+  pthread_mutex_unlock(&s->mu);
 }
 
 void worker_sched_push(worker_sched_t *s, worker_job_t *job, const char *key, size_t len, int *key_depth,

@@ -82,6 +82,7 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   if (conf->worker_dlq_drain && !(w->drain = obx_ops_drain_start(conf, err))) goto fail;
 
   if (!(w->sched = worker_sched_new(w->nrunners, worker_run_job, w, err))) goto fail;
+  if (!(w->io = worker_io_start(w->sched, err))) goto fail;
   if (!worker_wq_start(w, err)) goto fail;
   atomic_store(&w->assigned, -1);
   if (http) obx_http_add_ready_check(http, "worker", worker_ready, w);
@@ -118,6 +119,8 @@ void obx_worker_destroy(obx_worker_t *w) {
   if (w->wq_running) pthread_join(w->wq_thread, NULL);
   worker_sched_destroy(w->sched, job_left, w); /* lets each runner finish its current event */
   w->sched = NULL;
+  worker_io_stop(w->io); /* after the runners: the calls of their events ended with them */
+  w->io = NULL;
   worker_kafka_close(w);
   if (w->wq) worker_wq_settle(w);
   /* every sink request waiting on a runner has its answer (503 from job_left): the listener

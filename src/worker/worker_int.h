@@ -7,6 +7,7 @@
  *   sink.c       the HTTP source (CloudEvents sink)
  *   jobs.c       a job between a source and the runners: queued by key, handed back to settle
  *   sched.c      the per-key queues and the runner threads
+ *   io.c         the IO thread: the http-request calls of every event in flight (libcurl multi)
  *   lifecycle.c  one event through its states (worker_run_job, worker_handle)
  *   steps.c      bounded retries of one step, publishes to the ladder
  *   claims.c     the claims this process holds (lease renewal) and the keys whose claim it lost
@@ -30,6 +31,7 @@
 #include "obx/obx_ops.h"
 #include "obx/obx_pipeline.h"
 #include "obx/obx_schema.h"
+#include "obx/obx_trace.h"
 #include "obx/obx_worker.h"
 
 #define INFRA_BACKOFF_MIN_MS 100
@@ -48,6 +50,7 @@ typedef enum {
   WORKER_MALFORMED, /* HTTP only: not a CloudEvent (Kafka/AMQP malformed input ends DEAD) */
   WORKER_INFRA,     /* MongoDB or RabbitMQ unavailable: nothing recorded, try again */
   WORKER_LOST,      /* its claim was taken over while it ran: nothing recorded, the peer settles it */
+  WORKER_WAITING,   /* not an outcome yet: its pipeline waits for an http-request call (io.c) */
 } worker_outcome_t;
 
 typedef struct {
@@ -69,6 +72,8 @@ int worker_sink_port(const worker_sink_t *sink);
 bool worker_schema_ready(obx_worker_t *w);
 void worker_sink_stop(worker_sink_t *sink);
 
+struct worker_event;
+
 /* One event handed from a source to the runners and back: the envelope and where it came from. */
 typedef struct worker_job {
   worker_source_t source;
@@ -78,6 +83,10 @@ typedef struct worker_job {
   uint64_t generation;        /* assignment generation the offset belongs to */
   worker_http_wait_t *wait;   /* HTTP: the handler waiting for the outcome */
   worker_outcome_t outcome;
+  struct worker_event *event; /* lifecycle.c: the event while its run waits for a call */
+  CURL *call;                 /* that call (io.c drives it) */
+  CURLcode call_result;       /* and its result, set when it ended */
+  void *sched_key;            /* sched.c: the key queue it runs under */
   struct worker_job *next;
 } worker_job_t;
 
@@ -86,17 +95,35 @@ typedef worker_job_t job_t;
 
 /* ---- scheduling (sched.c): per-key queues run by a pool of threads -------------------------- */
 typedef struct worker_sched worker_sched_t;
-/* Runs a job and hands it on; the scheduler does not touch the job afterwards. */
-typedef void (*worker_run_fn)(void *ctx, worker_job_t *job);
+/* Runs a job and hands it on (true); the scheduler does not touch the job afterwards. False: the
+ * job waits outside (worker_sched_hold, then worker_sched_resume) and its key stays running. */
+typedef bool (*worker_run_fn)(void *ctx, worker_job_t *job);
 /* Starts nthreads runners. Owned; NULL with err set when a thread cannot start. */
 worker_sched_t *worker_sched_new(int nthreads, worker_run_fn run, void *ctx, obx_err_t *err);
-/* Lets each runner finish its current job, then hands every queued job to left (may be NULL). */
+/* Lets each runner finish its current job and the held jobs end, then hands every queued job to
+ * left (may be NULL). */
 void worker_sched_destroy(worker_sched_t *sched, void (*left)(void *ctx, worker_job_t *job), void *ctx);
 /* Queues job behind the earlier jobs of key (takes it); never blocks. *key_depth and *inflight
  * (may be NULL) receive the key's queued + running count and the total after the push. */
 void worker_sched_push(worker_sched_t *sched, worker_job_t *job, const char *key, size_t len, int *key_depth,
                        int *inflight);
+/* A running job is about to wait outside the runners (its call, io.c): a stopping scheduler keeps
+ * its runners until it came back and ended. Called before the job is handed over. */
+void worker_sched_hold(worker_sched_t *sched);
+/* A held job can go on: queued for the next free runner, ahead of fresh keys; its key stayed
+ * running. Any thread. */
+void worker_sched_resume(worker_sched_t *sched, worker_job_t *job);
 int worker_sched_key_depth(worker_sched_t *sched, const char *key, size_t len);
+
+/* ---- the IO thread (io.c): every http-request call in flight, in one libcurl multi handle ---- */
+typedef struct worker_io worker_io_t;
+/* Owned; NULL with err when the multi handle or the thread cannot be made. */
+worker_io_t *worker_io_start(worker_sched_t *sched, obx_err_t *err);
+/* Drives job->call; when it ends, sets job->call_result and resumes the job (worker_sched_resume).
+ * The caller no longer touches the job. */
+void worker_io_submit(worker_io_t *io, worker_job_t *job);
+/* After worker_sched_destroy (no call left): ends the thread, frees. NULL is a no-op. */
+void worker_io_stop(worker_io_t *io);
 int worker_sched_inflight(worker_sched_t *sched);
 /* Removes the queued (not started) jobs `which` selects, handing each to `dropped`; returns how
  * many. Called with the scheduler's lock held: the callbacks must not call back into it. */
@@ -170,6 +197,7 @@ struct obx_worker {
   obx_pipeline_cache_t *pipelines; /* enabled pipeline per (org, trigger), PIPELINES_CACHE_TTL */
 
   worker_sched_t *sched;    /* per-key queues and the runner threads (sched.c) */
+  worker_io_t *io;          /* the IO thread of the http-request calls (io.c) */
   int nrunners;             /* ORDER_POST_CONCURRENCY */
   int max_inflight;         /* WORKER_MAX_INFLIGHT */
   atomic_bool stop;
@@ -195,10 +223,7 @@ struct obx_worker {
   obx_ops_drain_t *drain; /* parking-lot queue -> dead_letters (src/ops/ops_drain.c) */
 };
 
-/* Runs one event end to end (see obx_worker.h); msg may be updated (attempts, reason).
- * partition/offset: the Kafka position (-1 otherwise). */
-worker_outcome_t worker_handle(obx_worker_t *w, worker_source_t source, obx_envelope_t *msg, int32_t partition,
-                               int64_t offset);
+
 /* ---- jobs (jobs.c) ------------------------------------------------------------------------ */
 void worker_job_free(job_t *job);
 /* Queues a job behind the earlier ones of its key (never blocks); *key_depth and *inflight
@@ -215,7 +240,7 @@ typedef enum {
 } claim_t;
 
 /* One event on its way through worker_handle: what it is, where it came from, what happened. */
-typedef struct {
+typedef struct worker_event {
   obx_worker_t *w;
   worker_source_t source;
   obx_envelope_t *msg;   /* the envelope; attempts, reason and history are updated on it */
@@ -234,10 +259,15 @@ typedef struct {
   /* lookup */
   obx_pipeline_t *pipeline;
   char trigger[160];
+  /* run: kept while the run waits for a call (WORKER_WAITING) */
+  obx_pipeline_run_t *run;
+  obx_span_t *span;        /* the consumer span, open until the event ends */
+  char *key;               /* the key its job was queued under (the run may change the headers) */
 } event_t;
 
-/* The runners' callback (sched.c): one event end to end, then its outcome back to its source. */
-void worker_run_job(void *ctx, job_t *job);
+/* The runners' callback (sched.c): one event end to end, then its outcome back to its source;
+ * false while its run waits for a call (io.c has the job; the callback runs again to go on). */
+bool worker_run_job(void *ctx, job_t *job);
 /* Ends an event in the DLQ (class, cause); see lifecycle.c. */
 worker_outcome_t worker_dead_letter(event_t *e, const char *failure_class, const char *cause, bool attempted);
 

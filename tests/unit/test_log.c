@@ -271,7 +271,7 @@ static void test_curl_routing(void **state) {
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, hdrs);
   curl_easy_setopt(curl, CURLOPT_POSTFIELDS, "{\"body\":\"never-logged\"}");
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, discard);
-  obx_log_curl_attach(curl);
+  obx_log_curl_attach(curl, NULL);
   CURLcode rc = curl_easy_perform(curl);
   curl_slist_free_all(hdrs);
   curl_easy_cleanup(curl);
@@ -291,7 +291,7 @@ static void test_curl_routing(void **state) {
   capture_reset(cap);
   obx_log_set_level(OBX_LOG_INFO);
   curl = curl_easy_init();
-  obx_log_curl_attach(curl);
+  obx_log_curl_attach(curl, NULL);
   curl_easy_setopt(curl, CURLOPT_URL, "http://127.0.0.1:1/");
   curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
   curl_easy_perform(curl);
