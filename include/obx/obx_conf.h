@@ -109,6 +109,10 @@ typedef struct {
     "fixed per deployment, the same for every writer and relay")                                 \
   X(relay_max_inflight, INT, "relay.max_inflight", "RELAY_MAX_INFLIGHT", "1000", 1, 100000, NULL, 0, \
     "Events produced and not yet acknowledged by Kafka; the stream is not read beyond it")      \
+  X(relay_fencing, ENUM, "relay.fencing", "RELAY_FENCING", "lease", 0, 0, "lease|transactions", 0, \
+    "lease: a deposed leader stops at its next lease check; transactions: Kafka fences it (README: zombie fencing)") \
+  X(relay_transactional_id, STR, "relay.transactional_id", "RELAY_TRANSACTIONAL_ID", "", 0, 0, NULL, 0, \
+    "Kafka transactional.id prefix with relay.fencing=transactions (+ \"-<bucket>\"); empty: outboxd-<mongo.db>-<kafka.topic>") \
   X(relay_checkpoint_interval, DURATION, "relay.checkpoint_interval", "RELAY_CHECKPOINT_INTERVAL", "1s", 10, 600000, NULL, 0, \
     "How often the relay writes its resume-token checkpoint (and PUBLISHED marks at the latest)") \
   X(outbox_poll_interval, DURATION, "outbox.poll_interval", "OUTBOX_POLL_INTERVAL_MS", "2000", 10, 3600000, NULL, 0, \

@@ -3,7 +3,8 @@
  * DESIGN: the relay owns one thread that reads the `outbox` collection (a change stream on
  * inserts and on updates that set status back to PENDING, plus a sweeper for PENDING events the
  * stream missed), produces each event as a CloudEvents binary-mode record (DESIGN.md §4) with an
- * idempotent librdkafka producer, and only after Kafka acknowledges marks the event PUBLISHED and
+ * idempotent (optionally transactional) librdkafka producer, and only after Kafka acknowledges
+ * (transactional: commits) marks the event PUBLISHED and
  * advances the resume-token checkpoint in `relay_checkpoints`. The outbox is split into
  * RELAY_BUCKETS buckets (murmur2(partitionKey) mod B, obx_bucket.h), each with its own lease in
  * `leases`, checkpoint and change stream: one publisher per bucket keeps per-key order, and
@@ -51,12 +52,23 @@ typedef struct {
 
 typedef void (*obx_relay_ack_fn)(const obx_relay_ack_t *ack, void *ctx);
 
+/* The transactional.id of the relay's producer for `bucket` (0 with one bucket): the
+ * relay.transactional_id key, else "outboxd-<mongo.db>-<kafka.topic>", then "-<bucket>". */
+void obx_relay_transactional_id(const obx_conf_t *conf, int bucket, char *out, size_t len);
 /* Creates an idempotent producer (enable.idempotence=true, acks=all,
  * partitioner=murmur2_random, message.timeout.ms=0: no local timeout) for conf->kafka_brokers; conf's `kafka.*` passthrough keys are
- * applied last (without the `kafka.` prefix); librdkafka logs go to ours. `ack` is called from
+ * applied before the guarantees, which they cannot change (without the `kafka.` prefix);
+ * librdkafka logs go to ours. With a transactional_id it is transactional: it must be fenced
+ * in (obx_relay_producer_fence) before it sends, and a report is ok only once the record's
+ * transaction is committed (src/relay/producer.c). `ack` is called from
  * obx_relay_producer_poll on the polling thread, once per sent record. Returns owned. */
-obx_relay_producer_t *obx_relay_producer_new(const obx_conf_t *conf, obx_relay_ack_fn ack, void *ctx,
-                                             obx_err_t *err);
+obx_relay_producer_t *obx_relay_producer_new(const obx_conf_t *conf, const char *transactional_id,
+                                             obx_relay_ack_fn ack, void *ctx, obx_err_t *err);
+/* Transactional: init_transactions, once per producer (a no-op after it succeeded, and without a
+ * transactional.id): the broker aborts the open transaction of any earlier producer of the
+ * transactional.id and fences it, so it can no longer write. Blocks up to timeout_ms; false with
+ * err (retriable: call again) when the coordinator did not answer in time. */
+bool obx_relay_producer_fence(obx_relay_producer_t *producer, int timeout_ms, obx_err_t *err);
 /* Destroys; records still queued get their failed delivery reports first. NULL is a no-op. */
 void obx_relay_producer_destroy(obx_relay_producer_t *producer);
 /* Queues rec (copied) for `topic`; opaque comes back in the delivery report. A full local
@@ -70,7 +82,8 @@ int obx_relay_producer_poll(obx_relay_producer_t *producer, int timeout_ms);
 int obx_relay_producer_pending(const obx_relay_producer_t *producer);
 /* Serves reports until nothing is pending or timeout_ms passes; true when nothing is left. */
 bool obx_relay_producer_flush(obx_relay_producer_t *producer, int timeout_ms);
-/* True after the idempotent producer hit a fatal error: it must be destroyed and recreated. */
+/* True after the producer hit a fatal error (a broken sequence, fenced by a newer producer of its
+ * transactional.id): it must be destroyed and recreated. */
 bool obx_relay_producer_fatal(const obx_relay_producer_t *producer);
 /* Whether the producer reaches a broker and `topic` exists there with a leader for every
  * partition: one Metadata request for all topics (a request naming the topic could create it

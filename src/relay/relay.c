@@ -40,6 +40,7 @@
 #define RELAY_REPORT_DELAY_MS 10
 #define RELAY_HANDOVER_WAIT_MS 30000 /* a hand-over waits this long for the reports of what is in flight */
 #define RELAY_CE_SOURCE "/outboxd"
+#define RELAY_FENCE_MS 250
 #define RELAY_READY_METADATA_MS 800 /* /readyz answers within the probe's 2 s with the MongoDB ping */
 
 /* ---- lists and small helpers -------------------------------------------------------------- */
@@ -598,22 +599,25 @@ bool relay_ensure_schema(obx_relay_t *relay) {
 
 /* One bucket's part of /readyz "relay" (on the probe thread; buckets.c asks each): the relay's
  * collections are in place, and then either it does not hold its bucket (nothing else to need),
- * or it holds it with its change stream open (stream mode) and, when check_producer, a producer
- * that reaches Kafka with the topic there (obx_relay_producer_check). ready_mu keeps the producer
- * from being replaced meanwhile. */
+ * or it holds it with, when check_producer, a producer that reaches Kafka with the topic there
+ * (obx_relay_producer_check) and (stream mode) its change stream open. ready_mu keeps the
+ * producer from being replaced meanwhile. */
 bool relay_ready(obx_relay_t *relay, bool check_producer, obx_err_t *err) {
   pthread_mutex_lock(&relay->ready_mu);
   bool ready = relay->schema_ready;
   if (!ready) {
     obx_err_set(err, OBX_ERR_MONGO, 0, true, "%s", relay->not_ready);
   } else if (atomic_load(&relay->counters.leader)) {
-    ready = relay->poll_mode || atomic_load(&relay->counters.stream_up);
-    if (!ready)
-      obx_err_set(err, OBX_ERR_MONGO, 0, true, "the leader's change stream on %s.outbox%s is not open (reopening; see the log)",
-                  relay->conf->mongo_db, relay->nbuckets > 1 ? " (one of its buckets)" : "");
-    else if (check_producer)
+    /* Kafka first: with relay.fencing=transactions a leader cannot fence its producer in (and
+     * so open its stream) without it */
+    if (check_producer)
       ready = obx_relay_producer_check(relay->producer, relay->conf->kafka_topic, relay->conf->kafka_brokers,
                                        RELAY_READY_METADATA_MS, err);
+    if (ready && !relay->poll_mode && !atomic_load(&relay->counters.stream_up)) {
+      ready = false;
+      obx_err_set(err, OBX_ERR_MONGO, 0, true, "the leader's change stream on %s.outbox%s is not open (reopening; see the log)",
+                  relay->conf->mongo_db, relay->nbuckets > 1 ? " (one of its buckets)" : "");
+    }
   }
   pthread_mutex_unlock(&relay->ready_mu);
   return ready;
@@ -625,6 +629,13 @@ bool relay_ready(obx_relay_t *relay, bool check_producer, obx_err_t *err) {
  * the outbox or the checkpoint could not be read (try again later: a missing checkpoint must
  * not be mistaken for an unreadable one). */
 static bool relay_lead_begin(obx_relay_t *relay) {
+  obx_err_t err = OBX_ERR_INIT;
+  /* short, well within the stall bound: init_transactions goes on in the background and the
+   * next turn resumes it */
+  if (!obx_relay_producer_fence(relay->producer, RELAY_FENCE_MS, &err)) {
+    obx_warn("fencing earlier producers of the transactional.id: %s (retrying)", err.msg);
+    return false;
+  }
   relay_keys_reset(relay);
   if (!relay_keys_load(relay) || !relay_claims_release(relay)) return false;
   if (relay->poll_mode) return true;
@@ -643,7 +654,16 @@ static bool relay_lead_begin(obx_relay_t *relay) {
   return true;
 }
 
-/* An idempotent producer that hit a fatal error (a broken sequence, a fenced producer id)
+/* The bucket's producer: with relay.fencing=transactions, transactional, with the bucket's
+ * transactional.id (fenced in when the bucket's lease is taken). */
+static obx_relay_producer_t *relay_producer_new(obx_relay_t *relay, obx_err_t *err) {
+  char txn_id[256];
+  bool transactional = strcmp(relay->conf->relay_fencing, "transactions") == 0;
+  if (transactional) obx_relay_transactional_id(relay->conf, relay->bucket, txn_id, sizeof txn_id);
+  return obx_relay_producer_new(relay->conf, transactional ? txn_id : NULL, relay_on_ack, relay, err);
+}
+
+/* A producer that hit a fatal error (a broken sequence, fenced by a newer leader's producer)
  * accepts no more records. Step down (the checkpoint never passed an unacknowledged event),
  * replace the producer (the old one's purged records stay PENDING, untouched) and lead again
  * from the checkpoint at the next lease tick. A producer that cannot be created is retried on
@@ -651,7 +671,7 @@ static bool relay_lead_begin(obx_relay_t *relay) {
 static void relay_producer_renew(obx_relay_t *relay) {
   if (relay->leader) relay_lease_step_down(relay, "the Kafka producer hit a fatal error");
   obx_err_t err = OBX_ERR_INIT;
-  obx_relay_producer_t *fresh = obx_relay_producer_new(relay->conf, relay_on_ack, relay, &err);
+  obx_relay_producer_t *fresh = relay_producer_new(relay, &err);
   if (!fresh) {
     obx_error("replacing the Kafka producer: %s", err.msg);
     return;
@@ -782,7 +802,7 @@ obx_relay_t *relay_new(const obx_conf_t *conf, obx_mongo_t *mongo, const char *o
     snprintf(relay->ckpt_id, sizeof relay->ckpt_id, "%s", RELAY_CHECKPOINT_ID);
   }
   relay_window_init(&relay->window, (size_t)conf->relay_max_inflight * 4 + 8);
-  relay->producer = obx_relay_producer_new(conf, relay_on_ack, relay, err);
+  relay->producer = relay_producer_new(relay, err);
   if (!relay->producer) {
     relay_destroy(relay);
     return NULL;

@@ -16,6 +16,11 @@
  *                                  every event DONE with exactly one execution
  *   test_relay_broker_outage       the relay's idempotent producer across SIGSTOP/SIGCONT and
  *                                  SIGKILL + restart of the broker: every event once, none lost
+ *   test_paused_leader_is_fenced   relay.fencing=transactions: a leader frozen (SIGSTOP) past
+ *                                  its lease with records in its producer's queue is fenced by
+ *                                  the new leader's init_transactions; once thawed it gets none
+ *                                  of them into the topic (read_committed Java witness: every
+ *                                  event exactly once, the new leader's copy)
  *   test_worker_broker_outage      the worker across SIGSTOP/SIGCONT and SIGKILL + restart of
  *                                  the broker: every event DONE once
  *   test_kafka_sh_lifecycle        scripts/kafka.sh status/stop/start of one broker find its JVM
@@ -81,7 +86,10 @@ static void fx_setup(fx_t *fx, bool private_broker, const char *name, int partit
 static int fx_teardown(void **state) {
   (void)state;
   fx_t *fx = &g_fx;
-  for (int i = 0; i < 2; i++) obx_test_outboxd_stop(&fx->d[i]);
+  for (int i = 0; i < 2; i++) {
+    if (fx->d[i].proc.pid > 0) kill(fx->d[i].proc.pid, SIGCONT); /* a test that failed while it was frozen */
+    obx_test_outboxd_stop(&fx->d[i]);
+  }
   if (fx->httpd) obx_test_httpd_stop(fx->httpd);
   if (fx->client) mongoc_client_destroy(fx->client);
   obx_test_mongo_stop(&fx->m);
@@ -572,6 +580,50 @@ static void test_relay_broker_outage(void **state) {
   assert_int_equal(obx_test_outboxd_stop(relay), 0);
 }
 
+/* outboxd_relay_inflight of the relay listening on port (-1 when /metrics did not answer). */
+static int relay_inflight(int port) {
+  obx_test_http_resp_t resp;
+  int n = -1;
+  if (obx_test_http(port, "GET", "/metrics", NULL, NULL, NULL, &resp) && resp.status == 200 && resp.body) {
+    const char *line = strstr(resp.body, "\noutboxd_relay_inflight ");
+    if (line) n = atoi(line + strlen("\noutboxd_relay_inflight "));
+  }
+  obx_test_http_resp_cleanup(&resp);
+  return n;
+}
+
+static void test_paused_leader_is_fenced(void **state) {
+  (void)state;
+  fx_t *fx = &g_fx;
+  fx_setup(fx, false, "relay-zombie", 3);
+  static char ids[MAX_EVENTS][OBX_UUID_LEN + 1];
+  obx_test_outboxd_t *old = &fx->d[0], *fresh = &fx->d[1];
+  /* the old leader's records wait 3 s in its producer (linger): the SIGSTOP freezes them there */
+  const char *const old_settings[] = {"relay.fencing=transactions", "kafka.linger.ms=3000", NULL};
+  const char *const new_settings[] = {"relay.fencing=transactions", NULL};
+  insert_events(fx, 0, 5, 5, ids); /* published by the old leader's start-up scan */
+  start_outboxd(fx, old, "relay", old_settings);
+  wait_published(fx, 5);
+  insert_events(fx, 5, 10, 5, ids);
+  int64_t deadline = obx_test_now_ms() + WAIT_MS;
+  while (relay_inflight(old->port) < 5 && obx_test_now_ms() < deadline) usleep(20 * 1000);
+  if (relay_inflight(old->port) < 5) fail_msg("the old leader never had the new events in flight");
+  assert_int_equal(kill(old->proc.pid, SIGSTOP), 0);
+  /* the new leader takes the lease once the old one's expired (relay.lease 2 s), fences the old
+   * producer and publishes the events itself */
+  start_outboxd(fx, fresh, "relay", new_settings);
+  wait_published(fx, 15);
+  assert_int_equal(kill(old->proc.pid, SIGCONT), 0);
+  /* thawed, its producer sends the frozen records and learns it is fenced */
+  if (!obx_test_file_contains(old->proc.log_path, "fatal error", WAIT_MS))
+    fail_msg("the thawed leader's producer was not fenced (log: %s)", old->proc.log_path);
+  static record_t recs[MAX_EVENTS];
+  int got = java_consume(fx, 15, recs, MAX_EVENTS);
+  check_relay_records(recs, got, ids, 15);
+  assert_int_equal(obx_test_outboxd_stop(fresh), 0);
+  assert_int_equal(obx_test_outboxd_stop(old), 0);
+}
+
 static void test_worker_broker_outage(void **state) {
   (void)state;
   fx_t *fx = &g_fx;
@@ -657,6 +709,7 @@ int main(void) {
     cmocka_unit_test_teardown(test_commit_after_inbox, fx_teardown),
     cmocka_unit_test_teardown(test_group_rebalance, fx_teardown),
     cmocka_unit_test_teardown(test_relay_broker_outage, fx_teardown),
+    cmocka_unit_test_teardown(test_paused_leader_is_fenced, fx_teardown),
     cmocka_unit_test_teardown(test_worker_broker_outage, fx_teardown),
     cmocka_unit_test_teardown(test_kafka_sh_lifecycle, fx_teardown),
   };

@@ -9,7 +9,11 @@
  * key, a fatal idempotent-producer error), which a real broker cannot be made to answer.
  * Relays run in this process (obx_relay_start) except where a crash is the point: there the
  * real outboxd runs with --roles relay and is killed with SIGKILL. What reaches Kafka is read
- * back with a consumer; "exactly once" is the topic's record count (its log end offsets). */
+ * back with a consumer; "exactly once" is the topic's record count (read to its end, as a
+ * read_committed consumer sees it). Three tests run the relay with relay.fencing=transactions:
+ * a failed publish (the abort with Kafka down), produce errors that hold a key (a refused record
+ * aborts its transaction, the others are produced again) and the kill -9 (the survivor's
+ * init_transactions aborts the open transaction of the dead one). */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -345,12 +349,24 @@ static void test_stream_publishes_in_order_and_checkpoints(void **state) {
   ctx_cleanup(&ctx);
 }
 
+typedef struct {
+  obx_relay_t *relay;
+} stream_wait_t;
+
+static bool stream_is_up(void *arg) {
+  return ((stream_wait_t *)arg)->relay->counters.stream_up == 1;
+}
+
 static void test_failed_publish_backs_off_then_fails_then_reprocess(void **state) {
-  const char *settings[] = {"kafka.message.timeout.ms", "400", "outbox.max_attempts", "2", NULL};
+  const char *settings[] = {"kafka.message.timeout.ms", "400", "outbox.max_attempts", "2", "relay.fencing", "transactions", NULL};
   ctx_t ctx;
   ctx_init_mock(&ctx, "failing", &g_mongo, settings);
-  assert_true(obx_test_kafka_cmd(&g_kafka, "broker down all"));
   obx_relay_t *relay = relay_start(&ctx);
+  /* Kafka goes down once the leader's transactional producer is fenced in (its stream open):
+   * a leader cannot start without the transaction coordinator */
+  stream_wait_t up = {relay};
+  if (!obx_test_wait_for(stream_is_up, &up, 20000, 20)) fail_msg("the leader's change stream did not open");
+  assert_true(obx_test_kafka_cmd(&g_kafka, "broker down all"));
   insert_events(&ctx, 3, 3);
 
   /* first failure: attempts 1, lastError, availableAt in the future, still PENDING */
@@ -871,7 +887,9 @@ static int failed_heads(ctx_t *ctx, const char *reason, int *idx, int max) {
  * The consumer sees zero per-key inversions; skipped events never arrive. */
 static void test_produce_errors_hold_the_key(void **state) {
   /* a topic error (authorization) is cached until the next metadata refresh */
-  const char *settings[] = {"kafka.message.max.bytes", "100000", "kafka.topic.metadata.refresh.interval.ms", "1000", NULL};
+  /* transactional: a refused record aborts its transaction, the others are produced again */
+  const char *settings[] = {"kafka.message.max.bytes", "100000", "kafka.topic.metadata.refresh.interval.ms", "1000",
+                            "relay.fencing", "transactions", NULL};
   ctx_t ctx;
   ctx_init_mock(&ctx, "hold", &g_mongo, settings);
   assert_true(obx_test_kafka_cmd(&g_kafka, "topic %s 3", ctx.topic));
@@ -963,7 +981,7 @@ static void outboxd_spawn(ctx_t *ctx, obx_test_proc_t *proc) {
   snprintf(brokers, sizeof brokers, "KAFKA_BROKERS=%s", ctx->bootstrap);
   snprintf(topic, sizeof topic, "KAFKA_TOPIC=%s", ctx->topic);
   char *const env[] = {uri, db, brokers, topic, "HTTP_PORT=0", "HTTP_BIND=127.0.0.1", "RELAY_LEASE=2s",
-                       "OUTBOX_POLL_INTERVAL_MS=500", "LOG_LEVEL=info", NULL};
+                       "OUTBOX_POLL_INTERVAL_MS=500", "LOG_LEVEL=info", "RELAY_FENCING=transactions", NULL};
   char *const argv[] = {(char *)obx_test_build_path("outboxd"), "--roles", "relay", NULL};
   if (!obx_test_spawn(proc, argv, env)) fail_msg("outboxd did not start");
 }
@@ -1153,7 +1171,7 @@ static void sweeper_init(sweeper_t *s, ctx_t *ctx, const char *owner) {
   if (!mongoc_client_command_simple(s->client, "admin", ping, NULL, NULL, &berr)) fail_msg("ping: %s", berr.message);
   bson_destroy(ping);
   obx_err_t err = OBX_ERR_INIT;
-  s->relay.producer = obx_relay_producer_new(&ctx->conf, ignore_ack, NULL, &err);
+  s->relay.producer = obx_relay_producer_new(&ctx->conf, NULL, ignore_ack, NULL, &err);
   if (!s->relay.producer) fail_msg("producer: %s", err.msg);
 }
 

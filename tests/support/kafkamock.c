@@ -166,15 +166,29 @@ bool obx_test_kafka_header(const rd_kafka_message_t *rkm, const char *name, char
   return true;
 }
 
+static bool conf_set_all(rd_kafka_conf_t *conf, const char *const *kv) {
+  char errstr[256];
+  for (; kv[0]; kv += 2) {
+    if (rd_kafka_conf_set(conf, kv[0], kv[1], errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
+      fprintf(stderr, "consumer config %s=%s: %s\n", kv[0], kv[1], errstr);
+      return false;
+    }
+  }
+  return true;
+}
+
 int64_t obx_test_kafka_topic_records(const char *bootstrap, const char *topic) {
   char errstr[256];
+  const char *const kv[] = {
+    "bootstrap.servers", bootstrap, "group.id", "obx-test-count", "enable.auto.commit", "false",
+    "enable.partition.eof", "true", "isolation.level", "read_committed", "log_level", "4", NULL,
+  };
   rd_kafka_conf_t *conf = rd_kafka_conf_new();
-  if (rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap, errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
+  if (!conf_set_all(conf, kv)) {
     rd_kafka_conf_destroy(conf);
-    fprintf(stderr, "topic records: %s\n", errstr);
     return -1;
   }
-  rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof errstr);
+  rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof errstr);
   if (!rk) {
     rd_kafka_conf_destroy(conf);
     fprintf(stderr, "topic records: %s\n", errstr);
@@ -188,34 +202,29 @@ int64_t obx_test_kafka_topic_records(const char *bootstrap, const char *topic) {
     fprintf(stderr, "topic records: metadata of %s: %s\n", topic,
             rd_kafka_err2str(err ? err : md->topic_cnt == 1 ? md->topics[0].err : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
   } else {
-    total = 0;
-    for (int i = 0; i < md->topics[0].partition_cnt && total >= 0; i++) {
-      int64_t lo = 0, hi = 0;
-      err = rd_kafka_query_watermark_offsets(rk, topic, md->topics[0].partitions[i].id, &lo, &hi, 10000);
-      if (err) {
-        fprintf(stderr, "topic records: offsets of %s [%d]: %s\n", topic, md->topics[0].partitions[i].id,
-                rd_kafka_err2str(err));
-        total = -1;
-      } else {
-        total += hi - lo;
-      }
+    /* every partition from its start to its end (the last stable offset: committed data only) */
+    int n = md->topics[0].partition_cnt, ended = 0;
+    rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(n);
+    for (int i = 0; i < n; i++)
+      rd_kafka_topic_partition_list_add(parts, topic, md->topics[0].partitions[i].id)->offset = RD_KAFKA_OFFSET_BEGINNING;
+    if ((err = rd_kafka_assign(rk, parts))) fprintf(stderr, "topic records: assign %s: %s\n", topic, rd_kafka_err2str(err));
+    int64_t deadline = obx_test_now_ms() + 10000, count = 0;
+    while (!err && ended < n && obx_test_now_ms() < deadline) {
+      rd_kafka_message_t *rkm = rd_kafka_consumer_poll(rk, 100);
+      if (!rkm) continue;
+      if (rkm->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) ended++;
+      else if (!rkm->err) count++;
+      rd_kafka_message_destroy(rkm);
     }
+    if (ended == n) total = count;
+    else fprintf(stderr, "topic records: %s not read to its end within 10 s\n", topic);
+    rd_kafka_topic_partition_list_destroy(parts);
   }
   if (md) rd_kafka_metadata_destroy(md);
   rd_kafka_topic_destroy(rkt);
+  rd_kafka_consumer_close(rk);
   rd_kafka_destroy(rk);
   return total;
-}
-
-static bool conf_set_all(rd_kafka_conf_t *conf, const char *const *kv) {
-  char errstr[256];
-  for (; kv[0]; kv += 2) {
-    if (rd_kafka_conf_set(conf, kv[0], kv[1], errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
-      fprintf(stderr, "consumer config %s=%s: %s\n", kv[0], kv[1], errstr);
-      return false;
-    }
-  }
-  return true;
 }
 
 int obx_test_kafka_consume_all(const char *bootstrap, const char *topic, const char *group,

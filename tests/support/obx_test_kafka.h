@@ -65,9 +65,10 @@ int obx_test_kafka_consume_all(const char *bootstrap, const char *topic, const c
                                int expected_count, int timeout_ms, obx_test_kafka_record_fn cb,
                                void *ctx);
 
-/* The records `topic` holds: the sum over its partitions of log end minus log start offset
- * (as many as were produced to a topic written without transactions, none deleted). -1 when
- * the topic's metadata or an offset could not be read within 10 s. */
+/* The data records `topic` holds as a read_committed consumer sees them (aborted records and
+ * the control records of transactions left out): every partition read from its start to its
+ * end. -1 when the topic's metadata could not be read, or it was not read to the end, within
+ * 10 s. */
 int64_t obx_test_kafka_topic_records(const char *bootstrap, const char *topic);
 
 /* Copies the value of the last header called `name` to out (NUL-terminated, truncated to

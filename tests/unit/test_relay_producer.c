@@ -112,7 +112,7 @@ static void test_partition_matches_java(void **state) {
     acks_t acks;
     memset(&acks, 0, sizeof acks);
     obx_err_t err = OBX_ERR_INIT;
-    obx_relay_producer_t *producer = obx_relay_producer_new(&conf, on_ack, &acks, &err);
+    obx_relay_producer_t *producer = obx_relay_producer_new(&conf, NULL, on_ack, &acks, &err);
     if (!producer) fail_msg("producer_new: %s", err.msg);
     for (int i = 0; i < NKEYS; i++) {
       obx_kafka_record_t rec;
@@ -153,7 +153,7 @@ static void test_bad_passthrough_key_is_named(void **state) {
     conf.passthrough = &pass;
     conf.npassthrough = 1;
     obx_err_t err = OBX_ERR_INIT;
-    obx_relay_producer_t *producer = obx_relay_producer_new(&conf, on_ack, NULL, &err);
+    obx_relay_producer_t *producer = obx_relay_producer_new(&conf, NULL, on_ack, NULL, &err);
     if (producer) fail_msg("%s=%s: got a producer, want an error", cases[i].key, cases[i].value);
     assert_int_equal(err.domain, OBX_ERR_CONF);
     if (!strstr(err.msg, cases[i].want_in_msg))
@@ -161,9 +161,11 @@ static void test_bad_passthrough_key_is_named(void **state) {
   }
 }
 
-/* kafka.acks=0 and kafka.enable.idempotence=false cannot weaken the producer: the guarantees
- * are set after the passthrough. acks=0 would report no offset; with idempotence still on,
- * librdkafka refuses more than 5 requests in flight. */
+/* kafka.acks=0 or 1 and kafka.enable.idempotence=false cannot weaken the producer: the
+ * guarantees are set after the passthrough. acks=0 would report no offset; with idempotence
+ * still on, librdkafka refuses more than 5 requests in flight. A transactional producer keeps its
+ * own transactional.id whatever kafka.transactional.id says, and reports a record only once its
+ * transaction is committed. */
 static void test_passthrough_cannot_override_guarantees(void **state) {
   char why[256];
   rd_kafka_conf_t *host_conf = rd_kafka_conf_new();
@@ -180,7 +182,7 @@ static void test_passthrough_cannot_override_guarantees(void **state) {
   acks_t acks;
   memset(&acks, 0, sizeof acks);
   obx_err_t err = OBX_ERR_INIT;
-  obx_relay_producer_t *producer = obx_relay_producer_new(&conf, on_ack, &acks, &err);
+  obx_relay_producer_t *producer = obx_relay_producer_new(&conf, NULL, on_ack, &acks, &err);
   if (!producer) fail_msg("producer_new: %s", err.msg);
   obx_kafka_record_t rec;
   memset(&rec, 0, sizeof rec);
@@ -198,9 +200,25 @@ static void test_passthrough_cannot_override_guarantees(void **state) {
   }
   obx_relay_producer_destroy(producer);
 
+  /* transactional, with acks=1 and another transactional.id passed through */
+  obx_conf_pair_t acks1[] = {{"kafka.acks", "1"}, {"kafka.enable.idempotence", "false"}, {"kafka.transactional.id", "other"}};
+  conf.passthrough = acks1;
+  conf.npassthrough = 3;
+  memset(&acks, 0, sizeof acks);
+  producer = obx_relay_producer_new(&conf, "obx-unit-txn-0", on_ack, &acks, &err);
+  if (!producer) fail_msg("transactional producer_new: %s", err.msg);
+  if (obx_relay_producer_send(producer, "forced", &rec, (void *)0, &err)) fail_msg("sent before it was fenced in");
+  if (!obx_relay_producer_fence(producer, 20000, &err)) fail_msg("fence: %s", err.msg);
+  for (intptr_t i = 0; i < 2; i++) assert_true(obx_relay_producer_send(producer, "forced", &rec, (void *)i, &err));
+  assert_int_equal(acks.acked, 0);
+  assert_true(obx_relay_producer_flush(producer, 20000)); /* commits */
+  assert_int_equal(acks.acked, 2);
+  for (int i = 0; i < 2; i++) if (!acks.ok[i]) fail_msg("transactional record %d: %s", i, acks.err[i].msg);
+  obx_relay_producer_destroy(producer);
+
   obx_conf_pair_t inflight[] = {{"kafka.enable.idempotence", "false"}, {"kafka.max.in.flight", "10"}};
   conf.passthrough = inflight;
-  producer = obx_relay_producer_new(&conf, on_ack, &acks, &err);
+  producer = obx_relay_producer_new(&conf, NULL, on_ack, &acks, &err);
   if (producer) fail_msg("enable.idempotence=false with 10 in flight: got a producer, want idempotence kept on");
   rd_kafka_mock_cluster_destroy(mc);
   rd_kafka_destroy(host);
@@ -217,7 +235,7 @@ static void test_undeliverable_record_reports_failure(void **state) {
   acks_t acks;
   memset(&acks, 0, sizeof acks);
   obx_err_t err = OBX_ERR_INIT;
-  obx_relay_producer_t *producer = obx_relay_producer_new(&conf, on_ack, &acks, &err);
+  obx_relay_producer_t *producer = obx_relay_producer_new(&conf, NULL, on_ack, &acks, &err);
   if (!producer) fail_msg("producer_new: %s", err.msg);
   obx_kafka_record_t rec;
   memset(&rec, 0, sizeof rec);
@@ -249,7 +267,7 @@ static void test_record_waits_out_an_outage(void **state) {
   acks_t acks;
   memset(&acks, 0, sizeof acks);
   obx_err_t err = OBX_ERR_INIT;
-  obx_relay_producer_t *producer = obx_relay_producer_new(&conf, on_ack, &acks, &err);
+  obx_relay_producer_t *producer = obx_relay_producer_new(&conf, NULL, on_ack, &acks, &err);
   if (!producer) fail_msg("producer_new: %s", err.msg);
   assert_int_equal(rd_kafka_mock_broker_set_down(mc, 1), RD_KAFKA_RESP_ERR_NO_ERROR);
   obx_kafka_record_t rec;
