@@ -5,8 +5,9 @@
  *  - a Kafka record in CloudEvents 1.0 binary mode (DESIGN.md §4): key = partitionKey,
  *    value = payload as relaxed JSON, headers ce_specversion, ce_id, ce_source, ce_type,
  *    ce_time (RFC 3339, ms), ce_subject (<aggregateType>/<aggregateId>), ce_partitionkey,
- *    ce_orgid, ce_correlationid, ce_causationid, ce_eventversion, content-type, and the
- *    CloudEvents distributed-tracing extensions ce_traceparent / ce_tracestate when present.
+ *    ce_orgid, ce_correlationid, ce_causationid, ce_eventversion, content-type, the
+ *    CloudEvents distributed-tracing extensions ce_traceparent / ce_tracestate and the
+ *    per-key sequence ce_keyseq (the outbox's keySeq) when present.
  *  - CloudEvents structured mode JSON (HTTP sink) via obx_event_from_ce_json.
  * Decoding rejects malformed input (missing required attribute, bad specversion, payload that
  * is not a JSON object, bad time) with an OBX_ERR_INPUT error naming the attribute.
@@ -39,6 +40,7 @@ typedef struct {
   char *tracestate;           /* optional; finalize drops invalid values of both (never an error) */
   bson_t payload;             /* a document; owned */
   int64_t occurred_at_ms;     /* ms since the epoch */
+  int64_t key_seq;            /* the writer's per-key sequence (outbox keySeq, extension keyseq); 0: none */
 } obx_event_t;
 
 /* A Kafka header as produced/consumed (value not NUL-terminated). */

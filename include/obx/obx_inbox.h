@@ -8,7 +8,8 @@
  * status: RECEIVED -> PROCESSING -> DONE | SKIPPED | RETRYING -> ... | DEAD; BLOCKED while the
  * event waits behind the head of its key. processedAt is set when an entry reaches DONE,
  * SKIPPED or DEAD, and the TTL index on it (INBOX_RETENTION) removes finished entries. `seq`
- * orders the entries of one key (the Kafka offset; the receive time for other sources).
+ * orders the entries of one key: the writer's per-key sequence (outbox keySeq, ce_keyseq) when
+ * the event carries one, else the Kafka offset, else the receive time (worker_key_order).
  *
  * Collection `parked_keys`: { _id: {consumer, key}, headEventId, since, reason, admitted,
  * releasedBy, sent } exists while the head event of the key is RETRYING or DEAD; later events of the

@@ -10,6 +10,7 @@
 #include "obx/obx_event.h"
 #include "obx/obx_trace.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +64,7 @@ void obx_event_copy(obx_event_t *dst, const obx_event_t *src) {
   bson_destroy(&dst->payload);
   bson_copy_to(&src->payload, &dst->payload);
   dst->occurred_at_ms = src->occurred_at_ms;
+  dst->key_seq = src->key_seq;
 }
 
 /* Checks one string attribute and stores a copy in *dst (NULL when absent and optional; an
@@ -254,6 +256,17 @@ bool obx_event_from_outbox(obx_event_t *ev, const bson_t *doc, obx_err_t *err) {
     return false;
   }
   ev->occurred_at_ms = bson_iter_date_time(&it);
+  if (bson_iter_init_find(&it, doc, "keySeq") && !BSON_ITER_HOLDS_NULL(&it)) {
+    if (!BSON_ITER_HOLDS_INT32(&it) && !BSON_ITER_HOLDS_INT64(&it)) {
+      obx_err_set(err, OBX_ERR_INPUT, 0, false, "keySeq: must be an integer");
+      return false;
+    }
+    if (bson_iter_as_int64(&it) < 1) {
+      obx_err_set(err, OBX_ERR_INPUT, 0, false, "keySeq: must be positive");
+      return false;
+    }
+    ev->key_seq = bson_iter_as_int64(&it);
+  }
   /* optional trace context: anything but a string is ignored, like an invalid value */
   if (bson_iter_init_find(&it, doc, "traceparent") && BSON_ITER_HOLDS_UTF8(&it))
     ev->traceparent = strdup(bson_iter_utf8(&it, NULL));
@@ -278,12 +291,13 @@ enum {
   A_EVENTVERSION,
   A_TRACEPARENT,
   A_TRACESTATE,
+  A_KEYSEQ,
   A_COUNT
 };
 static const char *const attr_names[A_COUNT] = {"specversion",  "id",    "source",        "type",
                                                 "time",         "subject", "partitionkey", "orgid",
                                                 "correlationid", "causationid", "eventversion",
-                                                "traceparent",  "tracestate"};
+                                                "traceparent",  "tracestate",   "keyseq"};
 
 typedef struct {
   const char *v; /* NULL when absent */
@@ -291,6 +305,20 @@ typedef struct {
 } attr_t;
 
 static bool attr_equals(const attr_t *a, const char *s) { return a->len == strlen(s) && memcmp(a->v, s, a->len) == 0; }
+
+/* A positive decimal integer attribute (eventversion, keyseq) into *out; at most max. */
+static bool attr_positive(const attr_t *a, const char *prefix, const char *name, int64_t max, int64_t *out, obx_err_t *err) {
+  char *tmp = NULL;
+  if (!attr_dup(&tmp, a->v, a->len, prefix, name, true, err)) return false;
+  char *end;
+  errno = 0;
+  long long v = strtoll(tmp, &end, 10);
+  bool ok = *end == '\0' && tmp[0] != '+' && tmp[0] != '-' && errno == 0 && v >= 1 && v <= max;
+  if (ok) *out = v;
+  else obx_err_set(err, OBX_ERR_INPUT, 0, false, "%s%s: '%s' is not a positive integer", prefix, name, tmp);
+  free(tmp);
+  return ok;
+}
 
 /* Fills ev from the attributes; prefix is "ce_" for Kafka headers, "" for structured JSON. */
 static bool decode_attrs(obx_event_t *ev, const attr_t *a, const char *prefix, obx_err_t *err) {
@@ -337,16 +365,12 @@ static bool decode_attrs(obx_event_t *ev, const attr_t *a, const char *prefix, o
       goto done;
     }
   }
+  int64_t v;
   if (a[A_EVENTVERSION].v) {
-    if (!attr_dup(&tmp, a[A_EVENTVERSION].v, a[A_EVENTVERSION].len, prefix, "eventversion", true, err)) goto done;
-    char *end;
-    long v = strtol(tmp, &end, 10);
-    if (*end != '\0' || tmp[0] == '+' || tmp[0] == '-' || v < 1 || v > INT32_MAX) {
-      obx_err_set(err, OBX_ERR_INPUT, 0, false, "%seventversion: '%s' is not a positive integer", prefix, tmp);
-      goto done;
-    }
+    if (!attr_positive(&a[A_EVENTVERSION], prefix, "eventversion", INT32_MAX, &v, err)) goto done;
     ev->event_version = (int32_t)v;
   }
+  if (a[A_KEYSEQ].v && !attr_positive(&a[A_KEYSEQ], prefix, "keyseq", INT64_MAX, &ev->key_seq, err)) goto done;
   ok = obx_event_finalize(ev, err);
 done:
   free(tmp);
@@ -390,9 +414,10 @@ bool obx_event_to_kafka(const obx_event_t *ev, const char *source, obx_kafka_rec
     return false;
   }
   const char *pkey = ev->partition_key ? ev->partition_key : ev->aggregate_id;
-  char time[32], version[16];
+  char time[32], version[16], key_seq[24];
   obx_time_format_rfc3339(ev->occurred_at_ms, time);
   snprintf(version, sizeof version, "%d", ev->event_version > 0 ? (int)ev->event_version : 1);
+  snprintf(key_seq, sizeof key_seq, "%lld", (long long)ev->key_seq);
 
   struct {
     const char *name, *v1, *v2; /* value = v1 [+ "/" + v2] */
@@ -410,6 +435,7 @@ bool obx_event_to_kafka(const obx_event_t *ev, const char *source, obx_kafka_rec
     {"ce_eventversion", version, NULL},
     {"ce_traceparent", ev->traceparent, NULL},
     {"ce_tracestate", ev->tracestate, NULL},
+    {"ce_keyseq", ev->key_seq > 0 ? key_seq : NULL, NULL},
     {"content-type", CE_CONTENT_TYPE, NULL},
   };
   size_t n = sizeof h / sizeof h[0], total = 0;
@@ -494,7 +520,7 @@ bool obx_event_from_ce_json(obx_event_t *ev, const char *json, size_t len, obx_e
   bson_t doc;
   bson_error_t berr;
   bool ok = false;
-  char version[24];
+  char numbers[2][24]; /* eventversion, keyseq given as JSON integers */
   size_t i = 0;
   while (i < len && (json[i] == ' ' || json[i] == '\t' || json[i] == '\r' || json[i] == '\n')) i++;
   if (i == len || json[i] != '{') {
@@ -513,10 +539,10 @@ bool obx_event_from_ce_json(obx_event_t *ev, const char *json, size_t len, obx_e
       uint32_t l;
       a[k].v = bson_iter_utf8(&it, &l);
       a[k].len = l;
-    } else if (k == A_EVENTVERSION && (BSON_ITER_HOLDS_INT32(&it) || BSON_ITER_HOLDS_INT64(&it))) {
-      snprintf(version, sizeof version, "%lld", (long long)bson_iter_as_int64(&it));
-      a[k].v = version;
-      a[k].len = strlen(version);
+    } else if ((k == A_EVENTVERSION || k == A_KEYSEQ) && (BSON_ITER_HOLDS_INT32(&it) || BSON_ITER_HOLDS_INT64(&it))) {
+      snprintf(numbers[k == A_KEYSEQ], sizeof numbers[0], "%lld", (long long)bson_iter_as_int64(&it));
+      a[k].v = numbers[k == A_KEYSEQ];
+      a[k].len = strlen(a[k].v);
     } else {
       obx_err_set(err, OBX_ERR_INPUT, 0, false, "%s: must be a string", attr_names[k]);
       goto done;

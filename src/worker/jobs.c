@@ -15,11 +15,25 @@ void worker_job_free(job_t *job) {
   free(job);
 }
 
+int64_t worker_key_order(int64_t key_seq, int64_t offset) {
+  return key_seq > 0 ? key_seq : offset >= 0 ? offset : obx_time_now_ms();
+}
+
+/* The writer's per-key sequence of the envelope (its ce_keyseq header), 0 when it has none; a
+ * header that is not a positive integer is the decoder's to refuse (lifecycle.c). */
+static int64_t envelope_key_seq(const obx_envelope_t *msg) {
+  const char *v = obx_envelope_header(msg, "ce_keyseq");
+  char *end;
+  long long seq = v ? strtoll(v, &end, 10) : 0;
+  return v && *v && *end == '\0' && seq > 0 ? seq : 0;
+}
+
 /* Queues a job behind the earlier ones of its key (never blocks); *key_depth and *inflight
  * (may be NULL) receive the key's depth and the worker's events in flight after the push. */
 void worker_job_push(obx_worker_t *w, job_t *job, int *key_depth, int *inflight) {
   size_t klen;
   const char *key = obx_envelope_partition_key(&job->msg, &klen);
+  job->key_seq = envelope_key_seq(&job->msg);
   worker_sched_push(w->sched, job, key, klen, key_depth, inflight);
 }
 

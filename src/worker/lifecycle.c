@@ -658,7 +658,7 @@ static worker_outcome_t worker_handle(event_t *e, int32_t partition, int64_t off
   }
   e->entry = (obx_inbox_entry_t){.consumer = w->consumer, .event = &e->ev, .header_names = e->names,
                                 .header_values = e->values, .nheaders = msg->nheaders,
-                                .seq = offset >= 0 ? offset : obx_time_now_ms(), .traceparent = traceparent,
+                                .seq = worker_key_order(e->ev.key_seq, offset), .traceparent = traceparent,
                                 .owner = w->owner, .member = w->member, .lease_ms = w->lease_ms};
   if (source == WORKER_SOURCE_KAFKA) {
     e->entry.topic = w->conf->kafka_topic;

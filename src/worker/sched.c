@@ -2,8 +2,9 @@
  *
  * DESIGN: owns the per-key queues, the ready list and the runner threads; never decodes, stores
  * or settles an event (the run callback, lifecycle.c, does). A job is queued behind the earlier
- * jobs of its key and a key is run by one thread at a time, so one key's events run strictly in
- * arrival order while other keys run in parallel; a key whose event hangs holds one runner and
+ * jobs of its key (in the writer's per-key sequence when the jobs carry it, else in arrival
+ * order) and a key is run by one thread at a time, so one key's events run strictly in that
+ * order while other keys run in parallel; a key whose event hangs holds one runner and
  * its own queue, nothing else. A run that waits for an HTTP call (the run callback returns false,
  * the call goes to the IO thread, io.c) frees its runner but keeps its key running; when the call
  * ends, worker_sched_resume puts the job on the continuation list, which runners serve before
@@ -215,10 +216,11 @@ void worker_sched_push(worker_sched_t *s, worker_job_t *job, const char *key, si
                        int *inflight) {
   pthread_mutex_lock(&s->mu);
   keyq_t *q = find(s, key, len, true);
-  job->next = NULL;
-  if (q->tail) q->tail->next = job;
-  else q->head = job;
-  q->tail = job;
+  worker_job_t **link = &q->head; /* before the first queued job of a higher key_seq, else last */
+  while (*link && !(job->key_seq > 0 && (*link)->key_seq > job->key_seq)) link = &(*link)->next;
+  job->next = *link;
+  *link = job;
+  if (!job->next) q->tail = job;
   q->n++;
   s->inflight++;
   make_ready(s, q);

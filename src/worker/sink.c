@@ -117,7 +117,7 @@ static bool authorized(const worker_sink_t *sink, const obx_http_req_t *req, obx
 /* The CloudEvents attributes outboxd reads, as HTTP headers (ce-<name>). */
 static const char *const ce_attributes[] = {"specversion", "id", "source", "type", "time", "subject",
                                             "partitionkey", "orgid", "correlationid", "causationid",
-                                            "eventversion", "traceparent", "tracestate", "knativeerrorcode",
+                                            "eventversion", "traceparent", "tracestate", "keyseq", "knativeerrorcode",
                                             "knativeerrordest", "knativeerrordata"};
 
 static bool is_structured(const obx_http_req_t *req) {

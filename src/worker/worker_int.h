@@ -87,10 +87,17 @@ typedef struct worker_job {
   CURL *call;                 /* that call (io.c drives it) */
   CURLcode call_result;       /* and its result, set when it ended */
   void *sched_key;            /* sched.c: the key queue it runs under */
+  int64_t key_seq;            /* the writer's per-key sequence (ce_keyseq; set by worker_job_push), 0: none */
   struct worker_job *next;
 } worker_job_t;
 
 typedef worker_job_t job_t;
+
+/* Where an event stands among its key's events (the inbox entry's seq, the order BLOCKED events
+ * are released in): the writer's per-key sequence (outbox keySeq, carried as ce_keyseq) when the
+ * event has one; else its Kafka offset (which orders a key only while the topic's partition count
+ * stays), else the receive time (jobs.c). */
+int64_t worker_key_order(int64_t key_seq, int64_t offset);
 
 
 /* ---- scheduling (sched.c): per-key queues run by a pool of threads -------------------------- */
@@ -103,8 +110,11 @@ worker_sched_t *worker_sched_new(int nthreads, worker_run_fn run, void *ctx, obx
 /* Lets each runner finish its current job and the held jobs end, then hands every queued job to
  * left (may be NULL). */
 void worker_sched_destroy(worker_sched_t *sched, void (*left)(void *ctx, worker_job_t *job), void *ctx);
-/* Queues job behind the earlier jobs of key (takes it); never blocks. *key_depth and *inflight
- * (may be NULL) receive the key's queued + running count and the total after the push. */
+/* Queues job behind the earlier jobs of key (takes it); never blocks. A job with a key_seq goes
+ * before the queued jobs of its key with a higher one (a key's events that arrive out of their
+ * write order, from two partitions after the topic grew, run in it), others at the end.
+ * *key_depth and *inflight (may be NULL) receive the key's queued + running count and the total
+ * after the push. */
 void worker_sched_push(worker_sched_t *sched, worker_job_t *job, const char *key, size_t len, int *key_depth,
                        int *inflight);
 /* A running job is about to wait outside the runners (its call, io.c): a stopping scheduler keeps

@@ -101,12 +101,13 @@ static void test_binary_and_structured_events(void **state) {
   snprintf(hdr_id, sizeof hdr_id, "ce-id: %s", id1);
   const char *binary[] = {"ce-specversion: 1.0", hdr_id, "ce-type: OrderConfirmed", "ce-source: /test/orders",
                           "ce-subject: Order/HK-1", "ce-partitionkey: HK-1", "ce-orgid: " WT_ORG,
-                          "ce-time: 2026-11-29T18:00:00.000Z", "Content-Type: application/json", AUTH, NULL};
+                          "ce-time: 2026-11-29T18:00:00.000Z", "ce-keyseq: 7", "Content-Type: application/json", AUTH, NULL};
   long status = post(s, "{\"orderNumber\": \"H-1\"}", binary, out, sizeof out);
   if (status != 200) fail_msg("binary event: got %ld (%s), want 200", status, out);
   assert_non_null(strstr(out, "\"done\""));
   wt_wait_status(fx, id1, "DONE"); /* durable before the reply: already there */
   assert_int_equal(wt_erp_calls(fx, "H-1"), 1);
+  assert_int_equal(wt_inbox_int(fx, id1, "seq"), 7); /* the key's order is the writer's (ce-keyseq) */
 
   /* The same event again is a duplicate, still 200. */
   status = post(s, "{\"orderNumber\": \"H-1\"}", binary, out, sizeof out);
@@ -119,7 +120,7 @@ static void test_binary_and_structured_events(void **state) {
   snprintf(structured, sizeof structured,
            "{\"specversion\": \"1.0\", \"id\": \"%s\", \"type\": \"OrderConfirmed\", \"source\": \"/test/orders\","
            " \"subject\": \"Order/HK-2\", \"partitionkey\": \"HK-2\", \"orgid\": \"" WT_ORG "\","
-           " \"time\": \"2026-11-29T18:00:01.000Z\", \"datacontenttype\": \"application/json\","
+           " \"time\": \"2026-11-29T18:00:01.000Z\", \"keyseq\": 8, \"datacontenttype\": \"application/json\","
            " \"data\": {\"orderNumber\": \"H-2\"}}",
            id2);
   const char *ce_json[] = {"Content-Type: application/cloudevents+json", AUTH, NULL};
@@ -129,6 +130,7 @@ static void test_binary_and_structured_events(void **state) {
   wt_wait_status(fx, id2, "RETRYING");
   wt_route(fx, "H-2", 200);
   wt_wait_status(fx, id2, "DONE"); /* the work queue ran it again */
+  assert_int_equal(wt_inbox_int(fx, id2, "seq"), 8);
 
   /* Not a CloudEvent. */
   const char *plain[] = {"Content-Type: application/json", AUTH, NULL};
@@ -145,7 +147,7 @@ static void test_mongo_down_is_503(void **state) {
   snprintf(hdr_id, sizeof hdr_id, "ce-id: %s", id);
   const char *binary[] = {"ce-specversion: 1.0", hdr_id, "ce-type: OrderConfirmed", "ce-source: /test/orders",
                           "ce-subject: Order/HK-3", "ce-partitionkey: HK-3", "ce-orgid: " WT_ORG,
-                          "ce-time: 2026-11-29T18:00:00.000Z", "Content-Type: application/json", AUTH, NULL};
+                          "ce-time: 2026-11-29T18:00:00.000Z", "ce-keyseq: 7", "Content-Type: application/json", AUTH, NULL};
   long status = post(s, "{\"orderNumber\": \"H-3\"}", binary, out, sizeof out);
   if (status != 503) fail_msg("with MongoDB down: got %ld (%s), want 503", status, out);
   /* And the sink says it is not ready, so no traffic is routed to it. */

@@ -340,6 +340,10 @@ static void test_kafka_rejections(void **state) {
     {"payload broken", NULL, NULL, "{\"a\":", false, "payload: invalid JSON"},
     {"oversize key", NULL, NULL, NULL, true, "key: longer than 1024 bytes"},
     {"oversize partitionkey", "ce_partitionkey", long_key, NULL, false, "ce_partitionkey: longer than 1024 bytes"},
+    {"keyseq", "ce_keyseq", "12", NULL, false, NULL},
+    {"keyseq zero", "ce_keyseq", "0", NULL, false, "ce_keyseq: '0' is not a positive integer"},
+    {"keyseq text", "ce_keyseq", "seven", NULL, false, "ce_keyseq: 'seven' is not a positive integer"},
+    {"keyseq past int64", "ce_keyseq", "9223372036854775808", NULL, false, "ce_keyseq:"},
   };
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     obx_ce_header_t h[NGOOD + 1];
@@ -428,6 +432,61 @@ static void test_ce_json_rejections(void **state) {
   }
 }
 
+/* keySeq goes from the outbox document to ce_keyseq, back from a record, and from structured
+ * mode as a JSON integer or a string; an event without it has none anywhere. */
+static void test_key_seq_travels(void **state) {
+  (void)state;
+  static const char *const docs[] = {
+    "{\"_id\":\"e1\",\"eventType\":\"T\",\"orgId\":\"o\",\"aggregateType\":\"Order\",\"aggregateId\":\"1\","
+    "\"payload\":{},\"occurredAt\":{\"$date\":1000},\"keySeq\":{\"$numberLong\":\"4294967301\"}}",
+    "{\"_id\":\"e1\",\"eventType\":\"T\",\"orgId\":\"o\",\"aggregateType\":\"Order\",\"aggregateId\":\"1\","
+    "\"payload\":{},\"occurredAt\":{\"$date\":1000}}",
+  };
+  static const int64_t want[] = {4294967301LL, 0};
+  for (int d = 0; d < 2; d++) {
+    bson_t *doc = bson_new_from_json((const uint8_t *)docs[d], -1, NULL);
+    obx_event_t ev, back;
+    obx_event_init(&ev);
+    obx_event_init(&back);
+    obx_err_t err = OBX_ERR_INIT;
+    if (!obx_event_from_outbox(&ev, doc, &err)) fail_msg("from_outbox: %s", err.msg);
+    assert_int_equal(ev.key_seq, want[d]);
+    obx_kafka_record_t rec;
+    assert_true(obx_event_to_kafka(&ev, "/s", &rec, &err));
+    const obx_ce_header_t *h = NULL;
+    for (int i = 0; i < rec.nheaders; i++)
+      if (strcmp(rec.headers[i].name, "ce_keyseq") == 0) h = &rec.headers[i];
+    if (want[d]) {
+      assert_non_null(h);
+      assert_int_equal(h->len, strlen("4294967301"));
+      assert_memory_equal(h->value, "4294967301", h->len);
+    } else {
+      assert_null(h);
+    }
+    if (!obx_event_from_kafka(&back, rec.key, rec.key_len, rec.value, rec.value_len, rec.headers, rec.nheaders, &err))
+      fail_msg("from_kafka: %s", err.msg);
+    assert_int_equal(back.key_seq, want[d]);
+    obx_event_copy(&back, &ev);
+    assert_int_equal(back.key_seq, want[d]);
+    obx_kafka_record_cleanup(&rec);
+    obx_event_cleanup(&back);
+    obx_event_cleanup(&ev);
+    bson_destroy(doc);
+  }
+  static const char *const json[] = {
+    "{\"specversion\":\"1.0\",\"id\":\"e\",\"source\":\"/s\",\"type\":\"T\",\"subject\":\"O/1\",\"orgid\":\"o\",\"keyseq\":9,\"data\":{}}",
+    "{\"specversion\":\"1.0\",\"id\":\"e\",\"source\":\"/s\",\"type\":\"T\",\"subject\":\"O/1\",\"orgid\":\"o\",\"keyseq\":\"9\",\"data\":{}}",
+  };
+  for (int j = 0; j < 2; j++) {
+    obx_event_t ev;
+    obx_event_init(&ev);
+    obx_err_t err = OBX_ERR_INIT;
+    if (!obx_event_from_ce_json(&ev, json[j], strlen(json[j]), &err)) fail_msg("from_ce_json: %s", err.msg);
+    assert_int_equal(ev.key_seq, 9);
+    obx_event_cleanup(&ev);
+  }
+}
+
 static void test_outbox_rejections(void **state) {
   static const struct {
     const char *name, *json, *want;
@@ -444,6 +503,10 @@ static void test_outbox_rejections(void **state) {
      "payload: not a document"},
     {"occurredAt string", "{\"_id\":\"e\",\"eventType\":\"T\",\"orgId\":\"o\",\"aggregateType\":\"Order\",\"aggregateId\":\"1\",\"payload\":{},\"occurredAt\":\"today\"}",
      "occurredAt: missing or not a date"},
+    {"keySeq string", "{\"_id\":\"e\",\"eventType\":\"T\",\"keySeq\":\"3\",\"orgId\":\"o\",\"aggregateType\":\"Order\",\"aggregateId\":\"1\",\"payload\":{},\"occurredAt\":{\"$date\":1}}",
+     "keySeq: must be an integer"},
+    {"keySeq zero", "{\"_id\":\"e\",\"eventType\":\"T\",\"keySeq\":0,\"orgId\":\"o\",\"aggregateType\":\"Order\",\"aggregateId\":\"1\",\"payload\":{},\"occurredAt\":{\"$date\":1}}",
+     "keySeq: must be positive"},
     {"eventVersion zero", "{\"_id\":\"e\",\"eventType\":\"T\",\"eventVersion\":0,\"orgId\":\"o\",\"aggregateType\":\"Order\",\"aggregateId\":\"1\",\"payload\":{},\"occurredAt\":{\"$date\":1}}",
      "eventVersion: must be a positive integer"},
   };
@@ -486,6 +549,7 @@ int main(void) {
     cmocka_unit_test(test_uuid_format),      cmocka_unit_test(test_uuid_monotonic),  cmocka_unit_test(test_uuid_threads),
     cmocka_unit_test(test_time),             cmocka_unit_test(test_finalize),        cmocka_unit_test(test_round_trip),
     cmocka_unit_test(test_kafka_rejections), cmocka_unit_test(test_ce_json_rejections), cmocka_unit_test(test_outbox_rejections),
+    cmocka_unit_test(test_key_seq_travels),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
