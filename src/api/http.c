@@ -769,8 +769,6 @@ static void *http_events(void *arg) {
   obx_http_t *http = arg;
   char name[48];
   obx_log_set_role("http");
-  snprintf(name, sizeof name, "obx-http-%d", http->port);
-  pthread_setname_np(pthread_self(), name);
   snprintf(name, sizeof name, "acceptor :%d", http->port);
   obx_health_register("http", name);
   int64_t tick = http->stall_ms / 4 < 1000 ? http->stall_ms / 4 : 1000;
@@ -1063,6 +1061,9 @@ bool obx_http_start(obx_http_t *http, obx_err_t *err) {
   atomic_store(&http->events_stop, false);
   http->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   pthread_create(&http->events, NULL, http_events, http);
+  char thread_name[16];
+  snprintf(thread_name, sizeof thread_name, "obx-http-%d", http->port);
+  pthread_setname_np(http->events, thread_name); /* before "http listening": ps and /proc show it */
   http->events_started = true;
   char port[16], workers[16];
   snprintf(port, sizeof port, "%d", http->port);

@@ -319,7 +319,9 @@ static void test_stalled_acceptor(void **state) {
   snprintf(api_loop, sizeof api_loop, "http/acceptor :%d", api);
   snprintf(sink_loop, sizeof sink_loop, "http/acceptor :%d", sink);
   pid_t api_tid = thread_named(d.proc.pid, api_thread), sink_tid = thread_named(d.proc.pid, sink_thread);
-  if (!api_tid || !sink_tid) fail_msg("no threads %s and %s in outboxd %d", api_thread, sink_thread, (int)d.proc.pid);
+  if (!api_tid || !sink_tid)
+    fail_msg("threads %s (%d) and %s (%d) in outboxd %d: want both", api_thread, (int)api_tid, sink_thread, (int)sink_tid,
+             (int)d.proc.pid);
   probe_wait_t api_ok = {.port = api, .path = "/healthz", .want = 200}, sink_ok = {.port = sink, .path = "/healthz", .want = 200};
   if (!obx_test_wait_for(probe_is, &api_ok, 10000, 100) || !obx_test_wait_for(probe_is, &sink_ok, 10000, 100))
     fail_msg("/healthz not 200 at the start: %s / %s", api_ok.body, sink_ok.body);
