@@ -103,9 +103,8 @@ typedef struct {
  * PROCESSING and attempts = set_attempts. attempts >= 0: a retry tier's copy, taken only while
  * the entry has exactly that many attempts (a stale copy is never taken), from RETRYING whatever
  * the intent's lease (the copy exists, so it was published); otherwise, and for every other
- * status, only when no other owner holds a live lease, or the lease is held by the same static group member
- * (`member`, not NULL: a restarted process of it; the broker fences the old one). *taken says
- * whether it did. */
+ * status, only when no other owner holds a live lease (a process of the same static member too:
+ * `member` is recorded, never a right to a live claim). *taken says whether it did. */
 bool obx_inbox_take(mongoc_client_t *client, const char *db, const char *consumer, const char *event_id,
                     const char *owner, const char *member, int64_t lease_ms, obx_inbox_status_t status, int attempts,
                     int set_attempts, bool *taken, obx_err_t *err);
@@ -123,9 +122,10 @@ bool obx_inbox_retry_sent(mongoc_client_t *client, const char *db, const char *c
 bool obx_inbox_key_claimed_elsewhere(mongoc_client_t *client, const char *db, const char *consumer, const char *key,
                                      const char *owner, bool *claimed, obx_err_t *err);
 /* Extends the leases of owner's claims on the given events (RECEIVED or PROCESSING) to now +
- * lease_ms (one write). */
+ * lease_ms (one write); held (NULL: not asked) then says, per event, whether the claim is still
+ * owner's (false: taken over, or the event moved on). */
 bool obx_inbox_renew(mongoc_client_t *client, const char *db, const char *consumer, const char *owner,
-                     const char *const *event_ids, int n, int64_t lease_ms, obx_err_t *err);
+                     const char *const *event_ids, int n, int64_t lease_ms, bool *held, obx_err_t *err);
 /* obx_inbox_set_status, only while cas holds (see above): OBX_ERR_CONFLICT (not retriable)
  * otherwise. From RETRYING (a tier publish that failed) to DEAD when status is DEAD and the
  * entry is RETRYING at cas->attempts + 1 of cas->owner. */

@@ -1,21 +1,30 @@
-/* claims.c - the inbox claims this process holds, and the keys whose claim it lost
+/* claims.c - the inbox claims this process holds, their lease renewal, and the keys whose claim
+ * it lost
  *
- * DESIGN: owns the list of events this process runs now (their leases are renewed together, a
- * third of WORKER_LEASE apart, by the work-queue thread) and the keys whose claim was taken over
- * while they ran (remembered per assignment generation, LOST_KEYS at most). Never claims, runs or
- * records an event (lifecycle.c does, through obx_inbox.h). */
+ * DESIGN: owns the registry of the events this process runs now, whatever they wait on (a
+ * runner, a pipeline's call, a recording), and the one thread that renews their leases
+ * together, a third of WORKER_LEASE apart, on a MongoDB client of its own: no source loop, no
+ * runner and no exhausted client pool can starve it, and it runs until the last run has ended
+ * (it stops after the runners at shutdown). Each renewal learns which claims are no longer this
+ * process's (taken over, moved on); such a claim, or one whose lease passed without a renewal
+ * (MongoDB unreachable), is lost: its run stops before its next step and records nothing
+ * (worker_claim_lost). Also the keys whose claim was taken over while they ran (remembered per
+ * assignment generation, LOST_KEYS at most). Never claims, runs or records an event
+ * (lifecycle.c does, through obx_inbox.h). */
 #include <assert.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "obx/obx_health.h"
 #include "obx/obx_inbox.h"
 #include "obx/obx_log.h"
 #include "worker_int.h"
 
-/* ---- claims: the events this process runs, their leases renewed by the work-queue thread ---- */
+/* ---- the registry ------------------------------------------------------------------------------ */
 
 void worker_claims_add(obx_worker_t *w, const char *id) {
   pthread_mutex_lock(&w->claims_mu);
@@ -24,36 +33,121 @@ void worker_claims_add(obx_worker_t *w, const char *id) {
     w->claims = realloc(w->claims, (size_t)w->claims_cap * sizeof *w->claims);
     assert(w->claims);
   }
-  snprintf(w->claims[w->nclaims++], OBX_UUID_LEN + 1, "%s", id);
+  worker_claim_t *c = &w->claims[w->nclaims++];
+  snprintf(c->id, sizeof c->id, "%s", id);
+  c->until = obx_time_now_ms() + w->lease_ms; /* the claim was just written with this lease */
+  c->lost = false;
   pthread_mutex_unlock(&w->claims_mu);
 }
 
 void worker_claims_remove(obx_worker_t *w, const char *id) {
   pthread_mutex_lock(&w->claims_mu);
   for (int i = 0; i < w->nclaims; i++)
-    if (strcmp(w->claims[i], id) == 0) {
-      memcpy(w->claims[i], w->claims[--w->nclaims], sizeof w->claims[i]);
+    if (strcmp(w->claims[i].id, id) == 0) {
+      w->claims[i] = w->claims[--w->nclaims];
       break;
     }
   pthread_mutex_unlock(&w->claims_mu);
 }
 
-/* Extends the leases of every event this process runs (one write; a third of the lease apart). */
-void worker_claims_renew(obx_worker_t *w, mongoc_client_t *client) {
+bool worker_claim_lost(obx_worker_t *w, const char *id) {
+  bool lost = false;
+  int64_t now = obx_time_now_ms();
+  pthread_mutex_lock(&w->claims_mu);
+  for (int i = 0; i < w->nclaims; i++)
+    if (strcmp(w->claims[i].id, id) == 0) {
+      lost = w->claims[i].lost || now >= w->claims[i].until;
+      break;
+    }
+  pthread_mutex_unlock(&w->claims_mu);
+  return lost;
+}
+
+/* ---- the renewer ------------------------------------------------------------------------------- */
+
+/* One renewal of every registered claim (one write, one read back). */
+static void renew_all(obx_worker_t *w, mongoc_client_t *client) {
   pthread_mutex_lock(&w->claims_mu);
   int n = w->nclaims;
-  char(*copy)[OBX_UUID_LEN + 1] = n ? malloc((size_t)n * sizeof *copy) : NULL;
-  if (n) memcpy(copy, w->claims, (size_t)n * sizeof *copy);
+  if (n <= 0) {
+    pthread_mutex_unlock(&w->claims_mu);
+    return;
+  }
+  char(*copy)[OBX_UUID_LEN + 1] = malloc((size_t)n * sizeof *copy);
+  assert(copy);
+  for (int i = 0; i < n; i++) memcpy(copy[i], w->claims[i].id, sizeof copy[i]);
   pthread_mutex_unlock(&w->claims_mu);
-  if (!n) return;
   const char **ids = malloc((size_t)n * sizeof *ids);
-  assert(ids);
+  bool *held = malloc((size_t)n * sizeof *held);
+  assert(ids && held);
   for (int i = 0; i < n; i++) ids[i] = copy[i];
   obx_err_t err = OBX_ERR_INIT;
-  if (!obx_inbox_renew(client, w->db, w->consumer, w->owner, ids, n, w->lease_ms, &err))
-    obx_warn("renewing %d claims failed (a peer may take them over after the lease): %s", n, err.msg);
+  int64_t at = obx_time_now_ms();
+  if (!obx_inbox_renew(client, w->db, w->consumer, w->owner, ids, n, w->lease_ms, held, &err)) {
+    obx_warn("renewing %d claims failed (each is lost once its lease passes): %s", n, err.msg);
+  } else {
+    pthread_mutex_lock(&w->claims_mu);
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < w->nclaims; j++) {
+        worker_claim_t *c = &w->claims[j];
+        if (strcmp(c->id, ids[i]) != 0) continue;
+        if (held[i] && !c->lost) c->until = at + w->lease_ms;
+        if (!held[i] && !c->lost && at >= c->until - w->lease_ms) { /* registered before this read */
+          c->lost = true;
+          obx_log_event(OBX_LOG_WARN, c->id, NULL, "the claim is no longer this process's: its run records nothing");
+        }
+        break;
+      }
+    pthread_mutex_unlock(&w->claims_mu);
+  }
+  free(held);
   free(ids);
   free(copy);
+}
+
+static void *renew_main(void *arg) {
+  obx_worker_t *w = arg;
+  pthread_setname_np(pthread_self(), "obx-leases");
+  obx_log_set_role("worker");
+  obx_health_register("worker", "lease renewal");
+  mongoc_client_t *client = obx_mongo_pop(w->mongo); /* its own for its whole life */
+  pthread_mutex_lock(&w->renew_mu);
+  while (!w->renew_stop) {
+    pthread_mutex_unlock(&w->renew_mu);
+    obx_health_stamp("renewing the claims' leases");
+    renew_all(w, client);
+    obx_health_idle();
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    int64_t ns = until.tv_nsec + (w->lease_ms / 3 % 1000) * 1000000;
+    until.tv_sec += (time_t)(w->lease_ms / 3 / 1000 + ns / 1000000000);
+    until.tv_nsec = (long)(ns % 1000000000);
+    pthread_mutex_lock(&w->renew_mu);
+    if (!w->renew_stop) pthread_cond_timedwait(&w->renew_cv, &w->renew_mu, &until);
+  }
+  pthread_mutex_unlock(&w->renew_mu);
+  obx_mongo_push(w->mongo, client);
+  obx_health_unregister();
+  return NULL;
+}
+
+bool worker_claims_start(obx_worker_t *w, obx_err_t *err) {
+  if (pthread_create(&w->renew_thread, NULL, renew_main, w) != 0) {
+    obx_err_set(err, OBX_ERR_SYS, 0, false, "cannot start the lease renewal thread");
+    return false;
+  }
+  w->renew_running = true;
+  return true;
+}
+
+void worker_claims_stop(obx_worker_t *w) {
+  if (!w->renew_running) return;
+  pthread_mutex_lock(&w->renew_mu);
+  w->renew_stop = true;
+  pthread_cond_signal(&w->renew_cv);
+  pthread_mutex_unlock(&w->renew_mu);
+  pthread_join(w->renew_thread, NULL);
+  w->renew_running = false;
 }
 
 /* ---- keys whose claim was lost: after a pause (SIGSTOP, a stall past the lease) the Kafka

@@ -261,8 +261,11 @@ bool obx_inbox_set_status_owned(mongoc_client_t *client, const char *db, mongoc_
   return set_status(client, db, session, consumer, event_id, cas, status, attempts, last_error, execution_id, err);
 }
 
-/* {$or: [no lease, lease in the past, owner's own, member's own]} appended to filter. */
-static void append_claimable(bson_t *filter, const char *owner, const char *member) {
+/* {$or: [no lease, lease in the past, owner's own]} appended to filter. A claim of another
+ * process of the same static member (WORKER_INSTANCE_ID) is not its own: that process may still
+ * run the event (a restart overlapping its predecessor's drain, two processes started with one
+ * id), so it is taken over only once its lease is past, like any other. */
+static void append_claimable(bson_t *filter, const char *owner) {
   bson_t or, c, cond;
   BSON_APPEND_ARRAY_BEGIN(filter, "$or", &or);
   BSON_APPEND_DOCUMENT_BEGIN(&or, "0", &c);
@@ -278,11 +281,6 @@ static void append_claimable(bson_t *filter, const char *owner, const char *memb
   BSON_APPEND_DOCUMENT_BEGIN(&or, "2", &c);
   BSON_APPEND_UTF8(&c, "owner", owner);
   bson_append_document_end(&or, &c);
-  if (member) {
-    BSON_APPEND_DOCUMENT_BEGIN(&or, "3", &c);
-    BSON_APPEND_UTF8(&c, "member", member);
-    bson_append_document_end(&or, &c);
-  }
   bson_append_array_end(filter, &or);
 }
 
@@ -294,7 +292,7 @@ bool obx_inbox_take(mongoc_client_t *client, const char *db, const char *consume
   BSON_APPEND_UTF8(&filter, "status", obx_inbox_status_name(status));
   /* a tier's copy runs only the recorded attempt; RETRYING's lease guards the resend, not the run */
   if (attempts >= 0) BSON_APPEND_INT32(&filter, "attempts", attempts);
-  if (attempts < 0 || status != OBX_INBOX_RETRYING) append_claimable(&filter, owner, member);
+  if (attempts < 0 || status != OBX_INBOX_RETRYING) append_claimable(&filter, owner);
   BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &child);
   BSON_APPEND_UTF8(&child, "owner", owner);
   if (member) BSON_APPEND_UTF8(&child, "member", member);
@@ -367,7 +365,7 @@ bool obx_inbox_key_claimed_elsewhere(mongoc_client_t *client, const char *db, co
 }
 
 bool obx_inbox_renew(mongoc_client_t *client, const char *db, const char *consumer, const char *owner,
-                     const char *const *event_ids, int n, int64_t lease_ms, obx_err_t *err) {
+                     const char *const *event_ids, int n, int64_t lease_ms, bool *held, obx_err_t *err) {
   if (n == 0) return true;
   bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child, in, arr;
   BSON_APPEND_UTF8(&filter, "_id.consumer", consumer);
@@ -393,6 +391,26 @@ bool obx_inbox_renew(mongoc_client_t *client, const char *db, const char *consum
   bool ok = mongoc_collection_update_many(c, &filter, &update, NULL, &reply, &berr);
   if (!ok) obx_err_from_bson(err, &berr, &reply);
   bson_destroy(&reply);
+  if (ok && held) { /* the claims still owner's: the same filter, read back */
+    for (int i = 0; i < n; i++) held[i] = false;
+    bson_t *opts = BCON_NEW("projection", "{", "_id", BCON_INT32(1), "}");
+    mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(c, &filter, opts, NULL);
+    const bson_t *doc;
+    while (mongoc_cursor_next(cursor, &doc)) {
+      bson_iter_t it, d;
+      if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, "_id.eventId", &d) || !BSON_ITER_HOLDS_UTF8(&d))
+        continue;
+      const char *id = bson_iter_utf8(&d, NULL);
+      for (int i = 0; i < n; i++)
+        if (strcmp(event_ids[i], id) == 0) held[i] = true;
+    }
+    if (mongoc_cursor_error(cursor, &berr)) {
+      obx_err_from_bson(err, &berr, NULL);
+      ok = false;
+    }
+    mongoc_cursor_destroy(cursor);
+    bson_destroy(opts);
+  }
   mongoc_collection_destroy(c);
   bson_destroy(&update);
   bson_destroy(&filter);

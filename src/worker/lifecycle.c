@@ -341,6 +341,16 @@ static bool claim_held(event_t *e) {
 
 static worker_outcome_t settle_run(event_t *e);
 
+/* Whether the claim renewal (claims.c) found this run's claim lost: taken over by a peer, or its
+ * lease passed unrenewed. The run then stops before `step` and records nothing; the owner of the
+ * claim settles the event. */
+static bool claim_lost(event_t *e, const char *step) {
+  if (!worker_claim_lost(e->w, e->ev.id)) return false;
+  obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id,
+                "the claim was lost before %s: this run stops, its outcome is not recorded", step);
+  return true;
+}
+
 /* Looks the event's pipeline up and starts its run once. WORKER_WAITING when the run stops at an
  * http-request call (e->run waits; worker_handle_resume goes on), else its settled outcome. */
 static worker_outcome_t run_event(event_t *e) {
@@ -359,6 +369,7 @@ static worker_outcome_t run_event(event_t *e) {
     return worker_dead_letter(e, looked == STEP_FAILED ? "terminal" : "infra", cause, false);
   }
   if (e->pipeline) {
+    if (claim_lost(e, "the pipeline")) return WORKER_LOST;
     bson_t ctx = BSON_INITIALIZER;
     obx_pipeline_context_from_event(ev, &ctx);
     obx_pipeline_input_t in = {.context = &ctx, .org_id = ev->org_id, .trigger = e->trigger, .event_id = ev->id,
@@ -384,6 +395,10 @@ static worker_outcome_t settle_run(event_t *e) {
   int attempt = msg->attempt + 1;
   outcome_txn_t t = {.w = w, .ev = ev, .cas = &e->cas, .attempts = attempt};
   bool dlq_published = false;
+  if (run && claim_lost(e, obx_pipeline_run_waiting(run) ? "its next call" : "recording the run")) {
+    outcome = WORKER_LOST;
+    goto done;
+  }
   if (!run) {
     t.status = OBX_INBOX_SKIPPED;
     t.attempts = msg->attempt;
@@ -736,6 +751,10 @@ done:
  * again) or its end, then settled and ended as worker_handle ends it. */
 static worker_outcome_t worker_handle_resume(event_t *e, CURLcode rc) {
   obx_trace_set_current(obx_span_ctx(e->span));
+  if (worker_claim_lost(e->w, e->ev.id)) { /* no further call: settle_run stops the run */
+    e->client = obx_mongo_pop(e->w->mongo);
+    return event_end(e, settle_run(e));
+  }
   obx_pipeline_resume(e->run, rc);
   if (obx_pipeline_run_waiting(e->run)) {
     obx_trace_set_current(NULL);

@@ -55,6 +55,8 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   snprintf(w->owner, sizeof w->owner, "%s:%d:%s", host, (int)getpid(), uuid);
   w->member = conf->worker_instance_id[0] ? conf->worker_instance_id : NULL;
   pthread_mutex_init(&w->claims_mu, NULL);
+  pthread_mutex_init(&w->renew_mu, NULL);
+  pthread_cond_init(&w->renew_cv, NULL);
   w->nrunners = (int)conf->order_post_concurrency;
   w->max_inflight = (int)conf->worker_max_inflight;
   worker_metrics_init();
@@ -81,6 +83,7 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   if (!(w->wq = obx_ladder_consumer_new(&w->ladder_opts, 2 * w->nrunners, err))) goto fail;
   if (conf->worker_dlq_drain && !(w->drain = obx_ops_drain_start(conf, err))) goto fail;
 
+  if (!worker_claims_start(w, err)) goto fail;
   if (!(w->sched = worker_sched_new(w->nrunners, worker_run_job, w, err))) goto fail;
   if (!(w->io = worker_io_start(w->sched, err))) goto fail;
   if (!worker_wq_start(w, err)) goto fail;
@@ -121,6 +124,7 @@ void obx_worker_destroy(obx_worker_t *w) {
   w->sched = NULL;
   worker_io_stop(w->io); /* after the runners: the calls of their events ended with them */
   w->io = NULL;
+  worker_claims_stop(w); /* after the runners: their claims stay renewed while they finish */
   worker_kafka_close(w);
   if (w->wq) worker_wq_settle(w);
   /* every sink request waiting on a runner has its answer (503 from job_left): the listener
@@ -139,6 +143,8 @@ void obx_worker_destroy(obx_worker_t *w) {
   obx_mongo_destroy(w->mongo);
   pthread_mutex_destroy(&w->done_mu);
   pthread_mutex_destroy(&w->claims_mu);
+  pthread_mutex_destroy(&w->renew_mu);
+  pthread_cond_destroy(&w->renew_cv);
   free(w->claims);
   for (int i = 0; i < LOST_KEYS; i++) free(w->lost[i].key);
   free(w);

@@ -10,7 +10,7 @@
  *   io.c         the IO thread: the http-request calls of every event in flight (libcurl multi)
  *   lifecycle.c  one event through its states (worker_run_job, worker_handle)
  *   steps.c      bounded retries of one step, publishes to the ladder
- *   claims.c     the claims this process holds (lease renewal) and the keys whose claim it lost
+ *   claims.c     the claims this process holds, their renewal thread, and the keys whose claim it lost
  *   parking.c    a parked key handed on to its next BLOCKED event
  *   stats.c      counters and gauges
  * The worker's state (struct obx_worker) is shared; each field says which thread owns it. */
@@ -178,6 +178,13 @@ typedef struct {
   size_t len;
 } paused_t;
 
+/* One claim this process holds (claims.c). */
+typedef struct {
+  char id[OBX_UUID_LEN + 1];
+  int64_t until; /* the lease last written (claimed or renewed) */
+  bool lost;     /* a renewal found it no longer this process's */
+} worker_claim_t;
+
 struct obx_worker {
   const obx_conf_t *conf;
   worker_sink_t *sink;      /* http mode: the CloudEvents sink (sink.c) */
@@ -186,10 +193,14 @@ struct obx_worker {
   int max_attempts;
   int infra_attempts;       /* WORKER_INFRA_ATTEMPTS */
   char owner[128];          /* this process's name on its inbox claims: host:pid:uuid */
-  const char *member;       /* WORKER_INSTANCE_ID when set: claims of a restarted process of it are its own */
+  const char *member;       /* WORKER_INSTANCE_ID when set (recorded on its claims) */
   int64_t lease_ms;         /* WORKER_LEASE */
   pthread_mutex_t claims_mu; /* the events this process runs now (their leases are renewed) */
-  char (*claims)[OBX_UUID_LEN + 1];
+  worker_claim_t *claims;
+  pthread_t renew_thread;   /* the claims' lease renewal (claims.c) */
+  pthread_mutex_t renew_mu;
+  pthread_cond_t renew_cv;
+  bool renew_stop, renew_running;
   struct {
     char *key;
     size_t len;
@@ -303,10 +314,16 @@ step_result_t worker_retry_step(obx_worker_t *w, const char *what, const char *e
 step_result_t worker_publish(obx_worker_t *w, const obx_envelope_t *msg, int tier, obx_err_t *err);
 
 /* ---- claims (claims.c) ---------------------------------------------------------------------- */
+/* The registry of the claims this process holds: an event is added once claimed and removed
+ * when its run has ended; the renewal thread (started before any source, stopped after the
+ * runners) extends them all every third of the lease. */
 void worker_claims_add(obx_worker_t *w, const char *id);
 void worker_claims_remove(obx_worker_t *w, const char *id);
-/* Extends the leases of every event this process runs (one write). */
-void worker_claims_renew(obx_worker_t *w, mongoc_client_t *client);
+/* Whether the claim of a registered event is lost: a renewal found it no longer this process's,
+ * or its lease passed without a renewal. Its run must stop and record nothing. */
+bool worker_claim_lost(obx_worker_t *w, const char *id);
+bool worker_claims_start(obx_worker_t *w, obx_err_t *err);
+void worker_claims_stop(obx_worker_t *w);
 /* Whether (key, generation) is remembered as lost; with add, remembers it (the oldest goes). */
 bool worker_lost_key(obx_worker_t *w, const char *key, size_t len, uint64_t generation, bool add);
 /* Waits, up to two leases, while a peer holds a live claim on an event of key. */

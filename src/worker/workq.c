@@ -1,8 +1,8 @@
 /* workq.c - the worker's work-queue source (RabbitMQ P.work: retries, redrives, hand-overs)
  *
  * DESIGN: owns the AMQP consumer of the work queue and its thread (wq_main), which also keeps the
- * worker's periodic chores: the ladder connection's tick, the claims' lease renewal (claims.c)
- * and the parked-keys gauge. A message becomes an envelope queued behind its key (jobs.c), and
+ * worker's periodic chores: the ladder connection's tick and the parked-keys gauge (the claims'
+ * leases are renewed by a thread of their own, claims.c). A message becomes an envelope queued behind its key (jobs.c), and
  * is acked once its outcome is recorded, nacked (requeued) when it could be put nowhere. Never
  * runs or records an event (lifecycle.c does). Reads amqp.url, worker.queue_prefix. */
 #include <assert.h>
@@ -35,7 +35,7 @@ static void *wq_main(void *arg) {
   obx_worker_t *w = arg;
   pthread_setname_np(pthread_self(), "obx-workq");
   obx_log_set_role("worker");
-  int64_t last_warn = 0, last_parked = 0, last_tick = 0, last_renew = 0;
+  int64_t last_warn = 0, last_parked = 0, last_tick = 0;
   obx_health_register("worker", "work queue");
   while (!atomic_load(&w->stop)) {
     obx_health_stamp("settling work queue messages");
@@ -43,12 +43,6 @@ static void *wq_main(void *arg) {
     if (obx_time_now_ms() - last_tick >= 1000) { /* in every mode: heartbeats, reconnects */
       obx_ladder_tick(w->ladder);
       last_tick = obx_time_now_ms();
-    }
-    if (obx_time_now_ms() - last_renew >= w->lease_ms / 3) {
-      last_renew = obx_time_now_ms();
-      mongoc_client_t *client = obx_mongo_pop(w->mongo);
-      worker_claims_renew(w, client);
-      obx_mongo_push(w->mongo, client);
     }
     if (obx_time_now_ms() - last_parked >= 5000) {
       last_parked = obx_time_now_ms();

@@ -401,6 +401,11 @@ class Stack:
     # outboxd
     def outboxd(self, name, roles):
         p = self.procs.get(name)
+        if p is not None and p.alive():
+            # never a second process under one name: it would share the first one's
+            # worker.instance_id (Kafka fences the first, which still runs its events) and its
+            # Proc would be lost, so nothing would ever stop it
+            return p
         if p is None:
             argv = [os.path.join(self.args.build, "outboxd"), "--roles", roles] + self.conf_args(roles)
             if roles == "worker":   # static membership, as the production guide runs pods: a
@@ -917,8 +922,12 @@ def fault_endpoint(mode):
 
 def fault_rebalance(stack, stop, a):
     def act(i):
-        log(f"worker-3 joins (cycle {i + 1})")
-        stack.outboxd("worker-3", "worker")
+        w3 = stack.procs.get("worker-3")
+        if w3 is not None and w3.alive():
+            log(f"worker-3 is still in the group (cycle {i + 1})")
+        else:
+            log(f"worker-3 joins (cycle {i + 1})")
+            stack.outboxd("worker-3", "worker")
         stop.wait(a.period)
         n = stack.rng.choice(["worker-1", "worker-2", "worker-3"])
         log(f"{n} leaves (SIGTERM)")
