@@ -92,10 +92,9 @@ static void renew_all(obx_worker_t *w, mongoc_client_t *client) {
         worker_claim_t *c = &w->claims[j];
         if (strcmp(c->id, ids[i]) != 0) continue;
         if (held[i] && !c->lost) c->until = at + w->lease_ms;
-        if (!held[i] && !c->lost && at >= c->until - w->lease_ms) { /* registered before this read */
-          c->lost = true;
-          obx_log_event(OBX_LOG_WARN, c->id, NULL, "the claim is no longer this process's: its run records nothing");
-        }
+        /* registered before this read; a run that has just recorded its outcome reads as lost too
+         * and is removed at once (the run says so only when it stops: worker_claim_lost) */
+        if (!held[i] && at >= c->until - w->lease_ms) c->lost = true;
         break;
       }
     pthread_mutex_unlock(&w->claims_mu);

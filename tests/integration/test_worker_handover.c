@@ -9,7 +9,8 @@
  * from the kill to the next pipeline call the ERP receives (the held event run again by the
  * restarted worker): a dynamic member would wait for the broker to expire the dead member's
  * session (30 s here) before the partition is assigned again; a static member takes its place
- * at once. The test asserts the figure is well under the session timeout and prints it, then
+ * at once, and runs the held event again once the killed process's claim is past its lease (3 s
+ * here: a live claim is never taken, not even by the same member). The test asserts the figure is well under the session timeout and prints it, then
  * that every event ends DONE with one execution, in offset order, the held event's two calls
  * carrying the same Idempotency-Key. */
 #include <signal.h>
@@ -24,6 +25,7 @@
 #define HELD 3                 /* the event whose ERP call is in flight at the kill */
 #define SESSION_MS 30000       /* kafka.session.timeout.ms of the worker */
 #define HANDOVER_MAX_MS 10000  /* a third of it: no session expiry, no rebalance wait */
+#define LEASE "3s"             /* worker.lease: the held event's claim is free 3 s after the kill at most */
 
 static obx_test_outboxd_t outboxd; /* stopped by teardown, also when the test fails */
 
@@ -40,7 +42,9 @@ static void start_static_worker(wt_fx_t *fx, const char *instance_id) {
   char id_arg[160], session_arg[64];
   snprintf(id_arg, sizeof id_arg, "worker.instance_id=%s", instance_id);
   snprintf(session_arg, sizeof session_arg, "kafka.session.timeout.ms=%d", SESSION_MS);
-  const char *const extra[] = {id_arg, session_arg, NULL};
+  /* the killed process's claim of the held event is taken over once its lease is past (a live
+   * claim is nobody's, not even the same member's): a short lease keeps the handover short */
+  const char *const extra[] = {id_arg, session_arg, "worker.lease=" LEASE, NULL};
   wt_start_worker_process_with(fx, &outboxd, extra);
 }
 
