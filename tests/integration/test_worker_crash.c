@@ -1,7 +1,7 @@
 /* test_worker_crash.c - kill -9 of the worker mid-run loses nothing and runs nothing twice
  *
- * DESIGN: outboxd --roles worker (the real binary) consumes 30 events whose ERP call takes
- * 400 ms; it is killed with SIGKILL once some are done and the scripted ERP holds a call whose
+ * DESIGN: outboxd --roles worker (the real binary) consumes 30 events of 4 keys whose ERP call
+ * takes 400 ms; it is killed with SIGKILL once some are done and the scripted ERP holds a call whose
  * answer is still pending, then started again. The stub records a request before it waits, so
  * a call first seen by a poll that began less than the ERP delay before the kill cannot have
  * been answered: that event was in flight. Every event must end DONE with exactly one pipeline
@@ -74,9 +74,13 @@ static void test_kill_9_mid_run(void **state) {
   wt_conf_set(fx, "worker.attempts", "3");
   obx_event_t ev[NEVENTS];
   char nums[NEVENTS][16];
+  /* Four keys: a key's calls run one after the other, so at any moment some events are done and
+   * others wait for the ERP (30 keys would start their 30 calls at once and end them together). */
   for (int i = 0; i < NEVENTS; i++) {
+    char key[16];
     snprintf(nums[i], sizeof nums[i], "C-%d", i);
-    wt_event(&ev[i], "OrderConfirmed", nums[i], nums[i]);
+    snprintf(key, sizeof key, "K-%d", i % 4);
+    wt_event(&ev[i], "OrderConfirmed", key, nums[i]);
     wt_route_delay(fx, nums[i], 200, ERP_DELAY_MS);
     wt_produce(fx, &ev[i]);
   }
