@@ -2,18 +2,24 @@
  *
  * DESIGN: DESIGN.md §1, §3, §5, §6. Sources: a Kafka consumer group (WORKER_GROUP) on
  * KAFKA_TOPIC, or (WORKER_SOURCE=http) a CloudEvents HTTP sink on the shared HTTP server; and
- * always the RabbitMQ work queue that the retry tiers dead-letter into. Each event:
- *   decode (malformed -> DLQ with the reason) -> inbox claim {consumer, eventId} (a finished
- *   duplicate is skipped and counted) -> parked key? store BLOCKED -> trigger (OrderConfirmed ->
- *   order.post, T -> event.T) -> no enabled pipeline: SKIPPED -> run the pipeline -> one
- *   transaction: execution + emitted events + inbox status (+ parked key). A head of a parked
- *   key that finishes from the work queue hands the key on to its oldest BLOCKED event (sent to
- *   the work queue) or unparks it; these steps are serialised per key in MongoDB, across worker
- *   processes (obx_inbox.h).
- * A transient failure is first published to the next retry tier (confirmed), then recorded
- * RETRYING; after ORDER_POST_ATTEMPTS attempts, or at once for a terminal failure, it goes to
- * the DLQ and the inbox says DEAD. The order is never undone. A Kafka offset is committed only
- * when every earlier offset of its partition has its outcome in the inbox (contiguous commits).
+ * always the RabbitMQ work queue that the retry tiers dead-letter into. Each event goes through
+ * one lifecycle, written down state by state, move by move (with the test of each move) in
+ * docs/worker-lifecycle.md and followed by src/worker/lifecycle.c (worker_state_t, one function
+ * that moves an event and refuses a move the table does not have):
+ *   queued behind its key -> decode (malformed -> DLQ with the reason) -> claim the inbox entry
+ *   {consumer, eventId} (owner + lease; a finished duplicate is skipped and counted, a live
+ *   peer's claim never run here, an expired one taken over) -> parked key? store BLOCKED ->
+ *   trigger (OrderConfirmed -> order.post, T -> event.T) -> no enabled pipeline: SKIPPED -> run
+ *   the pipeline once -> one transaction, compare-and-set on the claim: execution + emitted
+ *   events + inbox status (+ parked key) -> settle (offset commit, ack, HTTP answer). A head of a
+ *   parked key that finishes from the work queue hands the key on to its oldest BLOCKED event
+ *   (sent to the work queue) or unparks it; these steps are serialised per key in MongoDB,
+ *   across worker processes (obx_inbox.h).
+ * A transient failure is recorded first (RETRYING with the attempt and the parked key, the
+ * intent), then published to the next retry tier (confirmed), then marked sent; after
+ * ORDER_POST_ATTEMPTS attempts, or at once for a terminal failure, it goes to the DLQ and the
+ * inbox says DEAD. The order is never undone. A Kafka offset is committed only when every
+ * earlier offset of its partition has its outcome in the inbox (contiguous commits).
  * Every failure is classified and bounded: each step retries a retriable error at most
  * WORKER_INFRA_ATTEMPTS times within WORKER_INFRA_TIMEOUT, a non-retriable one ends the event;
  * either way it is dead-lettered (x-failure-class malformed | terminal | exhausted | infra,

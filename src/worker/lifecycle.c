@@ -1,6 +1,7 @@
 /* lifecycle.c - one event through its states: decode, claim, admit, run, record, settle
  *
- * DESIGN: see include/obx/obx_worker.h. Owns the run of one event
+ * DESIGN: see include/obx/obx_worker.h; the states and the transition table, with each move's
+ * test, are docs/worker-lifecycle.md. Owns the run of one event
  * on a runner thread (worker_run_job, worker_handle): decode the envelope (malformed: the DLQ),
  * claim its inbox entry (a live peer's claim is never run here; an expired one is taken over),
  * admit it behind its parked key (BLOCKED), look up and run its pipeline once (a run stopped at
@@ -27,6 +28,48 @@
 #include "obx/obx_schema.h"
 #include "obx/obx_trace.h"
 #include "worker_int.h"
+
+/* ---- states ------------------------------------------------------------------------------
+ * The transition table, with each move's action, bound and test, is docs/worker-lifecycle.md;
+ * moves[] is its code form, checked on every move. */
+
+static const char *const state_names[] = {
+  "queued", "decoded", "claimed", "running", "waiting", "recording", "releasing", "done",
+  "skipped", "duplicate", "blocked", "retrying", "dead", "malformed", "given_back", "lost",
+};
+_Static_assert(sizeof state_names / sizeof state_names[0] == WORKER_NSTATES, "a name per state");
+
+#define TO(s) (1u << (s))
+/* From each state on the way, where an event may go; an end state goes nowhere. */
+static const unsigned moves[WORKER_NSTATES] = {
+  [WORKER_QUEUED] = TO(WORKER_DECODED) | TO(WORKER_DEAD) | TO(WORKER_MALFORMED) | TO(WORKER_INFRA),
+  [WORKER_DECODED] = TO(WORKER_CLAIMED) | TO(WORKER_BLOCKED) | TO(WORKER_DUPLICATE) | TO(WORKER_RELEASING) |
+                     TO(WORKER_DEAD) | TO(WORKER_INFRA),
+  [WORKER_CLAIMED] = TO(WORKER_RUNNING),
+  [WORKER_RUNNING] = TO(WORKER_WAITING) | TO(WORKER_RECORDING) | TO(WORKER_DEAD) | TO(WORKER_LOST) | TO(WORKER_INFRA),
+  [WORKER_WAITING] = TO(WORKER_RUNNING),
+  [WORKER_RECORDING] = TO(WORKER_RELEASING) | TO(WORKER_DONE) | TO(WORKER_SKIPPED) | TO(WORKER_RETRYING) |
+                       TO(WORKER_DEAD) | TO(WORKER_LOST) | TO(WORKER_INFRA),
+  [WORKER_RELEASING] = TO(WORKER_DONE) | TO(WORKER_SKIPPED) | TO(WORKER_DUPLICATE) | TO(WORKER_INFRA),
+};
+#undef TO
+
+const char *worker_state_name(worker_state_t state) {
+  assert((unsigned)state < WORKER_NSTATES);
+  return state_names[state];
+}
+
+worker_state_t worker_state_move(const char *id, worker_state_t from, worker_state_t to) {
+  assert((unsigned)from < WORKER_NSTATES && (unsigned)to < WORKER_NSTATES);
+  if (!(moves[from] & (1u << to))) {
+    fprintf(stderr, "%s:%d: event %s: no move from %s to %s in the lifecycle table\n", __FILE__, __LINE__,
+            id ? id : "?", state_names[from], state_names[to]);
+    abort();
+  }
+  obx_log_event(OBX_LOG_DEBUG, id, NULL, "%s -> %s", state_names[from], state_names[to]);
+  worker_count_move(from, to);
+  return to;
+}
 
 static worker_outcome_t worker_handle(event_t *e, int32_t partition, int64_t offset);
 static worker_outcome_t worker_handle_resume(event_t *e, CURLcode rc);
@@ -55,7 +98,10 @@ bool worker_run_job(void *ctx, job_t *job) {
   } else {
     job->outcome = WORKER_INFRA;
     while (!obx_schema_guard_wait(w->schema, 100)) {
-      if (atomic_load(&w->stop) || job->source == WORKER_SOURCE_HTTP) goto done; /* HTTP: 503, sent again */
+      if (atomic_load(&w->stop) || job->source == WORKER_SOURCE_HTTP) { /* HTTP: 503, sent again */
+        worker_state_move(job->msg.message_id, WORKER_QUEUED, WORKER_INFRA);
+        goto done;
+      }
       obx_health_stamp("waiting for the schema");
     }
     size_t klen;
@@ -86,6 +132,12 @@ done:
 }
 
 /* ---- the event's lifecycle ---------------------------------------------------------------- */
+
+/* Moves the event to `next` (worker_state_move); returns next. */
+static worker_state_t event_move(event_t *e, worker_state_t next) {
+  e->state = worker_state_move(e->ev.id[0] ? e->ev.id : e->msg->message_id, e->state, next);
+  return next;
+}
 
 /* The stored entry of a DEAD event: status, attempts, the reason, and its key parked with it as
  * the head (so later events of the key wait, as behind a failed pipeline run). */
@@ -267,6 +319,7 @@ static bool lookup_step(void *ctx, obx_err_t *err) {
  * made, the event is dead-lettered (class terminal for a non-retriable error, infra when the
  * bounds are spent). */
 static worker_outcome_t record(event_t *e, outcome_txn_t *t, worker_outcome_t outcome, bool dlq_published) {
+  event_move(e, WORKER_RECORDING);
   obx_err_t err = OBX_ERR_INIT;
   step_result_t r = worker_retry_step(e->w, "recording the outcome", e->ev.id, outcome_step, t, 0, true, &err);
   if (r == STEP_OK) return outcome;
@@ -359,6 +412,7 @@ static worker_outcome_t run_event(event_t *e) {
   const obx_event_t *ev = &e->ev;
   obx_err_t err = OBX_ERR_INIT;
   obx_pipeline_trigger_for_event(ev->event_type, e->trigger, sizeof e->trigger);
+  event_move(e, WORKER_RUNNING);
 
   step_result_t looked = worker_retry_step(w, "pipeline lookup", ev->id, lookup_step, e,
                                     e->source == WORKER_SOURCE_HTTP ? 1 : 0, false, &err);
@@ -615,9 +669,10 @@ static bool check_headers(const obx_envelope_t *msg, obx_err_t *err) {
 
 /* After the event's run was settled: a work-queue head that finished hands its key on. */
 static worker_outcome_t after_run(event_t *e, worker_outcome_t outcome) {
-  if ((outcome == WORKER_DONE || outcome == WORKER_SKIPPED) && e->source == WORKER_SOURCE_WORK &&
-      !worker_release_if_head(e))
-    return WORKER_INFRA;
+  if ((outcome == WORKER_DONE || outcome == WORKER_SKIPPED) && e->source == WORKER_SOURCE_WORK) {
+    event_move(e, WORKER_RELEASING);
+    if (!worker_release_if_head(e)) return WORKER_INFRA;
+  }
   return outcome;
 }
 
@@ -625,6 +680,7 @@ static worker_outcome_t after_run(event_t *e, worker_outcome_t outcome) {
  * ends; what it held goes back. */
 static worker_outcome_t event_end(event_t *e, worker_outcome_t outcome) {
   obx_worker_t *w = e->w;
+  event_move(e, outcome);
   if (e->claimed) worker_claims_remove(w, e->ev.id);
   obx_pipeline_destroy(e->pipeline);
   if (e->client) obx_mongo_push(w->mongo, e->client);
@@ -653,17 +709,18 @@ static worker_outcome_t worker_handle(event_t *e, int32_t partition, int64_t off
   if (!obx_envelope_to_event(msg, &e->ev, &err) || !check_headers(msg, &err)) {
     obx_event_cleanup(&e->ev);
     obx_event_init(&e->ev);
-    if (source == WORKER_SOURCE_HTTP) return WORKER_MALFORMED;
+    if (source == WORKER_SOURCE_HTTP) return event_move(e, WORKER_MALFORMED);
     worker_count_malformed(w);
     char cause[600];
     snprintf(cause, sizeof cause, "malformed CloudEvent: %s", err.msg);
-    outcome = worker_dead_letter(e, "malformed", cause, false);
+    outcome = event_move(e, worker_dead_letter(e, "malformed", cause, false));
     obx_event_cleanup(&e->ev);
     return outcome;
   }
   if (!msg->message_id) msg->message_id = strdup(e->ev.id); /* the ladder and the DLQ find it by id */
   e->span = consume_span(w, source, msg, &e->ev, partition, offset);
   obx_trace_set_current(obx_span_ctx(e->span)); /* logs, the pipeline's spans and its HTTP calls */
+  event_move(e, WORKER_DECODED);
   char traceparent[OBX_TRACEPARENT_LEN + 1];
   obx_trace_format(obx_span_ctx(e->span), traceparent);
   e->client = obx_mongo_pop(w->mongo);
@@ -714,7 +771,10 @@ static worker_outcome_t worker_handle(event_t *e, int32_t partition, int64_t off
       outcome = WORKER_DUPLICATE;
       /* A finished head that comes back (a copy, or a release interrupted by a stop) still
        * hands its key on. */
-      if (finished && source == WORKER_SOURCE_WORK && !worker_release_if_head(e)) outcome = WORKER_INFRA;
+      if (finished && source == WORKER_SOURCE_WORK) {
+        event_move(e, WORKER_RELEASING);
+        if (!worker_release_if_head(e)) outcome = WORKER_INFRA;
+      }
       goto done;
     }
     /* claim: never run what a live peer runs; take over an expired claim */
@@ -734,9 +794,11 @@ static worker_outcome_t worker_handle(event_t *e, int32_t partition, int64_t off
   /* the claim's attempts: a fresh entry's 0, a taken one's the copy's (obx_inbox_take) */
   e->cas = (obx_inbox_cas_t){.owner = w->owner, .attempts = e->inserted ? 0 : msg->attempt, .lease_ms = w->lease_ms};
   e->claimed = true;
+  event_move(e, WORKER_CLAIMED);
   worker_claims_add(w, e->ev.id);
   outcome = run_event(e);
   if (outcome == WORKER_WAITING) {
+    event_move(e, WORKER_WAITING);
     obx_mongo_push(w->mongo, e->client); /* a waiting run holds no MongoDB client */
     e->client = NULL;
     obx_trace_set_current(NULL);
@@ -751,12 +813,14 @@ done:
  * again) or its end, then settled and ended as worker_handle ends it. */
 static worker_outcome_t worker_handle_resume(event_t *e, CURLcode rc) {
   obx_trace_set_current(obx_span_ctx(e->span));
+  event_move(e, WORKER_RUNNING);
   if (worker_claim_lost(e->w, e->ev.id)) { /* no further call: settle_run stops the run */
     e->client = obx_mongo_pop(e->w->mongo);
     return event_end(e, settle_run(e));
   }
   obx_pipeline_resume(e->run, rc);
   if (obx_pipeline_run_waiting(e->run)) {
+    event_move(e, WORKER_WAITING);
     obx_trace_set_current(NULL);
     return WORKER_WAITING;
   }

@@ -261,7 +261,6 @@ static void sink_handler(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) 
   pthread_mutex_lock(&wait.mu);
   while (!wait.done) pthread_cond_wait(&wait.cv, &wait.mu);
   pthread_mutex_unlock(&wait.mu);
-  static const char *const names[] = {"done", "skipped", "duplicate", "blocked", "retrying", "dead", "malformed", "unavailable"};
   char json[96];
   switch (wait.outcome) {
   case WORKER_MALFORMED:
@@ -272,7 +271,9 @@ static void sink_handler(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) 
     obx_http_reply_problem(resp, 503, "Storage unavailable", "the outcome could not be recorded; retry", NULL);
     break;
   default:
-    snprintf(json, sizeof json, "{\"status\":\"%s\"}", names[wait.outcome]);
+    /* a run whose claim a peer took over is the peer's to settle: a duplicate for the sender */
+    snprintf(json, sizeof json, "{\"status\":\"%s\"}",
+             worker_state_name(wait.outcome == WORKER_LOST ? WORKER_DUPLICATE : wait.outcome));
     obx_http_reply(resp, 200, "application/json", json, strlen(json));
   }
 done:

@@ -12,7 +12,7 @@
 #include "worker_int.h"
 
 static struct {
-  obx_counter_t *consumed, *duplicates, *malformed, *runs, *blocked, *retries, *dlq;
+  obx_counter_t *consumed, *duplicates, *malformed, *runs, *blocked, *retries, *dlq, *moves;
   obx_gauge_t *lag, *parked, *paused;
 } metrics;
 static pthread_once_t metrics_once = PTHREAD_ONCE_INIT;
@@ -28,6 +28,8 @@ static void metrics_register(void) {
     obx_metrics_counter("outboxd_worker_blocked_total", "Events stored BLOCKED behind the head of their key", NULL);
   metrics.retries = obx_metrics_counter("outboxd_worker_retries_total", "Publishes to the retry ladder by tier", "tier");
   metrics.dlq = obx_metrics_counter("outboxd_worker_dlq_published_total", "Publishes to the parking-lot DLQ", "class");
+  metrics.moves = obx_metrics_counter("outboxd_worker_transitions_total",
+                                      "Moves of events between lifecycle states (docs/worker-lifecycle.md)", "from,to");
   metrics.lag =
     obx_metrics_gauge("outboxd_worker_consumer_lag", "Kafka messages behind over the assigned partitions", NULL);
   metrics.parked = obx_metrics_gauge("outboxd_worker_parked_keys", "Business keys parked behind a failing event", NULL);
@@ -92,6 +94,10 @@ void worker_count_outcome(obx_worker_t *w, worker_outcome_t outcome) {
     break;
   default: break;
   }
+}
+
+void worker_count_move(worker_state_t from, worker_state_t to) {
+  obx_counter_inc(metrics.moves, worker_state_name(from), worker_state_name(to));
 }
 
 void worker_count_malformed(obx_worker_t *w) {

@@ -1,7 +1,7 @@
 /* worker.c - the worker role: Kafka / work queue / HTTP sink -> inbox -> pipeline -> ladder
  *
- * DESIGN: see include/obx/obx_worker.h; the event's lifecycle is lifecycle.c's. This file only
- * wires the role: it creates the worker's shared pieces
+ * DESIGN: see include/obx/obx_worker.h; the event's lifecycle is lifecycle.c's, its table
+ * docs/worker-lifecycle.md. This file only wires the role: it creates the worker's shared pieces
  * (MongoDB pool, ladder, pipeline cache, schema guard, DLQ drain), starts the scheduler's runners
  * (sched.c), the work-queue thread (workq.c) and one intake source (kafka.c or the HTTP sink,
  * sink.c), answers /readyz, and stops them in order. Every source turns its input into an
@@ -106,6 +106,7 @@ fail:
 /* A job still queued at the stop: HTTP callers get 503; Kafka records are not committed and
  * work-queue messages not acked, so both come back. */
 static void job_left(void *ctx, job_t *job) {
+  worker_state_move(job->msg.message_id, WORKER_QUEUED, WORKER_INFRA);
   if (job->source == WORKER_SOURCE_HTTP) {
     job->outcome = WORKER_INFRA;
     worker_job_complete(ctx, job);

@@ -1,6 +1,6 @@
 /* worker_int.h - private interface between the worker's files
  *
- * DESIGN: one file per responsibility:
+ * DESIGN: one file per responsibility (the event's states: docs/worker-lifecycle.md):
  *   worker.c     the role's wiring: start, stop, /readyz
  *   kafka.c      the Kafka source: consumer, offsets (offsets.c), paused partitions, rebalances
  *   workq.c      the work-queue source (RabbitMQ P.work) and the periodic chores of its thread
@@ -40,7 +40,17 @@
 
 typedef enum { WORKER_SOURCE_KAFKA, WORKER_SOURCE_WORK, WORKER_SOURCE_HTTP } worker_source_t;
 
+/* The states of one event in this process (docs/worker-lifecycle.md: the transition table;
+ * lifecycle.c moves between them, worker_state_move). The first seven are on the way; from
+ * WORKER_DONE on they are where a run ends: the outcome its source settles. */
 typedef enum {
+  WORKER_QUEUED,    /* an envelope from a source, queued behind its key (sched.c) */
+  WORKER_DECODED,   /* a CloudEvent; its inbox entry not claimed by this run yet */
+  WORKER_CLAIMED,   /* this process holds the inbox entry's claim (owner + leaseUntil, renewed) */
+  WORKER_RUNNING,   /* its pipeline is looked up and run, once */
+  WORKER_WAITING,   /* its run waits for an http-request call on the IO thread (io.c); no runner held */
+  WORKER_RECORDING, /* the run's outcome transaction (compare-and-set on the claim), then a tier or the DLQ */
+  WORKER_RELEASING, /* a finished head from the work queue hands its parked key on (parking.c) */
   WORKER_DONE,      /* pipeline succeeded, recorded */
   WORKER_SKIPPED,   /* no enabled pipeline (or a disabled one), recorded */
   WORKER_DUPLICATE, /* already handled: skipped */
@@ -50,8 +60,19 @@ typedef enum {
   WORKER_MALFORMED, /* HTTP only: not a CloudEvent (Kafka/AMQP malformed input ends DEAD) */
   WORKER_INFRA,     /* MongoDB or RabbitMQ unavailable: nothing recorded, try again */
   WORKER_LOST,      /* its claim was taken over while it ran: nothing recorded, the peer settles it */
-  WORKER_WAITING,   /* not an outcome yet: its pipeline waits for an http-request call (io.c) */
-} worker_outcome_t;
+  WORKER_NSTATES
+} worker_state_t;
+
+/* What worker_handle returns: WORKER_WAITING (the run goes on in worker_handle_resume after its
+ * call), or the state the run ended in (WORKER_DONE and after), which its source settles. */
+typedef worker_state_t worker_outcome_t;
+
+/* "queued", "decoded", ... "given_back" (WORKER_INFRA), "lost". */
+const char *worker_state_name(worker_state_t state);
+/* Moves an event from one state to the next: a move the transition table does not allow is a
+ * bug (abort); logs it (debug) and counts it (outboxd_worker_transitions_total{from,to}).
+ * Returns `to`. id: the event's (may be NULL). */
+worker_state_t worker_state_move(const char *id, worker_state_t from, worker_state_t to);
 
 typedef struct {
   atomic_uint_fast64_t consumed, duplicates, malformed, runs_succeeded, runs_failed, runs_skipped, blocked, dlq;
@@ -271,6 +292,7 @@ typedef struct worker_event {
   const char *names[OBX_ENVELOPE_MAX_HEADERS], *values[OBX_ENVELOPE_MAX_HEADERS];
   bool claimed;            /* an inbox entry exists for it and this process holds its claim */
   obx_inbox_cas_t cas;     /* that claim: every status write of this run is conditional on it */
+  worker_state_t state;    /* where it is in its lifecycle (lifecycle.c, event_move) */
   claim_t claim;
   char holder[128];        /* CLAIM_LIVE: the peer */
   /* admit */
@@ -349,6 +371,7 @@ void worker_count_retry(obx_worker_t *w, int tier);
 void worker_count_dlq(obx_worker_t *w, const char *failure_class);
 void worker_count_malformed(obx_worker_t *w);
 void worker_count_outcome(obx_worker_t *w, worker_outcome_t outcome);
+void worker_count_move(worker_state_t from, worker_state_t to);
 void worker_set_lag(obx_worker_t *w, int64_t lag);
 void worker_set_parked(obx_worker_t *w, int64_t n);
 void worker_set_paused_gauge(obx_worker_t *w);

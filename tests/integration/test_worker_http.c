@@ -22,48 +22,7 @@
 #define SINK_TOKEN "sink-token-0123456789abcdef"
 #define AUTH "Authorization: Bearer " SINK_TOKEN
 
-typedef struct {
-  wt_fx_t *fx;
-  obx_http_t *http;
-  int port;     /* the sink's */
-  int api_port; /* the shared server's */
-} sink_fx_t;
-
-static int setup(void **state) {
-  if (!getenv("AMQP_URL")) return 0;
-  sink_fx_t *s = calloc(1, sizeof *s);
-  s->fx = wt_setup(1, NULL);
-  wt_conf_set(s->fx, "worker.source", "http");
-  wt_conf_set(s->fx, "http.port", "0");
-  wt_conf_set(s->fx, "http.bind", "127.0.0.1");
-  wt_conf_set(s->fx, "worker.sink_port", "0");
-  wt_conf_set(s->fx, "worker.sink_token", SINK_TOKEN);
-  obx_err_t err = OBX_ERR_INIT;
-  s->http = obx_http_new(&s->fx->conf, &err);
-  if (!s->http) fail_msg("http: %s", err.msg);
-  s->fx->worker = obx_worker_new(&s->fx->conf, s->http, &err);
-  if (!s->fx->worker) fail_msg("worker: %s", err.msg);
-  if (!obx_http_start(s->http, &err)) fail_msg("http start: %s", err.msg);
-  s->api_port = obx_http_port(s->http);
-  s->port = obx_worker_sink_port(s->fx->worker);
-  assert_true(s->port > 0 && s->port != s->api_port);
-  /* a broker routes to the sink once it is ready (MongoDB answers, the schema is in place) */
-  if (!obx_test_wait_for(obx_test_http_ready, &s->port, 30000, 20)) fail_msg("the sink never became ready");
-  *state = s;
-  return 0;
-}
-
-static int teardown(void **state) {
-  sink_fx_t *s = *state;
-  if (!s) return 0;
-  obx_http_stop(s->http);
-  obx_worker_destroy(s->fx->worker);
-  s->fx->worker = NULL;
-  obx_http_destroy(s->http);
-  wt_teardown(s->fx);
-  free(s);
-  return 0;
-}
+static int setup(void **state) { return wt_sink_setup(state, SINK_TOKEN); }
 
 /* Sends method path (body NULL: none) to the sink with the given headers, whose Content-Type
  * replaces the shared helper's default. Returns the status (0: no answer); the response body
@@ -78,18 +37,18 @@ static long call_port(int port, const char *method, const char *path, const char
   return status;
 }
 
-static long call(sink_fx_t *s, const char *method, const char *path, const char *body, const char *const headers[],
+static long call(wt_sink_fx_t *s, const char *method, const char *path, const char *body, const char *const headers[],
                  char *out, size_t outlen) {
   return call_port(s->port, method, path, body, headers, out, outlen);
 }
 
-static long post(sink_fx_t *s, const char *body, const char *const headers[], char *out, size_t outlen) {
+static long post(wt_sink_fx_t *s, const char *body, const char *const headers[], char *out, size_t outlen) {
   return call(s, "POST", "/", body, headers, out, outlen);
 }
 
 static void test_binary_and_structured_events(void **state) {
   WT_NEED_BROKER();
-  sink_fx_t *s = *state;
+  wt_sink_fx_t *s = *state;
   wt_fx_t *fx = s->fx;
   wt_route(fx, "H-1", 200);
   wt_route(fx, "H-2", 503);
@@ -140,7 +99,7 @@ static void test_binary_and_structured_events(void **state) {
 
 static void test_mongo_down_is_503(void **state) {
   WT_NEED_BROKER();
-  sink_fx_t *s = *state;
+  wt_sink_fx_t *s = *state;
   obx_test_mongo_stop(&s->fx->m);
   char id[OBX_UUID_LEN + 1], hdr_id[64], out[1024];
   obx_uuid7(id);
@@ -161,7 +120,7 @@ static void test_mongo_down_is_503(void **state) {
  * drop), and Knative's dead letters land in the DLQ with the reason. */
 static void test_auth_listener_and_dead_letters(void **state) {
   WT_NEED_BROKER();
-  sink_fx_t *s = *state;
+  wt_sink_fx_t *s = *state;
   wt_fx_t *fx = s->fx;
   wt_route(fx, "H-9", 200);
   char id[OBX_UUID_LEN + 1], hdr_id[64], out[1024];
@@ -215,7 +174,7 @@ static void test_auth_listener_and_dead_letters(void **state) {
 /* Events built by the official CloudEvents SDK for JavaScript, binary and structured mode. */
 static void test_cloudevents_sdk(void **state) {
   WT_NEED_BROKER();
-  sink_fx_t *s = *state;
+  wt_sink_fx_t *s = *state;
   wt_fx_t *fx = s->fx;
   char script[512], mods[512];
   snprintf(script, sizeof script, "%s/tests/node/send-cloudevents.mjs", OBX_SOURCE_DIR);
@@ -246,10 +205,10 @@ static void test_cloudevents_sdk(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test_setup_teardown(test_binary_and_structured_events, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_auth_listener_and_dead_letters, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_cloudevents_sdk, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_mongo_down_is_503, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_binary_and_structured_events, setup, wt_sink_teardown),
+    cmocka_unit_test_setup_teardown(test_auth_listener_and_dead_letters, setup, wt_sink_teardown),
+    cmocka_unit_test_setup_teardown(test_cloudevents_sdk, setup, wt_sink_teardown),
+    cmocka_unit_test_setup_teardown(test_mongo_down_is_503, setup, wt_sink_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "obx/obx_conf.h"
+#include "obx/obx_http.h"
 #include "obx/obx_inbox.h"
 #include "obx/obx_ladder.h"
 #include "obx/obx_metrics.h"
@@ -252,6 +253,53 @@ static inline int wt_setup_state_on(void **state, int partitions, const char *mo
 static inline int wt_setup_state_with(void **state, const char *mongo_args) { return wt_setup_state_on(state, 3, mongo_args); }
 
 static inline int wt_setup_state(void **state) { return wt_setup_state_with(state, NULL); }
+
+/* A worker in WORKER_SOURCE=http mode: the fixture (one partition, unused), the shared HTTP
+ * server and the sink's own listener (port), token-authenticated with token. */
+typedef struct {
+  wt_fx_t *fx;
+  obx_http_t *http;
+  int port;     /* the sink's */
+  int api_port; /* the shared server's */
+} wt_sink_fx_t;
+
+/* cmocka setup: a wt_sink_fx_t into *state once the sink is ready (MongoDB answers, the schema
+ * is in place); nothing when AMQP_URL is unset (the tests then skip, WT_NEED_BROKER). */
+static inline int wt_sink_setup(void **state, const char *token) {
+  if (!getenv("AMQP_URL")) return 0;
+  wt_sink_fx_t *s = calloc(1, sizeof *s);
+  s->fx = wt_setup(1, NULL);
+  wt_conf_set(s->fx, "worker.source", "http");
+  wt_conf_set(s->fx, "http.port", "0");
+  wt_conf_set(s->fx, "http.bind", "127.0.0.1");
+  wt_conf_set(s->fx, "worker.sink_port", "0");
+  wt_conf_set(s->fx, "worker.sink_token", token);
+  obx_err_t err = OBX_ERR_INIT;
+  s->http = obx_http_new(&s->fx->conf, &err);
+  if (!s->http) fail_msg("http: %s", err.msg);
+  s->fx->worker = obx_worker_new(&s->fx->conf, s->http, &err);
+  if (!s->fx->worker) fail_msg("worker: %s", err.msg);
+  if (!obx_http_start(s->http, &err)) fail_msg("http start: %s", err.msg);
+  s->api_port = obx_http_port(s->http);
+  s->port = obx_worker_sink_port(s->fx->worker);
+  assert_true(s->port > 0 && s->port != s->api_port);
+  /* a broker routes to the sink once it is ready (MongoDB answers, the schema is in place) */
+  if (!obx_test_wait_for(obx_test_http_ready, &s->port, 30000, 20)) fail_msg("the sink never became ready");
+  *state = s;
+  return 0;
+}
+
+static inline int wt_sink_teardown(void **state) {
+  wt_sink_fx_t *s = *state;
+  if (!s) return 0;
+  obx_http_stop(s->http);
+  obx_worker_destroy(s->fx->worker);
+  s->fx->worker = NULL;
+  obx_http_destroy(s->http);
+  wt_teardown(s->fx);
+  free(s);
+  return 0;
+}
 
 static inline void wt_start_worker(wt_fx_t *fx) {
   char n[16];
