@@ -452,6 +452,8 @@ static void relay_hand_over(obx_relay_t *relay) {
 static void relay_lease_tick(obx_relay_t *relay) {
   int64_t now = obx_time_now_ms(), lease = relay->conf->relay_lease;
   bool allowed = atomic_load(&relay->allowed);
+  if (relay->leader && relay->lease_lapsed) relay_lease_step_down(relay, "its lease ran out before it was renewed");
+  relay->lease_lapsed = false;
   if (relay->leader && !allowed) relay_hand_over(relay);
   if (allowed) relay->handover_since_ms = 0; /* allowed again before the hand-over ended */
   if (!relay->leader && !allowed) {
@@ -544,6 +546,18 @@ void relay_publish(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg) 
     msg->attempts = (int32_t)bson_iter_as_int64(&it);
   msg->occurred_ms = obx_time_now_ms();
 
+  if (msg->occurred_ms >= relay->lease_until_ms - relay->conf->relay_lease / 10) {
+    /* its own view of the lease ran out (the thread stalled past a renewal): another relay may
+     * hold the bucket by now, so nothing leaves; the event stays PENDING (no attempt), the relay
+     * steps down at its next lease tick and leads again from the checkpoint if it still can */
+    snprintf(msg->error, sizeof msg->error, "the lease ran out before it was renewed");
+    msg->purged = true;
+    relay->lease_lapsed = true;
+    if (!relay->reported.n) relay->first_report_ms = obx_time_now_ms();
+    relay_list_push(&relay->reported, msg);
+    relay_keys_acked(relay, msg);
+    goto done;
+  }
   if (!obx_event_from_outbox(&ev, doc, &err) || !obx_event_to_kafka(&ev, RELAY_CE_SOURCE, &rec, &err)) {
     msg->terminal = true; /* a malformed event never becomes publishable by retrying */
     goto failed;
@@ -573,6 +587,7 @@ done:
 }
 
 void relay_serve(obx_relay_t *relay, int timeout_ms, bool force) {
+  relay_lease_tick(relay); /* first: a thread that stalled renews (or steps down) before it produces more */
   obx_relay_producer_poll(relay->producer, timeout_ms);
   int64_t now = obx_time_now_ms();
   bool all_in = relay->inflight_stream.n + relay->inflight_sweep.n == 0; /* nothing more to batch with */

@@ -125,6 +125,7 @@ typedef struct obx_relay {
   int64_t lease_until_ms;   /* our own view: stop publishing after this */
   int64_t next_lease_ms;
   int64_t handover_since_ms; /* handing the bucket over since (0: not) */
+  bool lease_lapsed;        /* relay_publish found its view of the lease run out: step down */
 
   /* change stream */
   mongoc_change_stream_t *stream;

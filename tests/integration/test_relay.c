@@ -1172,6 +1172,7 @@ static void sweeper_init(sweeper_t *s, ctx_t *ctx, const char *owner) {
   bson_destroy(ping);
   obx_err_t err = OBX_ERR_INIT;
   s->relay.producer = obx_relay_producer_new(&ctx->conf, NULL, ignore_ack, NULL, &err);
+  s->relay.lease_until_ms = INT64_MAX; /* no lease: publishing is never held back by one */
   if (!s->relay.producer) fail_msg("producer: %s", err.msg);
 }
 
