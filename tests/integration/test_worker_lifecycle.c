@@ -3,7 +3,7 @@
  * DESIGN: every move of an event is counted in outboxd_worker_transitions_total{from,to}
  * (src/worker/lifecycle.c, worker_state_move); each case sets up the inbox as the move needs it
  * (an entry claimed by a peer, a stale attempt, an unsent intent, a BLOCKED entry that no longer
- * decodes), delivers the event the way the move starts from (a Kafka record, a work-queue copy,
+ * decodes, MongoDB refusing a release step through a failCommand fail point), delivers the event the way the move starts from (a Kafka record, a work-queue copy,
  * an HTTP CloudEvent), and checks both what the world sees (ERP calls, inbox, queues, the HTTP
  * answer) and the counted move. The moves other suites drive are named, per row, in the doc. */
 #include <pthread.h>
@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "obx/obx_http.h"
+#include "obx_test_fixture.h"
 #include "obx_test_outboxd.h"
 #include "worker_test.h"
 
@@ -224,6 +225,35 @@ static void test_undecodable_blocked_entry_is_dead_lettered(void **state) {
   obx_event_cleanup(&next);
 }
 
+/* #28 and #16: MongoDB refuses the release step of a finished work-queue event (its outcome is
+ * recorded): the message is given back, comes back as a finished duplicate and, MongoDB back,
+ * takes the step; the pipeline ran once. */
+static void test_release_step_given_back_then_taken(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  wt_conf_set(fx, "worker.infra_attempts", "2");
+  obx_event_t ev;
+  start_with_event(fx, &ev, "RG-1");
+  wt_route_delay(fx, "RG-1", 200, 1000);
+  double given_back = moves("releasing", "given_back"), taken = moves("releasing", "duplicate");
+  publish_copy(fx, &ev, 0); /* a redrive: the inbox has no entry yet */
+  wt_wait_calls(fx, "RG-1", 1);
+  /* while the call runs: every read of parked_keys fails (the outcome's transaction reads none) */
+  char fp[256];
+  snprintf(fp, sizeof fp,
+           "{\"configureFailPoint\": \"failCommand\", \"mode\": \"alwaysOn\", \"data\": {\"failCommands\": "
+           "[\"find\"], \"namespace\": \"%s.parked_keys\", \"errorCode\": 91}}",
+           obx_mongo_db_name(fx->mongo));
+  obx_test_fail_point(fx->client, fp);
+  wait_moves("releasing", "given_back", given_back + 1);
+  wt_wait_status(fx, ev.id, "DONE"); /* recorded before the step */
+  obx_test_fail_point(fx->client, "{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}");
+  wait_moves("releasing", "duplicate", taken + 1); /* the copy came back finished and took the step */
+  wt_wait_depth(fx, obx_ladder_work_queue(fx->ladder), 0);
+  if (wt_erp_calls(fx, "RG-1") != 1) fail_msg("ERP calls: got %d, want 1", wt_erp_calls(fx, "RG-1"));
+  obx_event_cleanup(&ev);
+}
+
 /* #2 and the stop: the running event finishes, the queued ones are given back (offsets not
  * committed) and run once each after a restart. */
 static void test_stop_gives_queued_events_back(void **state) {
@@ -382,6 +412,7 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_stale_tier_copy_never_runs, wt_setup_state, teardown),
     cmocka_unit_test_setup_teardown(test_unsent_intent_is_sent_by_the_next_delivery, wt_setup_state, teardown),
     cmocka_unit_test_setup_teardown(test_undecodable_blocked_entry_is_dead_lettered, wt_setup_state, teardown),
+    cmocka_unit_test_setup_teardown(test_release_step_given_back_then_taken, wt_setup_state, teardown),
     cmocka_unit_test_setup_teardown(test_stop_gives_queued_events_back, wt_setup_state, teardown),
     cmocka_unit_test_setup_teardown(test_http_live_claim_is_503, setup_sink, wt_sink_teardown),
     cmocka_unit_test_setup_teardown(test_http_claim_lost_mid_run, setup_sink, wt_sink_teardown),
