@@ -12,7 +12,8 @@
 #         (read, CloudEvents record, Kafka ack, outbox update, checkpoint), and its ratio to
 #         min(a, b) (the target is >= 0.8);
 #  3. latency: RATE and then HIGH_RATE events/s, one insert each, for SECONDS, through the stream
-#     relay, and RATE through RELAY_MODE=poll with the seed's 2000 ms / batch 50; p50/p99 of
+#     relay, RATE through RELAY_MODE=poll with the seed's 2000 ms / batch 50, and RATE and
+#     HIGH_RATE with RELAY_FENCING=transactions (the transactional producer); p50/p99 of
 #     publishedAt - occurredAt (commit to acknowledged-and-recorded; the target is p99 <= 20 ms).
 # Prints one table with the ratios. Builds into $OBX_BUILD_DIR (default build/). Everything
 # started here is stopped on exit.
@@ -29,7 +30,7 @@ bench_build obx outboxd devmongod
 BENCH="$WORK/relay_bench"
 bench_cc "$BENCH" scripts/bench/relay/relay_bench.c
 bench_start_mongo mongo --oplog-size $((EVENTS * 2 + HIGH_RATE * SECONDS_LOAD * 2 + 100000))
-bench_start_broker relay:6 raw:6 stream:6 stream_high:6 poll:6
+bench_start_broker relay:6 raw:6 stream:6 stream_high:6 poll:6 txn:6 txn_high:6
 
 # Runs outboxd --roles relay on database $1, topic $2, extra environment after; waits until it
 # leads (and, in stream mode, finished its first scan). Sets RELAY_PID.
@@ -62,17 +63,20 @@ steady() { # db topic rate [env...]: prints p50 p99 n
   local db=$1 topic=$2 rate=$3
   shift 3
   relay_start "$db" "$topic" "$@"
-  if [ "$*" = "" ]; then wait_for grep -q "full scan" "$WORK/relay-$db.log"; fi
+  case "$*" in *RELAY_MODE=poll*) ;; *) wait_for grep -q "full scan" "$WORK/relay-$db.log" ;; esac
   "$BENCH" steady "$MONGO_URI" "$db" "$rate" "$SECONDS_LOAD" 50
   kill -TERM "$RELAY_PID"; wait "$RELAY_PID" || true
 }
 read -r S50 S99 SN <<<"$(steady steady_stream stream "$RATE")"
 read -r H50 H99 HN <<<"$(steady steady_high stream_high "$HIGH_RATE")"
 read -r P50 P99 PN <<<"$(steady steady_poll poll "$RATE" RELAY_MODE=poll OUTBOX_POLL_INTERVAL_MS=2000 OUTBOX_BATCH_SIZE=50)"
+read -r X50 X99 XN <<<"$(steady steady_txn txn "$RATE" RELAY_FENCING=transactions)"
+read -r Y50 Y99 YN <<<"$(steady steady_txn_high txn_high "$HIGH_RATE" RELAY_FENCING=transactions)"
 
 awk -v n="$EVENTS" -v ts="$T_STREAM" -v tp="$T_PRODUCE" -v tr="$T_RELAY" \
     -v s50="$S50" -v s99="$S99" -v sn="$SN" -v h50="$H50" -v h99="$H99" -v hn="$HN" \
-    -v p50="$P50" -v p99="$P99" -v pn="$PN" -v rate="$RATE" -v high="$HIGH_RATE" -v secs="$SECONDS_LOAD" 'BEGIN {
+    -v p50="$P50" -v p99="$P99" -v pn="$PN" -v x50="$X50" -v x99="$X99" -v xn="$XN" \
+    -v y50="$Y50" -v y99="$Y99" -v yn="$YN" -v rate="$RATE" -v high="$HIGH_RATE" -v secs="$SECONDS_LOAD" 'BEGIN {
   printf "\ndrain of %d preloaded events                 seconds    events/s   relay / this\n", n
   printf "  (a) raw change-stream reader (libmongoc)  %8.3f  %10.0f   %6.2f\n", ts, n / ts, ts / tr
   printf "  (b) raw idempotent producer (rdkafka)     %8.3f  %10.0f   %6.2f\n", tp, n / tp, tp / tr
@@ -84,5 +88,7 @@ awk -v n="$EVENTS" -v ts="$T_STREAM" -v tp="$T_PRODUCE" -v tr="$T_RELAY" \
   printf "  stream (change stream)                 %8d  %6d   %6d   %6d\n", rate, sn, s50, s99
   printf "  stream (change stream)                 %8d  %6d   %6d   %6d\n", high, hn, h50, h99
   printf "  poll (2000 ms, batch 50)               %8d  %6d   %6d   %6d\n", rate, pn, p50, p99
+  printf "  stream, RELAY_FENCING=transactions     %8d  %6d   %6d   %6d\n", rate, xn, x50, x99
+  printf "  stream, RELAY_FENCING=transactions     %8d  %6d   %6d   %6d\n", high, yn, y50, y99
   printf "  poll / stream at %d events/s                            %6.1fx  %6.1fx\n", rate, p50 / (s50 > 0 ? s50 : 1), p99 / (s99 > 0 ? s99 : 1)
 }'
