@@ -32,28 +32,16 @@
 static char dir[256], node_dir[300], url[512];
 static bool started;
 
-static bool sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static bool sh(const char *fmt, ...) {
-  char cmd[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof cmd, fmt, ap);
-  va_end(ap);
-  int rc = system(cmd);
-  if (rc != 0) fprintf(stderr, "command failed (%d): %s\n", rc, cmd);
-  return rc == 0;
-}
-
 /* The first start picks a free port; a restart takes the same one (what the ladders' URL names). */
 static bool node_start(void) {
   char port[32] = "";
   const char *at = url[0] ? strrchr(url, ':') : NULL;
   if (at) snprintf(port, sizeof port, "OBX_RMQ_PORT=%d", atoi(at + 1));
-  return sh("%s OBX_RMQ_DIR=%s %s/scripts/rabbitmq.sh start >>%s/node.log 2>&1", port, node_dir, OBX_SOURCE_DIR, dir);
+  return obx_test_shf("%s OBX_RMQ_DIR=%s %s/scripts/rabbitmq.sh start >>%s/node.log 2>&1", port, node_dir, OBX_SOURCE_DIR, dir);
 }
 
 static bool node_stop(void) {
-  return sh("OBX_RMQ_DIR=%s %s/scripts/rabbitmq.sh stop >>%s/node.log 2>&1", node_dir, OBX_SOURCE_DIR, dir);
+  return obx_test_shf("OBX_RMQ_DIR=%s %s/scripts/rabbitmq.sh stop >>%s/node.log 2>&1", node_dir, OBX_SOURCE_DIR, dir);
 }
 
 /* AMQP_URL from the node's env file ("export AMQP_URL=..."). */
@@ -81,14 +69,14 @@ static int group_setup(void **state) {
   chmod(dir, 0755);
   snprintf(node_dir, sizeof node_dir, "%s/node", dir);
   started = node_start() && read_url();
-  if (!started) sh("cat %s/node.log >&2", dir);
+  if (!started) obx_test_shf("cat %s/node.log >&2", dir);
   return started ? 0 : -1;
 }
 
 static int group_teardown(void **state) {
   (void)state;
   if (started) node_stop();
-  if (dir[0]) sh("rm -rf %s", dir);
+  if (dir[0]) obx_test_shf("rm -rf %s", dir);
   return 0;
 }
 
@@ -147,14 +135,14 @@ static void test_tiers_drain_after_restart(void **state) {
   bool arrived = obx_test_wait_for(all_arrived, &l, (int)(budget > 0 ? budget : 1), 200);
   int64_t at = obx_test_now_ms();
   if (!arrived) {
-    sh("grep -rh 'Cannot forward' %s/log | cut -c1-240 >&2", node_dir);
+    obx_test_shf("grep -rh 'Cannot forward' %s/log | cut -c1-240 >&2", node_dir);
     fail_msg("%d of %d tier messages were not in their work queue %d ms after they were due", LADDERS - l.narrived,
              LADDERS, RESTART_BOUND_MS);
   }
   printf("all %d in their work queue %lld ms after they were due; tiers that met the race:\n", LADDERS,
          (long long)(at - due));
   fflush(stdout);
-  sh("grep -rh 'Cannot forward' %s/log | wc -l", node_dir);
+  obx_test_shf("grep -rh 'Cannot forward' %s/log | wc -l", node_dir);
   for (int i = 0; i < LADDERS; i++) obx_ladder_destroy(l.ladders[i]);
 }
 

@@ -38,31 +38,19 @@ static int free_port(void) {
   return port;
 }
 
-static bool sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static bool sh(const char *fmt, ...) {
-  char cmd[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof cmd, fmt, ap);
-  va_end(ap);
-  int rc = system(cmd);
-  if (rc != 0) fprintf(stderr, "command failed (%d): %s\n", rc, cmd);
-  return rc == 0;
-}
-
 static bool make_certs(void) {
   snprintf(ca, sizeof ca, "%s/ca.pem", dir);
   snprintf(cert, sizeof cert, "%s/server.pem", dir);
   snprintf(key, sizeof key, "%s/server.key", dir);
   snprintf(ccert, sizeof ccert, "%s/client.pem", dir);
   snprintf(ckey, sizeof ckey, "%s/client.key", dir);
-  return sh("cd %s && openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=outboxd-test-ca "
+  return obx_test_shf("cd %s && openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=outboxd-test-ca "
             "-keyout ca.key -out ca.pem >/dev/null 2>&1", dir) &&
-         sh("cd %s && openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out server.csr "
+         obx_test_shf("cd %s && openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out server.csr "
             ">/dev/null 2>&1 && printf 'subjectAltName=DNS:localhost\\n' >server.ext && "
             "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile server.ext "
             "-out server.pem >/dev/null 2>&1", dir) &&
-         sh("cd %s && openssl req -newkey rsa:2048 -nodes -subj /CN=outboxd -keyout client.key -out client.csr "
+         obx_test_shf("cd %s && openssl req -newkey rsa:2048 -nodes -subj /CN=outboxd -keyout client.key -out client.csr "
             ">/dev/null 2>&1 && openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
             "-out client.pem >/dev/null 2>&1 && chmod 644 *.pem *.key", dir);
 }
@@ -92,9 +80,9 @@ static int group_setup(void **state) {
            "ssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = true",
            tls_port, ca, cert, key);
   setenv("OBX_RMQ_CONF_EXTRA", extra, 1);
-  started = sh("OBX_RMQ_DIR=%s %s/scripts/rabbitmq.sh start >%s/start.log 2>&1", node_dir, OBX_SOURCE_DIR, dir);
+  started = obx_test_shf("OBX_RMQ_DIR=%s %s/scripts/rabbitmq.sh start >%s/start.log 2>&1", node_dir, OBX_SOURCE_DIR, dir);
   unsetenv("OBX_RMQ_CONF_EXTRA");
-  if (!started) sh("cat %s/start.log >&2", dir);
+  if (!started) obx_test_shf("cat %s/start.log >&2", dir);
   /* the TLS listener may open a moment after the AMQP one rabbitmq.sh waited for */
   if (started && !obx_test_wait_for(tls_port_open, NULL, 30000, 50)) {
     fprintf(stderr, "the TLS listener on %d never opened; node logs in %s/log\n", tls_port, node_dir);
@@ -104,8 +92,8 @@ static int group_setup(void **state) {
 }
 
 static int group_teardown(void **state) {
-  if (started) sh("OBX_RMQ_DIR=%s %s/scripts/rabbitmq.sh stop >/dev/null 2>&1", node_dir, OBX_SOURCE_DIR);
-  if (dir[0]) sh("rm -rf %s", dir);
+  if (started) obx_test_shf("OBX_RMQ_DIR=%s %s/scripts/rabbitmq.sh stop >/dev/null 2>&1", node_dir, OBX_SOURCE_DIR);
+  if (dir[0]) obx_test_shf("rm -rf %s", dir);
   return 0;
 }
 

@@ -45,6 +45,9 @@ bool obx_test_pid_gone(void *pid);
 /* Runs cmd with /bin/sh; its stdout goes to out (NUL-terminated, truncated to fit; out may be
  * NULL to drop it), its stderr to the test's. Returns the exit status, -1 when it did not exit. */
 int obx_test_sh(const char *cmd, char *out, size_t outlen);
+/* Runs the printf-formatted command with /bin/sh, stdout and stderr to the test's; true when it
+ * exited 0, else false with the command and its status on stderr. */
+bool obx_test_shf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Waits until `path` exists and has a first non-empty line; copies it to out. */
 bool obx_test_read_first_line(const char *path, char *out, size_t outlen, int timeout_ms);

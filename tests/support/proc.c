@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,6 +193,17 @@ int obx_test_sh(const char *cmd, char *out, size_t outlen) {
   if (out && outlen) out[len] = '\0';
   int st = pclose(p);
   return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+bool obx_test_shf(const char *fmt, ...) {
+  char cmd[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  int rc = system(cmd);
+  if (rc != 0) fprintf(stderr, "command failed (%d): %s\n", rc, cmd);
+  return rc == 0;
 }
 
 int obx_test_run(const char *prog, char *const args[], int timeout_ms, obx_test_proc_t *proc) {
