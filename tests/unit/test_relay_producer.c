@@ -176,6 +176,7 @@ static void test_passthrough_cannot_override_guarantees(void **state) {
 
   obx_conf_pair_t inflight[] = {{"kafka.enable.idempotence", "false"}, {"kafka.max.in.flight", "10"}};
   conf.passthrough = inflight;
+  conf.npassthrough = 2;
   producer = obx_relay_producer_new(&conf, NULL, on_ack, &acks, &err);
   if (producer) fail_msg("enable.idempotence=false with 10 in flight: got a producer, want idempotence kept on");
   rd_kafka_mock_cluster_destroy(mc);
