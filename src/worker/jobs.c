@@ -43,9 +43,11 @@ void worker_job_complete(obx_worker_t *w, job_t *job) {
     worker_job_free(job);
     return;
   }
+  bool kafka = job->source == WORKER_SOURCE_KAFKA; /* the job is its source's once on the list */
   pthread_mutex_lock(&w->done_mu);
-  job_t **list = job->source == WORKER_SOURCE_KAFKA ? &w->kafka_done : &w->wq_done;
+  job_t **list = kafka ? &w->kafka_done : &w->wq_done;
   job->next = *list;
   *list = job;
   pthread_mutex_unlock(&w->done_mu);
+  if (kafka) worker_kafka_wake(w);
 }

@@ -1,26 +1,32 @@
-/* kafka.c - the worker's Kafka source: the consumer group, its offsets and its paused partitions
+/* kafka.c - the worker's Kafka source: the consumer group, its offsets and its held partitions
  *
  * DESIGN: owns the consumer (one poll thread, kafka_main), the per-partition offset bookkeeping
- * (offsets.c), the pauses and the rebalances. A record becomes an envelope queued behind its key
- * (jobs.c); an offset is committed only when every earlier offset of its partition has its
- * outcome in the inbox (contiguous commits). The poll thread never blocks: a full key or bound
- * pauses the record's partition. Never runs or records an event (lifecycle.c does). Reads
- * kafka.*, worker.group, worker.instance_id. */
+ * (offsets.c), the intake (each assigned partition read from its own librdkafka fetch queue, held
+ * while its key or the worker is full) and the rebalances. A record becomes an envelope queued
+ * behind its key (jobs.c); an offset is committed only when every earlier offset of its partition
+ * has its outcome in the inbox (contiguous commits). The poll thread never blocks and never
+ * pauses a partition: a held one is not read, and what librdkafka prefetched for it waits in its
+ * queue (bounded per partition by queued.max.messages.kbytes / queued.min.messages). Never runs
+ * or records an event (lifecycle.c does). Reads kafka.*, worker.group, worker.instance_id. */
 #include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <librdkafka/rdkafka.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "obx/obx_health.h"
 #include "obx/obx_log.h"
 #include "obx/obx_mongo.h"
 #include "worker_int.h"
 
-#define KEY_QUEUE_CAP 64  /* events of one key held before its partition is paused */
+#define KEY_QUEUE_CAP 64  /* events of one key queued before its partition is held */
 #define REVOKE_DRAIN_MS 30000
 
 static void kafka_commit(obx_worker_t *w, const int32_t *parts, const int64_t *next, int n, bool sync) {
@@ -52,60 +58,103 @@ static void kafka_commit_done(obx_worker_t *w, bool sync) {
   kafka_commit(w, parts, next, n, sync);
 }
 
-/* ---- intake: paused partitions -------------------------------------------------------------
- * The Kafka thread never blocks on a full key or a full worker: after a push that fills the
- * key's queue (KEY_QUEUE_CAP) or the bound (WORKER_MAX_INFLIGHT) it pauses that record's
- * partition (rd_kafka_pause_partitions: what was fetched for it is dropped and fetched again
- * from the next offset on resume), and resumes it once the key is half drained and the worker
- * is under three quarters of the bound. Polls, rebalances and commits go on meanwhile. */
+/* ---- intake: held partitions -----------------------------------------------------------------
+ * Each assigned partition is read from its own fetch queue (rd_kafka_queue_get_partition,
+ * unforwarded before rd_kafka_assign, so no record of it reaches the consumer queue), one
+ * record at a time and in turns. After a push that fills the record's key (KEY_QUEUE_CAP) its
+ * partition is held; while the worker holds WORKER_MAX_INFLIGHT events, every partition with a
+ * record waiting is held. A held partition is simply not read: what librdkafka prefetched for it
+ * stays in its queue (fetching stops once the queue holds queued.max.messages.kbytes or
+ * queued.min.messages), nothing is dropped or fetched again, and reading goes on the moment the
+ * key is half drained and the worker under three quarters of the bound (the runners' completions
+ * wake the thread, worker_kafka_wake). Never rd_kafka_pause_partitions: a pause drops the
+ * prefetched records and the resume fetches them again (about 1 s against kafka-mockd, about
+ * fetch.wait.max.ms against a broker). Polls, rebalances and commits go on meanwhile. */
 
-static void partition_toggle(obx_worker_t *w, int32_t partition, bool pause) {
-  rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(1);
-  rd_kafka_topic_partition_list_add(list, w->conf->kafka_topic, partition);
-  rd_kafka_resp_err_t rerr = pause ? rd_kafka_pause_partitions(w->rk, list) : rd_kafka_resume_partitions(w->rk, list);
-  if (rerr) obx_warn("%s partition %" PRId32 ": %s", pause ? "pausing" : "resuming", partition, rd_kafka_err2str(rerr));
-  rd_kafka_topic_partition_list_destroy(list);
-}
+#define READ_TURN 64 /* records read from one partition before the next one's turn */
 
-static void kafka_pause(obx_worker_t *w, int32_t partition, const char *key, size_t len, int depth, int inflight) {
-  for (int i = 0; i < w->npaused; i++)
-    if (w->paused[i].partition == partition) return;
-  partition_toggle(w, partition, true);
-  w->paused = realloc(w->paused, (size_t)(w->npaused + 1) * sizeof *w->paused);
-  assert(w->paused);
-  paused_t *p = &w->paused[w->npaused++];
-  p->partition = partition;
-  p->key = malloc(len + 1);
-  assert(p->key);
-  memcpy(p->key, key, len);
-  p->key[len] = '\0';
-  p->len = len;
-  obx_info("partition %" PRId32 " paused: key %.64s holds %d events, %d in flight (bound %d)", partition, p->key,
-           depth, inflight, w->max_inflight);
+static void intake_hold(obx_worker_t *w, intake_part_t *p, intake_hold_t why, const char *key, size_t len, int depth,
+                        int inflight) {
+  p->hold = why;
+  if (why == INTAKE_HELD_KEY) {
+    p->key = malloc(len + 1);
+    assert(p->key);
+    memcpy(p->key, key, len);
+    p->key[len] = '\0';
+    p->len = len;
+    obx_debug("partition %" PRId32 " held: key %.64s holds %d events", p->partition, p->key, depth);
+  } else {
+    obx_debug("partition %" PRId32 " held: %d events in flight (bound %d)", p->partition, inflight, w->max_inflight);
+  }
+  w->nheld++;
   worker_set_paused_gauge(w);
 }
 
-static void kafka_resume_drained(obx_worker_t *w) {
-  int inflight = worker_sched_inflight(w->sched);
-  for (int i = 0; i < w->npaused;) {
-    paused_t *p = &w->paused[i];
-    if (inflight > w->max_inflight * 3 / 4 || worker_sched_key_depth(w->sched, p->key, p->len) > KEY_QUEUE_CAP / 2) {
-      i++;
-      continue;
-    }
-    partition_toggle(w, p->partition, false);
-    obx_info("partition %" PRId32 " resumed", p->partition);
+/* Reads the held partitions again whose key is half drained, once the worker is under three
+ * quarters of the bound. */
+static void intake_release(obx_worker_t *w) {
+  if (!w->nheld && w->intake_inflight < w->max_inflight) return;
+  int inflight = w->intake_inflight = worker_sched_inflight(w->sched);
+  if (inflight > w->max_inflight * 3 / 4) return;
+  for (int i = 0; i < w->nparts; i++) {
+    intake_part_t *p = &w->parts[i];
+    if (p->hold == INTAKE_READING) continue;
+    if (p->hold == INTAKE_HELD_KEY && worker_sched_key_depth(w->sched, p->key, p->len) > KEY_QUEUE_CAP / 2) continue;
+    obx_debug("partition %" PRId32 " read again", p->partition);
     free(p->key);
-    w->paused[i] = w->paused[--w->npaused];
+    p->key = NULL;
+    p->hold = INTAKE_READING;
+    w->nheld--;
     worker_set_paused_gauge(w);
   }
 }
 
-/* Forgets the pauses (a rebalance: what is assigned next starts unpaused). */
-static void kafka_pauses_clear(obx_worker_t *w) {
-  for (int i = 0; i < w->npaused; i++) free(w->paused[i].key);
-  w->npaused = 0;
+/* Forgets the assigned partitions (a rebalance or the close): their queues' IO events off, the
+ * references dropped. What a held partition had prefetched was never read, so never committed;
+ * librdkafka drops it when the partition's fetch stops. */
+static void intake_parts_clear(obx_worker_t *w) {
+  for (int i = 0; i < w->nparts; i++) {
+    rd_kafka_queue_io_event_enable(w->parts[i].queue, -1, NULL, 0);
+    rd_kafka_queue_destroy(w->parts[i].queue);
+    free(w->parts[i].key);
+  }
+  free(w->parts);
+  w->parts = NULL;
+  w->nparts = w->nheld = 0;
   worker_set_paused_gauge(w);
+}
+
+/* Takes the assigned partitions' fetch queues off the consumer queue; before rd_kafka_assign, so
+ * that no record of theirs is ever forwarded there (the order of a partition would then split
+ * between two queues). */
+static void intake_parts_take(obx_worker_t *w, const rd_kafka_topic_partition_list_t *parts) {
+  w->parts = calloc((size_t)(parts->cnt ? parts->cnt : 1), sizeof *w->parts);
+  assert(w->parts);
+  for (int i = 0; i < parts->cnt; i++) {
+    rd_kafka_queue_t *q = rd_kafka_queue_get_partition(w->rk, parts->elems[i].topic, parts->elems[i].partition);
+    assert(q); /* a consumer's assigned partition */
+    rd_kafka_queue_forward(q, NULL);
+    rd_kafka_queue_io_event_enable(q, w->wake[1], "p", 1);
+    w->parts[w->nparts++] = (intake_part_t){.partition = parts->elems[i].partition, .queue = q};
+  }
+}
+
+void worker_kafka_wake(obx_worker_t *w) {
+  if (atomic_load(&w->wake_armed) && atomic_exchange(&w->wake_armed, false)) {
+    ssize_t r = write(w->wake[1], "c", 1); /* a full pipe already wakes it */
+    (void)r;
+  }
+}
+
+/* Waits up to ms for a record, a consumer-queue event or (when armed) a completion. */
+static void intake_wait(obx_worker_t *w, int ms) {
+  struct pollfd pfd = {.fd = w->wake[0], .events = POLLIN};
+  if (poll(&pfd, 1, ms) > 0) {
+    char buf[256];
+    while (read(w->wake[0], buf, sizeof buf) > 0) {
+    }
+  }
+  atomic_store(&w->wake_armed, false);
 }
 
 static bool is_kafka_job(void *ctx, const job_t *job) {
@@ -134,7 +183,7 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t rerr, rd_kafka_topi
       nanosleep(&ts, NULL);
     }
     worker_offsets_clear(&w->offsets);
-    kafka_pauses_clear(w);
+    intake_parts_clear(w);
     w->generation++;
     rd_kafka_assign(rk, NULL);
     atomic_fetch_add(&w->stats.revocations, 1);
@@ -142,13 +191,14 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t rerr, rd_kafka_topi
              dropped, w->kafka_jobs);
   } else if (rerr == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
     worker_offsets_clear(&w->offsets);
-    kafka_pauses_clear(w);
+    intake_parts_clear(w);
+    intake_parts_take(w, parts);
     w->generation++;
     rd_kafka_assign(rk, parts);
-    rd_kafka_resume_partitions(rk, parts);
     atomic_store(&w->assigned, parts->cnt);
     obx_info("partitions assigned (%d)", parts->cnt);
   } else {
+    intake_parts_clear(w);
     rd_kafka_assign(rk, NULL);
   }
 }
@@ -171,7 +221,9 @@ static void kafka_update_lag(obx_worker_t *w) {
   rd_kafka_topic_partition_list_destroy(parts);
 }
 
-static void kafka_dispatch(obx_worker_t *w, const rd_kafka_message_t *rkm) {
+/* Queues a record behind its key and holds its partition (p, NULL: none) when the key or the
+ * worker is full after the push. */
+static void kafka_dispatch(obx_worker_t *w, const rd_kafka_message_t *rkm, intake_part_t *p) {
   job_t *job = calloc(1, sizeof *job);
   assert(job);
   job->source = WORKER_SOURCE_KAFKA;
@@ -205,8 +257,48 @@ static void kafka_dispatch(obx_worker_t *w, const rd_kafka_message_t *rkm) {
   if (klen > OBX_EVENT_MAX_ATTR_LEN) klen = OBX_EVENT_MAX_ATTR_LEN;
   memcpy(keycopy, key, klen); /* the job belongs to the runners after the push */
   worker_job_push(w, job, &depth, &inflight);
-  if (depth >= KEY_QUEUE_CAP || inflight >= w->max_inflight)
-    kafka_pause(w, rkm->partition, keycopy, klen, depth, inflight);
+  w->intake_inflight = inflight;
+  if (p && depth >= KEY_QUEUE_CAP) intake_hold(w, p, INTAKE_HELD_KEY, keycopy, klen, depth, inflight);
+  else if (p && inflight >= w->max_inflight) intake_hold(w, p, INTAKE_HELD_BOUND, NULL, 0, depth, inflight);
+}
+
+static void kafka_record(obx_worker_t *w, rd_kafka_message_t *rkm, intake_part_t *p) {
+  obx_health_stamp("queueing a record behind its key");
+  if (!rkm->err) kafka_dispatch(w, rkm, p);
+  else if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) obx_warn("kafka consumer: %s", rd_kafka_message_errstr(rkm));
+  rd_kafka_message_destroy(rkm);
+}
+
+/* One turn over the partitions not held, from the first-th on (each turn starts at the next one):
+ * up to READ_TURN records of each. Returns the records read. */
+static int intake_read(obx_worker_t *w, unsigned first) {
+  int got = 0;
+  for (int n = 0; n < w->nparts; n++) {
+    intake_part_t *p = &w->parts[(first + (unsigned)n) % (unsigned)w->nparts];
+    for (int k = 0; k < READ_TURN && p->hold == INTAKE_READING; k++) {
+      if (w->intake_inflight >= w->max_inflight) {
+        if (rd_kafka_queue_length(p->queue) > 0) intake_hold(w, p, INTAKE_HELD_BOUND, NULL, 0, 0, w->intake_inflight);
+        break;
+      }
+      rd_kafka_message_t *rkm = rd_kafka_consume_queue(p->queue, 0);
+      if (!rkm) break;
+      got++;
+      kafka_record(w, rkm, p);
+    }
+  }
+  return got;
+}
+
+/* Serves the consumer queue: the rebalance callback, consumer errors, logs. No partition's record
+ * is forwarded there (intake_parts_take); one that were would be queued, never held. */
+static int serve_consumer_queue(obx_worker_t *w) {
+  int n = 0;
+  rd_kafka_message_t *rkm;
+  while (!atomic_load(&w->stop) && (rkm = rd_kafka_consumer_poll(w->rk, 0))) {
+    n++;
+    kafka_record(w, rkm, NULL);
+  }
+  return n;
 }
 
 static void *kafka_main(void *arg) {
@@ -215,18 +307,17 @@ static void *kafka_main(void *arg) {
   obx_log_set_role("worker");
   int64_t last_lag = 0, last_recommit = obx_time_now_ms();
   obx_health_register("worker", "kafka poll");
+  unsigned turn = 0;
   while (!atomic_load(&w->stop)) {
     obx_health_stamp("polling Kafka");
-    rd_kafka_message_t *rkm = rd_kafka_consumer_poll(w->rk, 100);
-    if (rkm) {
-      obx_health_stamp("queueing a record behind its key");
-      if (!rkm->err) kafka_dispatch(w, rkm);
-      else if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
-        obx_warn("kafka consumer: %s", rd_kafka_message_errstr(rkm));
-      rd_kafka_message_destroy(rkm);
-    }
+    /* armed before the completions are looked at: one that comes after still wakes the wait */
+    if (w->nheld || w->intake_inflight >= w->max_inflight) atomic_store(&w->wake_armed, true);
+    int got = intake_read(w, turn++);
+    got += serve_consumer_queue(w); /* rd_kafka_consumer_poll: also what keeps max.poll.interval.ms met */
     kafka_commit_done(w, false);
-    if (w->npaused) kafka_resume_drained(w);
+    int held = w->nheld;
+    intake_release(w);
+    if (!got && w->nheld == held) intake_wait(w, 100);
     int64_t now = obx_time_now_ms();
     if (now - last_lag >= 2000) {
       kafka_update_lag(w);
@@ -279,6 +370,9 @@ bool worker_kafka_start(obx_worker_t *w, obx_err_t *err) {
     {"bootstrap.servers", w->conf->kafka_brokers}, {"group.id", w->conf->worker_group},
     {"enable.auto.commit", "false"},                {"enable.auto.offset.store", "false"},
     {"auto.offset.reset", "earliest"},              {"client.id", "outboxd-worker"},
+    /* each partition prefetches into its own queue (intake_parts_take): these bound it, per
+     * partition; kafka.* passthrough may change them */
+    {"queued.max.messages.kbytes", "16384"},        {"queued.min.messages", "20000"},
   };
   for (size_t i = 0; i < sizeof props / sizeof props[0]; i++)
     if (rd_kafka_conf_set(kc, props[i].k, props[i].v, errstr, sizeof errstr) != RD_KAFKA_CONF_OK) goto conf_fail;
@@ -304,7 +398,15 @@ bool worker_kafka_start(obx_worker_t *w, obx_err_t *err) {
     rd_kafka_conf_destroy(kc); /* rd_kafka_new takes the conf only on success */
     return false;
   }
+  if (pipe2(w->wake, O_NONBLOCK | O_CLOEXEC) != 0) {
+    obx_err_set(err, OBX_ERR_SYS, errno, false, "kafka consumer: pipe: %s", strerror(errno));
+    rd_kafka_destroy(w->rk);
+    w->rk = NULL;
+    return false;
+  }
   rd_kafka_poll_set_consumer(w->rk);
+  w->consumer_q = rd_kafka_queue_get_consumer(w->rk);
+  rd_kafka_queue_io_event_enable(w->consumer_q, w->wake[1], "q", 1);
   rd_kafka_topic_partition_list_t *topics = rd_kafka_topic_partition_list_new(1);
   rd_kafka_topic_partition_list_add(topics, w->conf->kafka_topic, RD_KAFKA_PARTITION_UA);
   rd_kafka_resp_err_t rerr = rd_kafka_subscribe(w->rk, topics);
@@ -325,15 +427,18 @@ conf_fail:
   return false;
 }
 
-/* After the threads stopped: commits what finished, closes the consumer, forgets the offsets
- * and the pauses. */
+/* After the threads stopped: commits what finished, drops the queues, closes the consumer,
+ * forgets the offsets. */
 void worker_kafka_close(obx_worker_t *w) {
   if (w->rk) {
     kafka_commit_done(w, true);
+    rd_kafka_queue_io_event_enable(w->consumer_q, -1, NULL, 0);
+    rd_kafka_queue_destroy(w->consumer_q); /* before the close (rdkafka.h) */
+    intake_parts_clear(w);
     rd_kafka_consumer_close(w->rk);
     rd_kafka_destroy(w->rk);
+    close(w->wake[0]);
+    close(w->wake[1]);
   }
   worker_offsets_clear(&w->offsets);
-  kafka_pauses_clear(w);
-  free(w->paused);
 }

@@ -34,7 +34,8 @@ static void metrics_register(void) {
     obx_metrics_gauge("outboxd_worker_consumer_lag", "Kafka messages behind over the assigned partitions", NULL);
   metrics.parked = obx_metrics_gauge("outboxd_worker_parked_keys", "Business keys parked behind a failing event", NULL);
   metrics.paused = obx_metrics_gauge("outboxd_worker_paused_partitions",
-                                     "Kafka partitions paused because a key's queue or the in-flight bound is full", NULL);
+                                     "Kafka partitions held (not read) because a key's queue or the in-flight bound is full",
+                                     NULL);
 }
 
 void worker_metrics_init(void) { pthread_once(&metrics_once, metrics_register); }
@@ -77,8 +78,8 @@ void worker_set_parked(obx_worker_t *w, int64_t n) {
 }
 
 void worker_set_paused_gauge(obx_worker_t *w) {
-  atomic_store(&w->stats.paused_partitions, w->npaused);
-  obx_gauge_set(metrics.paused, (double)w->npaused);
+  atomic_store(&w->stats.paused_partitions, w->nheld);
+  obx_gauge_set(metrics.paused, (double)w->nheld);
 }
 
 void worker_count_outcome(obx_worker_t *w, worker_outcome_t outcome) {

@@ -2,7 +2,7 @@
  *
  * DESIGN: one file per responsibility (the event's states: docs/worker-lifecycle.md):
  *   worker.c     the role's wiring: start, stop, /readyz
- *   kafka.c      the Kafka source: consumer, offsets (offsets.c), paused partitions, rebalances
+ *   kafka.c      the Kafka source: consumer, offsets (offsets.c), held partitions, rebalances
  *   workq.c      the work-queue source (RabbitMQ P.work) and the periodic chores of its thread
  *   sink.c       the HTTP source (CloudEvents sink)
  *   jobs.c       a job between a source and the runners: queued by key, handed back to settle
@@ -193,11 +193,22 @@ void worker_offsets_clear(worker_offsets_t *offsets);
 
 /* ---- the worker's state ----------------------------------------------------------------- */
 
+/* One assigned partition as the Kafka intake reads it (kafka.c): from its own fetch queue, which
+ * librdkafka fills up to queued.max.messages.kbytes / queued.min.messages and then stops
+ * fetching for; a held partition is simply not read, so nothing it prefetched is dropped. */
+typedef enum {
+  INTAKE_READING,    /* read while the worker and the last record's key have room */
+  INTAKE_HELD_KEY,   /* the key of its last record holds KEY_QUEUE_CAP events */
+  INTAKE_HELD_BOUND, /* records wait while the worker holds WORKER_MAX_INFLIGHT events */
+} intake_hold_t;
+
 typedef struct {
   int32_t partition;
-  char *key;      /* the key whose queue was full (or the last one pushed when the bound was) */
+  rd_kafka_queue_t *queue; /* its fetch queue, not forwarded to the consumer queue */
+  intake_hold_t hold;
+  char *key;               /* INTAKE_HELD_KEY: the full key */
   size_t len;
-} paused_t;
+} intake_part_t;
 
 /* One claim this process holds (claims.c). */
 typedef struct {
@@ -250,8 +261,13 @@ struct obx_worker {
   bool kafka_running;
   worker_offsets_t offsets; /* Kafka thread only */
   int kafka_jobs;           /* Kafka thread only: dispatched, not yet taken back */
-  paused_t *paused;         /* Kafka thread only: partitions paused by a full key or bound */
-  int npaused;
+  intake_part_t *parts;     /* Kafka thread only: the assigned partitions, read in turns */
+  int nparts;
+  int nheld;              /* Kafka thread only: how many of them are held */
+  int intake_inflight;      /* Kafka thread only: events in flight when last looked at */
+  rd_kafka_queue_t *consumer_q; /* rebalances, errors and logs (the partitions' records are not forwarded to it) */
+  int wake[2];              /* a pipe: the queues' IO events and the runners' completions wake the Kafka thread */
+  atomic_bool wake_armed;   /* the Kafka thread waits for a completion (a partition is held) */
   uint64_t generation;      /* bumped on every rebalance; Kafka thread writes, jobs carry it */
 
   obx_ladder_consumer_t *wq;
@@ -359,6 +375,9 @@ bool worker_release_if_head(event_t *e);
 /* ---- sources (kafka.c, workq.c) ------------------------------------------------------------- */
 bool worker_kafka_start(obx_worker_t *w, obx_err_t *err);
 void worker_kafka_close(obx_worker_t *w);
+/* A Kafka job's outcome was handed back (worker_job_complete, any thread): wakes the Kafka thread
+ * when it waits for one to read a held partition again. */
+void worker_kafka_wake(obx_worker_t *w);
 bool worker_wq_start(obx_worker_t *w, obx_err_t *err);
 /* Acks or nacks the work-queue messages whose outcome the runners handed back. */
 void worker_wq_settle(obx_worker_t *w);
