@@ -1,7 +1,7 @@
-/* test_worker_intake.c - the Kafka poll thread never blocks: a hung key pauses its partition only
+/* test_worker_intake.c - the Kafka poll thread never blocks: a hung key holds its partition only
  *
  * DESIGN: one key's first call hangs for 20 s (egress.timeout raised above it) with more of its
- * events queued behind it than a key may hold, so its partition is paused; 1,000 events of other
+ * events queued behind it than a key may hold, so its partition is held; 1,000 events of other
  * keys complete while it hangs, their partitions' offsets are committed (read back by a consumer
  * of the group that never joins it), and the member stays in the group past
  * max.poll.interval.ms (no revocation). When the call returns, the key's events run in order. */
@@ -66,7 +66,7 @@ static int64_t high_watermark(wt_fx_t *fx, int32_t partition) {
   return hi;
 }
 
-static void test_hung_key_pauses_only_its_partition(void **state) {
+static void test_hung_key_holds_only_its_partition(void **state) {
   WT_NEED_BROKER();
   wt_fx_t *fx = *state;
   wt_conf_set(fx, "egress.timeout", "40s");
@@ -161,7 +161,7 @@ static void test_hung_key_pauses_only_its_partition(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test_setup_teardown(test_hung_key_pauses_only_its_partition, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_hung_key_holds_only_its_partition, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
