@@ -8,6 +8,7 @@
  * entry with CRYPTO_memcmp, so timing does not reveal which entry nearly matched. Reads
  * api.keys_file; the watcher reads api_keys through the caller's obx_mongo_t. */
 #include "obx/obx_auth.h"
+#include "obx/obx_event.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -314,11 +315,7 @@ static void *auth_watch(void *arg) {
     if (auth_refresh(auth, &err)) failures = 0;
     else if (failures++ % 20 == 0) obx_warn("api_keys not read (the previous keys stay): %s", err.msg);
     pthread_mutex_lock(&auth->mu);
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    int64_t ns = until.tv_nsec + auth->interval_ms % 1000 * 1000000;
-    until.tv_sec += auth->interval_ms / 1000 + ns / 1000000000;
-    until.tv_nsec = ns % 1000000000;
+    struct timespec until = obx_time_deadline(CLOCK_REALTIME, auth->interval_ms);
     while (!auth->stopping && pthread_cond_timedwait(&auth->cond, &auth->mu, &until) == 0) {}
     bool stop = auth->stopping;
     pthread_mutex_unlock(&auth->mu);

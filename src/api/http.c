@@ -39,6 +39,7 @@
  * (their preflight is an ordinary OPTIONS: 405). Reads http.*, api.keys_file, api.rate_limit,
  * api.cors_origins. */
 #include "obx/obx_http.h"
+#include "obx/obx_event.h"
 
 #include <arpa/inet.h>
 #include <assert.h>
@@ -744,11 +745,7 @@ static void *http_reaper(void *arg) {
       obx_debug("http: closed %d connections that sent no complete headers within %lld ms", reaped,
                 (long long)(http->header_timeout_ns / 1000000));
     }
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    int64_t ns = until.tv_nsec + tick_ns;
-    until.tv_sec += ns / 1000000000;
-    until.tv_nsec = ns % 1000000000;
+    struct timespec until = obx_time_deadline(CLOCK_REALTIME, tick_ns / 1000000);
     pthread_cond_timedwait(&http->conns_cv, &http->conns_mu, &until);
   }
   pthread_mutex_unlock(&http->conns_mu);

@@ -5,6 +5,7 @@
  * the negotiated heartbeat, and the keeper thread that services idle connections. Never declares
  * topology, publishes or consumes (ladder.c does). Reads amqp.* config keys. */
 #include "obx/obx_amqp.h"
+#include "obx/obx_event.h"
 
 #include <amqp.h>
 #include <amqp_framing.h>
@@ -198,14 +199,7 @@ static void *keeper_main(void *arg) {
   obx_amqp_keeper_t *k = arg;
   pthread_mutex_lock(&k->mu);
   while (!k->stop) {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += k->interval_ms / 1000;
-    until.tv_nsec += (long)(k->interval_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-      until.tv_sec++;
-      until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = obx_time_deadline(CLOCK_MONOTONIC, k->interval_ms);
     int rc = 0;
     while (!k->stop && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&k->cv, &k->mu, &until);
     if (k->stop) break;

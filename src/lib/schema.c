@@ -9,6 +9,7 @@
  * with collMod on the existing index's name; no equivalent index means createIndexes. Never
  * drops anything. Stateless apart from the guard's thread; thread-safe. */
 #include "obx/obx_schema.h"
+#include "obx/obx_event.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -361,19 +362,6 @@ struct obx_schema_guard {
   obx_err_t last; /* the last failure, for /readyz */
 };
 
-/* CLOCK_REALTIME now + ms, for pthread_cond_timedwait. */
-static struct timespec deadline_in(int64_t ms) {
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += ms / 1000;
-  until.tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
-  }
-  return until;
-}
-
 static bool guard_ready(void *ctx, obx_err_t *err) {
   obx_schema_guard_t *guard = ctx;
   pthread_mutex_lock(&guard->mu);
@@ -399,7 +387,7 @@ static void *guard_main(void *arg) {
     } else {
       guard->last = err;
       if (attempt == 1 || attempt % 20 == 0) obx_warn("schema (attempt %d): %s; retrying", attempt, err.msg);
-      struct timespec until = deadline_in(wait_ms);
+      struct timespec until = obx_time_deadline(CLOCK_REALTIME, wait_ms);
       if (!guard->stopping) pthread_cond_timedwait(&guard->cond, &guard->mu, &until);
       wait_ms = wait_ms * 2 > SCHEMA_RETRY_MAX_MS ? SCHEMA_RETRY_MAX_MS : wait_ms * 2;
     }
@@ -425,7 +413,7 @@ obx_schema_guard_t *obx_schema_guard_start(obx_mongo_t *mongo, const obx_conf_t 
 }
 
 bool obx_schema_guard_wait(obx_schema_guard_t *guard, int timeout_ms) {
-  struct timespec until = deadline_in(timeout_ms);
+  struct timespec until = obx_time_deadline(CLOCK_REALTIME, timeout_ms);
   pthread_mutex_lock(&guard->mu);
   while (!guard->ready && !guard->stopping && pthread_cond_timedwait(&guard->cond, &guard->mu, &until) == 0) {
   }

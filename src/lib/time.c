@@ -1,4 +1,4 @@
-/* time.c - wall-clock milliseconds and RFC 3339 text (declared in obx_event.h)
+/* time.c - wall-clock milliseconds, wait deadlines and RFC 3339 text (declared in obx_event.h)
  *
  * DESIGN: all timestamps in outboxd are int64 milliseconds since the Unix epoch, UTC.
  * Formatting always writes UTC with exactly three fraction digits and "Z"; parsing accepts
@@ -14,6 +14,15 @@ int64_t obx_time_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+struct timespec obx_time_deadline(clockid_t clock, int64_t ms) {
+  struct timespec ts;
+  clock_gettime(clock, &ts);
+  int64_t ns = ts.tv_nsec + ms % 1000 * 1000000;
+  ts.tv_sec += (time_t)(ms / 1000 + ns / 1000000000);
+  ts.tv_nsec = (long)(ns % 1000000000);
+  return ts;
 }
 
 void obx_time_format_rfc3339(int64_t ms, char out[32]) {

@@ -11,6 +11,7 @@
  * set once by obx_trace_start before any role runs and only read afterwards. Never reads or
  * writes outboxd's configuration table: the OTEL_* variables are the OpenTelemetry ones. */
 #include "obx/obx_trace.h"
+#include "obx/obx_event.h"
 
 #include <curl/curl.h>
 #include <pthread.h>
@@ -677,11 +678,7 @@ static void *exporter_main(void *arg) {
   pthread_mutex_lock(&g_exp.mutex);
   for (;;) {
     if (!g_exp.stopping && g_exp.count < g_exp.opts.max_batch) {
-      struct timespec ts;
-      clock_gettime(CLOCK_MONOTONIC, &ts);
-      int64_t ns = ts.tv_nsec + (int64_t)g_exp.opts.schedule_delay_ms * 1000000;
-      ts.tv_sec += ns / 1000000000;
-      ts.tv_nsec = ns % 1000000000;
+      struct timespec ts = obx_time_deadline(CLOCK_MONOTONIC, g_exp.opts.schedule_delay_ms);
       pthread_cond_timedwait(&g_exp.cond, &g_exp.mutex, &ts);
     }
     if (g_exp.stopping && !final_deadline) final_deadline = mono_ms() + g_exp.opts.timeout_ms;

@@ -116,11 +116,7 @@ static void *renew_main(void *arg) {
     obx_health_stamp("renewing the claims' leases");
     renew_all(w, client);
     obx_health_idle();
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    int64_t ns = until.tv_nsec + (w->lease_ms / 3 % 1000) * 1000000;
-    until.tv_sec += (time_t)(w->lease_ms / 3 / 1000 + ns / 1000000000);
-    until.tv_nsec = (long)(ns % 1000000000);
+    struct timespec until = obx_time_deadline(CLOCK_REALTIME, w->lease_ms / 3);
     pthread_mutex_lock(&w->renew_mu);
     if (!w->renew_stop) pthread_cond_timedwait(&w->renew_cv, &w->renew_mu, &until);
   }
