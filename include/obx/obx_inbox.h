@@ -121,11 +121,11 @@ bool obx_inbox_retry_sent(mongoc_client_t *client, const char *db, const char *c
  * owner (a peer runs an event of the key now). */
 bool obx_inbox_key_claimed_elsewhere(mongoc_client_t *client, const char *db, const char *consumer, const char *key,
                                      const char *owner, bool *claimed, obx_err_t *err);
-/* Extends the leases of owner's claims on the given events (RECEIVED or PROCESSING) to now +
- * lease_ms (one write); held (NULL: not asked) then says, per event, whether the claim is still
- * owner's (false: taken over, or the event moved on). */
+/* Extends the leases of owner's claims on the given events (RECEIVED or PROCESSING; event_ids
+ * sorted by strcmp) to now + lease_ms (one write); held (NULL: not asked) then says, per event,
+ * whether the claim is still owner's (false: taken over, or the event moved on). */
 bool obx_inbox_renew(mongoc_client_t *client, const char *db, const char *consumer, const char *owner,
-                     const char *const *event_ids, int n, int64_t lease_ms, bool *held, obx_err_t *err);
+                     const char (*event_ids)[OBX_UUID_LEN + 1], int n, int64_t lease_ms, bool *held, obx_err_t *err);
 /* obx_inbox_set_status, only while cas holds (see above): OBX_ERR_CONFLICT (not retriable)
  * otherwise. From RETRYING (a tier publish that failed) to DEAD when status is DEAD and the
  * entry is RETRYING at cas->attempts + 1 of cas->owner. */

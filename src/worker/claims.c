@@ -65,7 +65,11 @@ bool worker_claim_lost(obx_worker_t *w, const char *id) {
 
 /* ---- the renewer ------------------------------------------------------------------------------- */
 
-/* One renewal of every registered claim (one write, one read back). */
+static int id_cmp(const void *a, const void *b) { return strcmp(a, b); }
+
+/* One renewal of every registered claim (one write, one read back). The ids are copied, sorted,
+ * into one array; a claim registered meanwhile is not in it and keeps its lease, one removed
+ * meanwhile is not looked up. */
 static void renew_all(obx_worker_t *w, mongoc_client_t *client) {
   pthread_mutex_lock(&w->claims_mu);
   int n = w->nclaims;
@@ -73,35 +77,34 @@ static void renew_all(obx_worker_t *w, mongoc_client_t *client) {
     pthread_mutex_unlock(&w->claims_mu);
     return;
   }
-  char(*copy)[OBX_UUID_LEN + 1] = malloc((size_t)n * sizeof *copy);
-  assert(copy);
-  for (int i = 0; i < n; i++) memcpy(copy[i], w->claims[i].id, sizeof copy[i]);
+  char(*ids)[OBX_UUID_LEN + 1] = malloc((size_t)n * sizeof *ids);
+  assert(ids);
+  for (int i = 0; i < n; i++) memcpy(ids[i], w->claims[i].id, sizeof ids[i]);
   pthread_mutex_unlock(&w->claims_mu);
-  const char **ids = malloc((size_t)n * sizeof *ids);
+  qsort(ids, (size_t)n, sizeof *ids, id_cmp);
   bool *held = malloc((size_t)n * sizeof *held);
-  assert(ids && held);
-  for (int i = 0; i < n; i++) ids[i] = copy[i];
+  assert(held);
   obx_err_t err = OBX_ERR_INIT;
   int64_t at = obx_time_now_ms();
-  if (!obx_inbox_renew(client, w->db, w->consumer, w->owner, ids, n, w->lease_ms, held, &err)) {
+  if (!obx_inbox_renew(client, w->db, w->consumer, w->owner, (const char(*)[OBX_UUID_LEN + 1])ids, n, w->lease_ms, held,
+                       &err)) {
     obx_warn("renewing %d claims failed (each is lost once its lease passes): %s", n, err.msg);
   } else {
     pthread_mutex_lock(&w->claims_mu);
-    for (int i = 0; i < n; i++)
-      for (int j = 0; j < w->nclaims; j++) {
-        worker_claim_t *c = &w->claims[j];
-        if (strcmp(c->id, ids[i]) != 0) continue;
-        if (held[i] && !c->lost) c->until = at + w->lease_ms;
-        /* registered before this read; a run that has just recorded its outcome reads as lost too
-         * and is removed at once (the run says so only when it stops: worker_claim_lost) */
-        if (!held[i] && at >= c->until - w->lease_ms) c->lost = true;
-        break;
-      }
+    for (int j = 0; j < w->nclaims; j++) {
+      worker_claim_t *c = &w->claims[j];
+      const char(*found)[OBX_UUID_LEN + 1] = bsearch(c->id, ids, (size_t)n, sizeof *ids, id_cmp);
+      if (!found) continue;
+      bool still = held[found - ids];
+      if (still && !c->lost) c->until = at + w->lease_ms;
+      /* registered before this read; a run that has just recorded its outcome reads as lost too
+       * and is removed at once (the run says so only when it stops: worker_claim_lost) */
+      if (!still && at >= c->until - w->lease_ms) c->lost = true;
+    }
     pthread_mutex_unlock(&w->claims_mu);
   }
   free(held);
   free(ids);
-  free(copy);
 }
 
 static void *renew_main(void *arg) {

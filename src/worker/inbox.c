@@ -364,8 +364,10 @@ bool obx_inbox_key_claimed_elsewhere(mongoc_client_t *client, const char *db, co
   return ok;
 }
 
+static int id_cmp(const void *a, const void *b) { return strcmp(a, b); }
+
 bool obx_inbox_renew(mongoc_client_t *client, const char *db, const char *consumer, const char *owner,
-                     const char *const *event_ids, int n, int64_t lease_ms, bool *held, obx_err_t *err) {
+                     const char (*event_ids)[OBX_UUID_LEN + 1], int n, int64_t lease_ms, bool *held, obx_err_t *err) {
   if (n == 0) return true;
   bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child, in, arr;
   BSON_APPEND_UTF8(&filter, "_id.consumer", consumer);
@@ -400,9 +402,8 @@ bool obx_inbox_renew(mongoc_client_t *client, const char *db, const char *consum
       bson_iter_t it, d;
       if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, "_id.eventId", &d) || !BSON_ITER_HOLDS_UTF8(&d))
         continue;
-      const char *id = bson_iter_utf8(&d, NULL);
-      for (int i = 0; i < n; i++)
-        if (strcmp(event_ids[i], id) == 0) held[i] = true;
+      const char(*found)[OBX_UUID_LEN + 1] = bsearch(bson_iter_utf8(&d, NULL), event_ids, (size_t)n, sizeof *event_ids, id_cmp);
+      if (found) held[found - event_ids] = true;
     }
     if (mongoc_cursor_error(cursor, &berr)) {
       obx_err_from_bson(err, &berr, NULL);
