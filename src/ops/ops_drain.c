@@ -6,7 +6,9 @@
  * stored (obx_ops_dl_store, idempotent on its dedupKey) and acked only after the write; while
  * MongoDB refuses the write the thread keeps the message and tries again with backoff (100 ms
  * doubling to 5 s), so an outage loses nothing and redelivers nothing twice into the store.
- * Several worker processes drain the same queue as competing consumers. Every 5 s the thread
+ * Several worker processes drain the same queue as competing consumers. A message whose headers
+ * hold an empty name (put there by another producer) is stored without that header, class
+ * malformed (drop_nameless_headers). Every 5 s the thread
  * sets the gauges
  *   outboxd_dead_letters, outboxd_dead_letters_oldest_age_seconds   (state dead or redriving)
  *   outboxd_queue_depth{queue}                                      (P.dlq, P.work, each tier)
@@ -114,9 +116,46 @@ static void refresh_gauges(obx_ops_drain_t *d) {
   for (int i = 0; i < obx_ladder_ntiers(d->ladder); i++) set_depth(d, obx_ladder_tier_queue(d->ladder, i));
 }
 
+/* A message put in the DLQ by another producer (or an older outboxd) whose AMQP headers hold an
+ * empty name: the store cannot keep that header (libmongoc refuses an empty field name), so it is
+ * left out and the dead letter is class malformed, its reason naming the header's value and
+ * keeping what the message said of itself. The rest is stored as it came. */
+static void drop_nameless_headers(obx_envelope_t *msg) {
+  char notes[600] = "";
+  size_t pos = 0;
+  int kept = 0, dropped = 0;
+  for (int i = 0; i < msg->nheaders; i++) {
+    obx_envelope_header_t *h = &msg->headers[i];
+    if (h->name[0]) {
+      msg->headers[kept++] = *h;
+      continue;
+    }
+    if (pos < sizeof notes)
+      pos += (size_t)(h->value_len <= 64 && bson_utf8_validate(h->value, h->value_len, false)
+                        ? snprintf(notes + pos, sizeof notes - pos, "%s\"%s\"", dropped ? ", " : "", h->value)
+                        : snprintf(notes + pos, sizeof notes - pos, "%sa value of %zu bytes", dropped ? ", " : "",
+                                   h->value_len));
+    dropped++;
+    free(h->name);
+    free(h->value);
+  }
+  msg->nheaders = kept;
+  if (!dropped) return;
+  char *reason = bson_strdup_printf("the message's AMQP headers hold %d with an empty name (%s), which the store "
+                                    "cannot keep: left out; its class was %s, its reason: %s",
+                                    dropped, notes, msg->failure_class ? msg->failure_class : "none",
+                                    msg->reason && *msg->reason ? msg->reason : "none");
+  free(msg->reason);
+  msg->reason = strdup(reason);
+  bson_free(reason);
+  free(msg->failure_class);
+  msg->failure_class = strdup("malformed");
+}
+
 /* Stores msg until it is written (then acks it) or the drain stops (the broker keeps it). */
 static void drain_one(obx_ops_drain_t *d, obx_envelope_t *msg) {
   int64_t backoff = DRAIN_BACKOFF_MIN_MS;
+  drop_nameless_headers(msg);
   for (;;) {
     obx_health_stamp("storing a dead letter");
     obx_err_t err = OBX_ERR_INIT;

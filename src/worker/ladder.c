@@ -39,8 +39,8 @@ static amqp_table_entry_t hdr_bytes(const char *key, const void *value, size_t l
 
 static amqp_table_entry_t hdr_text(const char *key, const char *value) { return hdr_bytes(key, value, strlen(value)); }
 
-/* An empty field name goes out but rabbitmq-c cannot read it back (amqp_consume_message fails
- * with "invalid parameter" and the broker redelivers it for ever), so it is never published. */
+/* An empty field name goes out, but rabbitmq-c's own readers refuse it (ladder_read_content
+ * reads it) and MongoDB cannot store it, so it is never published. */
 static bool name_fits(const char *name) { return name[0] && strlen(name) <= OBX_LADDER_MAX_NAME; }
 
 static bool message_id_fits(const char *id) { return strlen(id) <= 255 && bson_utf8_validate(id, strlen(id), false); }
@@ -171,14 +171,14 @@ bool ladder_publish_confirmed(conn_t *c, const names_t *n, const char *exchange,
       return false;
     case AMQP_BASIC_RETURN_METHOD: {
       returned = true;
-      amqp_message_t m;
-      amqp_rpc_reply_t r = amqp_read_message(c->conn, frame.channel, &m, 0);
-      if (r.reply_type != AMQP_RESPONSE_NORMAL) {
-        obx_err_from_amqp(err, &r, "reading a returned message");
+      const amqp_basic_properties_t *props;
+      amqp_bytes_t body;
+      if (!ladder_read_content(c->conn, frame.channel, &props, &body, err)) {
+        obx_err_prefix(err, "reading a returned message");
         ladder_conn_drop(c);
         return false;
       }
-      amqp_destroy_message(&m);
+      amqp_bytes_free(body);
       continue;
     }
     case AMQP_CHANNEL_CLOSE_METHOD: {

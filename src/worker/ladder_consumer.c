@@ -2,8 +2,12 @@
  *
  * DESIGN: owns a consumer's connection (one thread each, manual ack, prefetch) and the decoding
  * of a delivery into an envelope (the x-* headers, x-death's newest entry for what RabbitMQ
- * itself dead-lettered); the DLQ browsing (ladder_dlq.c) decodes the same way. A message of a
- * connection since lost is not settled (the broker redelivers it). Never publishes. */
+ * itself dead-lettered); the DLQ browsing (ladder_dlq.c) decodes the same way. A delivery's
+ * content is read from its frames here (ladder_read_content), not with amqp_consume_message or
+ * amqp_read_message: those copy the properties and refuse a header table that holds an empty
+ * field name (rabbitmq-c's amqp_table_entry_clone: AMQP_STATUS_INVALID_PARAMETER after the
+ * header frame was read), so such a message was never read and came back for ever. A message of
+ * a connection since lost is not settled (the broker redelivers it). Never publishes. */
 #include <amqp.h>
 #include <amqp_framing.h>
 #include <assert.h>
@@ -166,42 +170,99 @@ fail:
   return false;
 }
 
+/* A server's close of the channel or the connection in place of a content frame. */
+static bool close_frame(const amqp_frame_t *f) {
+  return f->frame_type == AMQP_FRAME_METHOD &&
+         (f->payload.method.id == AMQP_CHANNEL_CLOSE_METHOD || f->payload.method.id == AMQP_CONNECTION_CLOSE_METHOD);
+}
+
+/* The next frame of a message's content on channel: it follows its method at once, so a broker
+ * silent for CONTENT_WAIT_MS (or a frame of another channel) is a broken connection. */
+#define CONTENT_WAIT_MS 30000
+static int content_frame(amqp_connection_state_t conn, amqp_channel_t channel, amqp_frame_t *frame) {
+  struct timeval tv = {CONTENT_WAIT_MS / 1000, 0};
+  int rc = amqp_simple_wait_frame_noblock(conn, frame, &tv);
+  return rc == AMQP_STATUS_OK && frame->channel != channel ? AMQP_STATUS_UNEXPECTED_STATE : rc;
+}
+
+bool ladder_read_content(amqp_connection_state_t conn, amqp_channel_t channel, const amqp_basic_properties_t **props,
+                         amqp_bytes_t *body, obx_err_t *err) {
+  *body = amqp_empty_bytes;
+  amqp_frame_t frame;
+  int rc = content_frame(conn, channel, &frame);
+  if (rc != AMQP_STATUS_OK) {
+    obx_err_from_amqp_status(err, rc, "reading a message's header frame");
+    return false;
+  }
+  if (frame.frame_type != AMQP_FRAME_HEADER || frame.payload.properties.class_id != AMQP_BASIC_CLASS) {
+    obx_err_set(err, OBX_ERR_AMQP, AMQP_STATUS_UNEXPECTED_STATE, true, "%s instead of a message's header frame",
+                close_frame(&frame) ? "RabbitMQ closed the channel" : "another frame");
+    return false;
+  }
+  *props = frame.payload.properties.decoded;
+  uint64_t size = frame.payload.properties.body_size;
+  if (size > SIZE_MAX || (size && !(*body = amqp_bytes_malloc((size_t)size)).bytes)) {
+    obx_err_set(err, OBX_ERR_AMQP, AMQP_STATUS_NO_MEMORY, false, "a message body of %llu bytes", (unsigned long long)size);
+    return false;
+  }
+  for (size_t got = 0; got < body->len;) {
+    rc = content_frame(conn, channel, &frame);
+    bool fits = rc == AMQP_STATUS_OK && frame.frame_type == AMQP_FRAME_BODY &&
+                frame.payload.body_fragment.len <= body->len - got;
+    if (!fits) {
+      if (rc != AMQP_STATUS_OK) obx_err_from_amqp_status(err, rc, "reading a message's body");
+      else
+        obx_err_set(err, OBX_ERR_AMQP, AMQP_STATUS_BAD_AMQP_DATA, true, "%s in a message's body",
+                    close_frame(&frame) ? "RabbitMQ closed the channel" : "a frame that does not fit");
+      amqp_bytes_free(*body);
+      *body = amqp_empty_bytes;
+      return false;
+    }
+    memcpy((char *)body->bytes + got, frame.payload.body_fragment.bytes, frame.payload.body_fragment.len);
+    got += frame.payload.body_fragment.len;
+  }
+  return true;
+}
+
 bool obx_ladder_consumer_next(obx_ladder_consumer_t *consumer, obx_envelope_t *msg, int timeout_ms, bool *got,
                               obx_err_t *err) {
   *got = false;
   if (!consumer_open(consumer, err)) return false;
   conn_t *c = &consumer->c;
   amqp_maybe_release_buffers(c->conn);
-  amqp_envelope_t env;
   struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-  amqp_rpc_reply_t r = amqp_consume_message(c->conn, &env, &tv, 0);
-  if (r.reply_type == AMQP_RESPONSE_NORMAL) {
-    ladder_envelope_from_amqp(msg, &env.message.properties, env.message.body);
-    msg->delivery_tag = env.delivery_tag;
-    msg->redelivered = env.redelivered;
-    msg->epoch_ = c->epoch;
-    amqp_destroy_envelope(&env);
-    *got = true;
-    return true;
-  }
-  if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION && r.library_error == AMQP_STATUS_TIMEOUT) return true;
-  if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION && r.library_error == AMQP_STATUS_UNEXPECTED_STATE) {
-    /* A method other than basic.deliver: a cancel or a close means the subscription is gone. */
-    amqp_frame_t frame;
-    struct timeval zero = {0, 0};
-    int rc = amqp_simple_wait_frame_noblock(c->conn, &frame, &zero);
-    if (rc == AMQP_STATUS_OK && frame.frame_type == AMQP_FRAME_METHOD &&
-        frame.payload.method.id != AMQP_BASIC_CANCEL_METHOD && frame.payload.method.id != AMQP_CHANNEL_CLOSE_METHOD &&
-        frame.payload.method.id != AMQP_CONNECTION_CLOSE_METHOD)
-      return true;
-    obx_err_set(err, OBX_ERR_AMQP, AMQP_STATUS_UNEXPECTED_STATE, true,
-                "the work queue subscription was cancelled or closed by RabbitMQ");
+  amqp_frame_t frame;
+  int rc = amqp_simple_wait_frame_noblock(c->conn, &frame, &tv);
+  if (rc == AMQP_STATUS_TIMEOUT) return true;
+  if (rc != AMQP_STATUS_OK) {
+    obx_err_from_amqp_status(err, rc, consumer->dlq ? "consuming the DLQ" : "consuming the work queue");
     ladder_conn_drop(c);
     return false;
   }
-  obx_err_from_amqp(err, &r, "consuming the work queue");
-  ladder_conn_drop(c);
-  return false;
+  if (frame.frame_type != AMQP_FRAME_METHOD) return true;
+  if (frame.payload.method.id != AMQP_BASIC_DELIVER_METHOD) {
+    /* A cancel or a close means the subscription is gone; anything else is not for it. */
+    if (frame.payload.method.id != AMQP_BASIC_CANCEL_METHOD && !close_frame(&frame)) return true;
+    obx_err_set(err, OBX_ERR_AMQP, AMQP_STATUS_UNEXPECTED_STATE, true, "the %s subscription was cancelled or closed by RabbitMQ",
+                consumer->dlq ? "DLQ" : "work queue");
+    ladder_conn_drop(c);
+    return false;
+  }
+  const amqp_basic_deliver_t *deliver = frame.payload.method.decoded;
+  msg->delivery_tag = deliver->delivery_tag;
+  msg->redelivered = deliver->redelivered;
+  msg->epoch_ = c->epoch;
+  const amqp_basic_properties_t *props = NULL;
+  amqp_bytes_t body;
+  if (!ladder_read_content(c->conn, frame.channel, &props, &body, err)) {
+    obx_err_prefix(err, "consuming %s", consumer->dlq ? "the DLQ" : "the work queue");
+    ladder_conn_drop(c);
+    return false;
+  }
+  ladder_envelope_from_amqp(msg, props, body);
+  amqp_bytes_free(body);
+  *got = true;
+  return true;
 }
 
 static bool consumer_settle(obx_ladder_consumer_t *consumer, const obx_envelope_t *msg, bool ack, bool requeue,

@@ -42,17 +42,17 @@ static bool dlq_walk(obx_ladder_t *ladder, browse_act_fn act, void *ctx, obx_err
     const amqp_basic_get_ok_t *got = r.reply.decoded;
     uint64_t tag = got->delivery_tag;
     bool redelivered = got->redelivered;
-    amqp_message_t m;
-    r = amqp_read_message(conn, CH_BROWSE, &m, 0);
-    if (r.reply_type != AMQP_RESPONSE_NORMAL) {
-      obx_err_from_amqp(err, &r, "reading a DLQ message");
-      ok = false;
-      break;
+    const amqp_basic_properties_t *props = NULL;
+    amqp_bytes_t body;
+    if (!ladder_read_content(conn, CH_BROWSE, &props, &body, err)) {
+      obx_err_prefix(err, "reading a DLQ message");
+      ladder_conn_drop(&ladder->c);
+      return false;
     }
     obx_envelope_t msg;
     obx_envelope_init(&msg);
-    ladder_envelope_from_amqp(&msg, &m.properties, m.body);
-    amqp_destroy_message(&m);
+    ladder_envelope_from_amqp(&msg, props, body);
+    amqp_bytes_free(body);
     msg.delivery_tag = tag;
     msg.redelivered = redelivered;
     int verdict = act(ladder, ctx, &msg, err);

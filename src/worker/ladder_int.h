@@ -66,5 +66,11 @@ bool ladder_publish_confirmed(conn_t *c, const names_t *n, const char *exchange,
 /* ---- decoding a delivery (ladder_consumer.c) ------------------------------------------------ */
 /* Fills msg (after init) from an AMQP delivery's properties and body. */
 void ladder_envelope_from_amqp(obx_envelope_t *msg, const amqp_basic_properties_t *p, amqp_bytes_t body);
+/* Reads the content that follows a basic.deliver, basic.get-ok or basic.return on channel: its
+ * properties as decoded from the header frame (*props, valid until the channel's buffers are
+ * released; a header with an empty name is kept, which amqp_read_message refuses) and its body
+ * (*body, amqp_bytes_free it). False with err when the frames are not a message's. */
+bool ladder_read_content(amqp_connection_state_t conn, amqp_channel_t channel, const amqp_basic_properties_t **props,
+                         amqp_bytes_t *body, obx_err_t *err);
 
 #endif

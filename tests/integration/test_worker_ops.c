@@ -483,10 +483,70 @@ static void test_dead_letter_with_empty_header_name(void **state) {
   obx_event_cleanup(&after);
 }
 
+/* A message whose AMQP headers hold an empty name, put in the DLQ by another producer (rabbitmq-c
+ * publishes it; an older outboxd did), and a worker's dead letter queued behind it: the drain
+ * stores both, the first class malformed with a reason naming the header's value and keeping
+ * the message's own class and reason, the header left out. The drain once never read it
+ * (rabbitmq-c's amqp_consume_message refuses to copy such a header table) and reconnected for
+ * ever, and nothing behind it reached dead_letters. */
+static void test_foreign_dlq_message_with_empty_header_name(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  amqp_connection_state_t conn = wt_amqp_open();
+  amqp_table_entry_t h[3];
+  h[0].key = amqp_cstring_bytes("");
+  h[0].value.kind = AMQP_FIELD_KIND_UTF8;
+  h[0].value.value.bytes = amqp_cstring_bytes("nameless");
+  h[1].key = amqp_cstring_bytes("x-failure-class");
+  h[1].value.kind = AMQP_FIELD_KIND_UTF8;
+  h[1].value.value.bytes = amqp_cstring_bytes("terminal");
+  h[2].key = amqp_cstring_bytes("x-reason");
+  h[2].value.kind = AMQP_FIELD_KIND_UTF8;
+  h[2].value.value.bytes = amqp_cstring_bytes("refused elsewhere");
+  amqp_basic_properties_t props = {._flags = AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG |
+                                             AMQP_BASIC_DELIVERY_MODE_FLAG,
+                                   .message_id = amqp_cstring_bytes("foreign-1"),
+                                   .delivery_mode = AMQP_DELIVERY_PERSISTENT,
+                                   .headers = {.num_entries = 3, .entries = h}};
+  const char *body = "{\"orderNumber\":\"Q-G\"}";
+  assert_int_equal(amqp_basic_publish(conn, 1, amqp_empty_bytes, amqp_cstring_bytes(obx_ladder_dlq_queue(fx->ladder)),
+                                      0, 0, &props, amqp_cstring_bytes(body)),
+                   AMQP_STATUS_OK);
+  amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
+  amqp_destroy_connection(conn);
+  wt_wait_depth(fx, obx_ladder_dlq_queue(fx->ladder), 1);
+  start_worker_draining(fx);
+  obx_event_t after;
+  wt_event(&after, "OrderConfirmed", "K-H", "Q-H");
+  wt_route(fx, "Q-H", 400);
+  wt_produce(fx, &after);
+  wt_wait_status(fx, after.id, "DEAD");
+  wait_dl_count(fx, "eventId", after.id, 1);
+  wait_dl_count(fx, "eventId", "foreign-1", 1);
+  wt_wait_depth(fx, obx_ladder_dlq_queue(fx->ladder), 0);
+  bson_t *filter = BCON_NEW("eventId", BCON_UTF8("foreign-1"));
+  bson_t doc = BSON_INITIALIZER;
+  if (!obx_test_find_one(fx->client, obx_mongo_db_name(fx->mongo), "dead_letters", filter, &doc))
+    fail_msg("no dead letter of foreign-1");
+  char *json = bson_as_canonical_extended_json(&doc, NULL);
+  print_message("%s\n", json);
+  assert_string_equal(obx_mongo_doc_str(&doc, "failureClass"), "malformed");
+  const char *reason = obx_mongo_doc_str(&doc, "reason");
+  if (!reason || !strstr(reason, "1 with an empty name (\"nameless\")") || !strstr(reason, "its class was terminal") ||
+      !strstr(reason, "refused elsewhere"))
+    fail_msg("reason \"%s\" does not name the header, the message's class and its reason", reason);
+  if (!strstr(json, "Q-G")) fail_msg("the body is not kept: %s", json);
+  bson_free(json);
+  bson_destroy(&doc);
+  bson_destroy(filter);
+  obx_event_cleanup(&after);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_dead_letter_store, setup, teardown),
     cmocka_unit_test_setup_teardown(test_dead_letter_with_empty_header_name, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_foreign_dlq_message_with_empty_header_name, setup, teardown),
     cmocka_unit_test_setup_teardown(test_redrive_exactly_once, setup, teardown),
     cmocka_unit_test_setup_teardown(test_inbox_show_and_replay, setup, teardown),
     cmocka_unit_test_setup_teardown(test_keys_list_and_release, setup, teardown),
