@@ -560,13 +560,15 @@ static bool take_step(void *ctx, obx_err_t *err) {
   bson_t doc = BSON_INITIALIZER;
   bool found = false;
   bool ok = obx_inbox_get(e->client, w->db, NULL, w->consumer, e->ev.id, &doc, &found, err);
-  bson_iter_t it;
-  int64_t until = found && bson_iter_init_find(&it, &doc, "leaseUntil") && BSON_ITER_HOLDS_DATE_TIME(&it)
-                    ? bson_iter_date_time(&it) : 0;
   const char *holder = found ? obx_mongo_doc_str(&doc, "owner") : NULL, *status = obx_mongo_doc_str(&doc, "status");
   bool running = status && (strcmp(status, obx_inbox_status_name(OBX_INBOX_RECEIVED)) == 0 ||
                             strcmp(status, obx_inbox_status_name(OBX_INBOX_PROCESSING)) == 0);
-  e->claim = running && until > obx_time_now_ms() && holder && strcmp(holder, w->owner) != 0 ? CLAIM_LIVE : CLAIM_MOVED;
+  bson_iter_t it;
+  bool same_attempt = !tier_copy || (bson_iter_init_find(&it, &doc, "attempts") && BSON_ITER_HOLDS_INT(&it) &&
+                                     bson_iter_as_int64(&it) == e->msg->attempt);
+  /* Still running this attempt under a peer: live, even when its lease passed since the take
+   * looked (the copy comes back and takes it then; skipped as moved on, it would be lost). */
+  e->claim = running && same_attempt && holder && strcmp(holder, w->owner) != 0 ? CLAIM_LIVE : CLAIM_MOVED;
   if (e->claim == CLAIM_LIVE) snprintf(e->holder, sizeof e->holder, "%s", holder);
   bson_destroy(&doc);
   return ok;
