@@ -26,7 +26,7 @@
  * x-reason naming the cause; README "The message format"). A pipeline that ran is never run
  * again because its recording failed: only the recording is retried.
  *
- * Threads: one Kafka poll thread (owns the consumer, the offset trackers and the pauses), one
+ * Threads: one Kafka poll thread (owns the consumer, the offset trackers and the held partitions), one
  * work-queue thread (owns the AMQP consumer, acks), ORDER_POST_CONCURRENCY runner threads
  * (sched.c), one IO thread (io.c: every http-request call in flight, in a libcurl multi handle).
  * Every event is queued behind the earlier events of its key (partitionKey) and a key is run by
@@ -35,10 +35,11 @@
  * runner, and goes on on a runner when the call ended, its key held meanwhile. Up to
  * WORKER_MAX_INFLIGHT events (queued, running or waiting for a call) are in flight; a key whose
  * call hangs holds its own queue only. The poll thread
- * never blocks: when a key holds 64 events or the worker WORKER_MAX_INFLIGHT, it pauses the
- * partition of the record it just queued (rd_kafka_pause_partitions) and resumes it once the key
- * is half drained and the worker under three quarters of the bound; polls, heartbeats and
- * commits go on. Runners hand outcomes back through locked lists. */
+ * never blocks: it reads each partition from the partition's own fetch queue, and when a key
+ * holds 64 events (or the worker WORKER_MAX_INFLIGHT) it holds the partition concerned (does not
+ * read it; what was prefetched for it stays) until the key is half drained and the worker under
+ * three quarters of the bound; polls, heartbeats and commits go on. Runners hand outcomes back
+ * through locked lists. */
 #ifndef OBX_WORKER_H
 #define OBX_WORKER_H
 
@@ -63,7 +64,12 @@ typedef struct {
   uint64_t dlq;             /* DLQ publishes */
   int64_t lag;              /* Kafka consumer lag over the assigned partitions (-1: unknown) */
   int64_t parked_keys;      /* last count of parked keys (-1: unknown) */
-  int64_t paused_partitions; /* Kafka partitions paused because a key's queue or the bound is full */
+  int64_t paused_partitions; /* Kafka partitions held (not read) because a key's queue or the bound is full */
+  /* From librdkafka's statistics (kafka.statistics.interval.ms; -1 while none came): records
+   * fetched for the assigned partitions (each fetched once unless something dropped prefetched
+   * records), records fetched and not read yet (a held partition's among them), reports read. */
+  int64_t fetched_records, prefetched_records;
+  uint64_t kafka_stats_reports;
   int64_t in_flight;        /* events queued or running */
   uint64_t revocations;     /* Kafka partition revocations (rebalances that took partitions away) */
 } obx_worker_stats_t;

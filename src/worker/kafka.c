@@ -203,6 +203,33 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t rerr, rd_kafka_topi
   }
 }
 
+/* librdkafka's statistics report (kafka.statistics.interval.ms; served by the poll thread): the
+ * records fetched for the topic's partitions (rxmsgs) and those not read yet (fetchq_cnt). */
+static int stats_cb(rd_kafka_t *rk, char *json, size_t len, void *opaque) {
+  obx_worker_t *w = opaque;
+  bson_error_t error;
+  bson_t *doc = bson_new_from_json((const uint8_t *)json, (ssize_t)len, &error);
+  if (!doc) {
+    obx_debug("kafka statistics not read: %s", error.message);
+    return 0;
+  }
+  int64_t fetched = 0, prefetched = 0;
+  bson_iter_t it, topic, parts, part, field; /* topics.<topic>.partitions.<n>: a topic name may have dots */
+  if (bson_iter_init_find(&it, doc, "topics") && BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &topic) &&
+      bson_iter_find(&topic, w->conf->kafka_topic) && BSON_ITER_HOLDS_DOCUMENT(&topic) &&
+      bson_iter_recurse(&topic, &parts) && bson_iter_find(&parts, "partitions") && BSON_ITER_HOLDS_DOCUMENT(&parts) &&
+      bson_iter_recurse(&parts, &part)) {
+    while (bson_iter_next(&part)) {
+      if (strcmp(bson_iter_key(&part), "-1") == 0 || !BSON_ITER_HOLDS_DOCUMENT(&part)) continue; /* the unassigned */
+      if (bson_iter_recurse(&part, &field) && bson_iter_find(&field, "rxmsgs")) fetched += bson_iter_as_int64(&field);
+      if (bson_iter_recurse(&part, &field) && bson_iter_find(&field, "fetchq_cnt")) prefetched += bson_iter_as_int64(&field);
+    }
+  }
+  bson_destroy(doc);
+  worker_set_fetched(w, fetched, prefetched);
+  return 0; /* librdkafka frees json */
+}
+
 /* Records behind over the assigned partitions: from the first one not finished (or the
  * position, when all read ones are) to the high watermark. */
 static void kafka_update_lag(obx_worker_t *w) {
@@ -390,6 +417,9 @@ bool worker_kafka_start(obx_worker_t *w, obx_err_t *err) {
       goto conf_fail;
   }
   rd_kafka_conf_set_rebalance_cb(kc, rebalance_cb);
+  rd_kafka_conf_set_stats_cb(kc, stats_cb);
+  atomic_store(&w->stats.fetched_records, -1);
+  atomic_store(&w->stats.prefetched_records, -1);
   rd_kafka_conf_set_opaque(kc, w);
   obx_log_route_kafka(kc);
   w->rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, errstr, sizeof errstr);

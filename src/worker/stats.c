@@ -13,7 +13,7 @@
 
 static struct {
   obx_counter_t *consumed, *duplicates, *malformed, *runs, *blocked, *retries, *dlq, *moves;
-  obx_gauge_t *lag, *parked, *paused;
+  obx_gauge_t *lag, *parked, *paused, *prefetched;
 } metrics;
 static pthread_once_t metrics_once = PTHREAD_ONCE_INIT;
 
@@ -36,6 +36,8 @@ static void metrics_register(void) {
   metrics.paused = obx_metrics_gauge("outboxd_worker_paused_partitions",
                                      "Kafka partitions held (not read) because a key's queue or the in-flight bound is full",
                                      NULL);
+  metrics.prefetched = obx_metrics_gauge("outboxd_worker_prefetched_records",
+                                         "Kafka records fetched and not read yet (kafka.statistics.interval.ms)", NULL);
 }
 
 void worker_metrics_init(void) { pthread_once(&metrics_once, metrics_register); }
@@ -70,6 +72,13 @@ void worker_count_dlq(obx_worker_t *w, const char *failure_class) {
 void worker_set_lag(obx_worker_t *w, int64_t lag) {
   atomic_store(&w->stats.lag, lag);
   obx_gauge_set(metrics.lag, (double)lag);
+}
+
+void worker_set_fetched(obx_worker_t *w, int64_t fetched, int64_t prefetched) {
+  atomic_store(&w->stats.fetched_records, fetched);
+  atomic_store(&w->stats.prefetched_records, prefetched);
+  atomic_fetch_add(&w->stats.kafka_stats_reports, 1);
+  obx_gauge_set(metrics.prefetched, (double)prefetched);
 }
 
 void worker_set_parked(obx_worker_t *w, int64_t n) {
@@ -120,6 +129,9 @@ void obx_worker_stats(obx_worker_t *w, obx_worker_stats_t *s) {
   s->lag = atomic_load(&w->stats.lag);
   s->parked_keys = atomic_load(&w->stats.parked_keys);
   s->paused_partitions = atomic_load(&w->stats.paused_partitions);
+  s->fetched_records = atomic_load(&w->stats.fetched_records);
+  s->prefetched_records = atomic_load(&w->stats.prefetched_records);
+  s->kafka_stats_reports = atomic_load(&w->stats.kafka_stats_reports);
   s->revocations = atomic_load(&w->stats.revocations);
   s->in_flight = w->sched ? worker_sched_inflight(w->sched) : 0;
 }

@@ -79,6 +79,8 @@ typedef struct {
   atomic_uint_fast64_t revocations;
   atomic_uint_fast64_t retries[OBX_CONF_MAX_LIST];
   atomic_int_fast64_t lag, parked_keys, paused_partitions;
+  atomic_int_fast64_t fetched_records, prefetched_records; /* librdkafka's statistics, -1: none yet */
+  atomic_uint_fast64_t kafka_stats_reports;
 } worker_stats_t;
 
 typedef struct worker_http_wait worker_http_wait_t;
@@ -394,6 +396,8 @@ void worker_count_move(worker_state_t from, worker_state_t to);
 void worker_set_lag(obx_worker_t *w, int64_t lag);
 void worker_set_parked(obx_worker_t *w, int64_t n);
 void worker_set_paused_gauge(obx_worker_t *w);
+/* One librdkafka statistics report: records fetched for the assigned partitions, and not read yet. */
+void worker_set_fetched(obx_worker_t *w, int64_t fetched, int64_t prefetched);
 
 /* Queues an HTTP event behind the earlier events of its key; takes msg's contents on success
  * (msg is then empty). The runner calls worker_http_complete(wait, outcome) when done. False

@@ -4,7 +4,9 @@
  * events queued behind it than a key may hold, so its partition is held; 1,000 events of other
  * keys complete while it hangs, their partitions' offsets are committed (read back by a consumer
  * of the group that never joins it), and the member stays in the group past
- * max.poll.interval.ms (no revocation). When the call returns, the key's events run in order. */
+ * max.poll.interval.ms (no revocation). The held partition keeps what librdkafka prefetched for
+ * it, and every record is fetched once (librdkafka's statistics). When the call returns, the
+ * key's events run in order. */
 #include <librdkafka/rdkafka.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +16,8 @@
 #include "worker_test.h"
 
 #define NOTHER 1000
-#define NHUNG 80 /* more than a key may hold (64) */
+#define KEY_CAP 64 /* the events a key may hold (kafka.c KEY_QUEUE_CAP) */
+#define NHUNG 80   /* more than that */
 #define HANG_MS 20000
 
 static int setup(void **state) { return wt_setup_state(state); }
@@ -59,6 +62,19 @@ static void produce_async(wt_fx_t *fx, const obx_event_t *ev) {
   obx_kafka_record_cleanup(&rec);
 }
 
+/* The worker's stats once librdkafka's statistics have been reported twice more (one report
+ * made wholly after the call). */
+static void fresh_kafka_stats(wt_fx_t *fx, obx_worker_stats_t *s) {
+  obx_worker_stats(fx->worker, s);
+  uint64_t from = s->kafka_stats_reports;
+  int64_t deadline = obx_test_now_ms() + 10000;
+  while (s->kafka_stats_reports < from + 2 && obx_test_now_ms() < deadline) {
+    usleep(20000);
+    obx_worker_stats(fx->worker, s);
+  }
+  if (s->kafka_stats_reports < from + 2) fail_msg("no librdkafka statistics report within 10 s");
+}
+
 static int64_t high_watermark(wt_fx_t *fx, int32_t partition) {
   int64_t lo, hi;
   rd_kafka_resp_err_t rerr = rd_kafka_query_watermark_offsets(fx->producer, fx->topic, partition, &lo, &hi, 10000);
@@ -73,6 +89,7 @@ static void test_hung_key_holds_only_its_partition(void **state) {
   wt_conf_set(fx, "kafka.max.poll.interval.ms", "10000");
   wt_conf_set(fx, "kafka.session.timeout.ms", "6000");
   wt_conf_set(fx, "kafka.heartbeat.interval.ms", "1000");
+  wt_conf_set(fx, "kafka.statistics.interval.ms", "100");
   wt_start_worker(fx);
 
   obx_event_t *hung = calloc(NHUNG, sizeof *hung), *other = calloc(NOTHER, sizeof *other);
@@ -114,7 +131,12 @@ static void test_hung_key_holds_only_its_partition(void **state) {
     if (s.paused_partitions == 1 || obx_test_now_ms() > deadline) break;
     usleep(20000);
   }
-  if (s.paused_partitions != 1) fail_msg("paused partitions: got %lld, want 1", (long long)s.paused_partitions);
+  if (s.paused_partitions != 1) fail_msg("held partitions: got %lld, want 1", (long long)s.paused_partitions);
+  /* The held partition is not read, and what librdkafka prefetched for it stays prefetched: the
+   * hung key's events past the 64 it holds (a paused partition's would have been dropped). */
+  fresh_kafka_stats(fx, &s);
+  print_message("records prefetched and not read while the partition is held: %lld\n", (long long)s.prefetched_records);
+  assert_int_equal(s.prefetched_records, NHUNG - KEY_CAP);
 
   /* Offsets of the other partitions are committed up to their end; the hung one's stays behind. */
   int64_t c[3], want[3];
@@ -153,6 +175,11 @@ static void test_hung_key_holds_only_its_partition(void **state) {
   }
   obx_worker_stats(fx->worker, &s);
   assert_int_equal(s.revocations, 0);
+  /* Each record was fetched from the broker once: holding a partition never made librdkafka drop
+   * and fetch again what it had prefetched (rd_kafka_pause_partitions does, on every resume). */
+  fresh_kafka_stats(fx, &s);
+  print_message("records fetched %lld, produced %d\n", (long long)s.fetched_records, NHUNG + NOTHER);
+  assert_int_equal(s.fetched_records, NHUNG + NOTHER);
   for (int i = 0; i < NHUNG; i++) obx_event_cleanup(&hung[i]);
   for (int i = 0; i < NOTHER; i++) obx_event_cleanup(&other[i]);
   free(hung);
