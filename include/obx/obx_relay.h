@@ -78,6 +78,9 @@ bool obx_relay_producer_send(obx_relay_producer_t *producer, const char *topic,
 /* Serves delivery reports, waiting up to timeout_ms for the first; returns how many events
  * were served. */
 int obx_relay_producer_poll(obx_relay_producer_t *producer, int timeout_ms);
+/* Makes a wait in obx_relay_producer_poll return now (or the next one, when none is waiting);
+ * the one call safe from any thread while the producer lives. */
+void obx_relay_producer_wake(obx_relay_producer_t *producer);
 /* Records sent and not yet reported. */
 int obx_relay_producer_pending(const obx_relay_producer_t *producer);
 /* Serves reports until nothing is pending or timeout_ms passes; true when nothing is left. */

@@ -82,6 +82,7 @@ typedef struct {
 
 struct obx_relay_producer {
   rd_kafka_t *rk;
+  rd_kafka_queue_t *main;  /* the queue rd_kafka_poll serves (obx_relay_producer_wake) */
   obx_relay_ack_fn ack;
   void *ctx;
   int pending;             /* records sent whose report the caller has not had */
@@ -236,6 +237,7 @@ obx_relay_producer_t *obx_relay_producer_new(const obx_conf_t *conf, const char 
     obx_err_set(err, OBX_ERR_KAFKA, 0, false, "kafka producer: %s", why);
     goto fail;
   }
+  producer->main = rd_kafka_queue_get_main(producer->rk);
   return producer; /* rd_kafka_new took kconf */
 
 fail:
@@ -421,6 +423,7 @@ void obx_relay_producer_destroy(obx_relay_producer_t *producer) {
   const char *why = "purged: the producer is destroyed";
   producer_deliver_all(producer, list_take(&producer->txn), false, RD_KAFKA_RESP_ERR__PURGE_QUEUE, why);
   producer_deliver_all(producer, list_take(&producer->deferred), false, RD_KAFKA_RESP_ERR__PURGE_QUEUE, why);
+  rd_kafka_queue_destroy(producer->main);
   rd_kafka_destroy(producer->rk);
   free(producer);
 }
@@ -522,6 +525,10 @@ int obx_relay_producer_poll(obx_relay_producer_t *producer, int timeout_ms) {
   int served = rd_kafka_poll(producer->rk, timeout_ms);
   producer_txn_tick(producer, false);
   return served;
+}
+
+void obx_relay_producer_wake(obx_relay_producer_t *producer) {
+  rd_kafka_queue_yield(producer->main); /* a poll that is not waiting now returns at once next time */
 }
 
 int obx_relay_producer_pending(const obx_relay_producer_t *producer) {

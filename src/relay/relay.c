@@ -2,9 +2,11 @@
  *
  * DESIGN: one thread (relay_main) owns the MongoDB client, the producer, the change stream and
  * every message; delivery reports are served on it by relay_serve, so no state is locked.
- * The loop: renew or acquire the lease (stream mode) -> read the change stream up to the
- * in-flight bound (stream.c) -> serve reports and write their outbox updates in one unordered
- * bulk -> sweep PENDING events the stream missed (sweeper.c) -> write the checkpoint. Every
+ * The loop: renew or acquire the lease (stream mode) -> take the changes the stream's reader
+ * read, up to the in-flight bound (stream.c) -> serve reports and write their outbox updates
+ * in one unordered bulk -> sweep PENDING events the stream missed (sweeper.c) -> write the
+ * checkpoint. Its one wait is the producer's poll, which a delivery report or a change the
+ * reader queued ends (relay_wake), and which lasts no longer than the report batch's delay. Every
  * event goes through keys.c: one in flight per partition key, and a refused one holds its key.
  *
  * One obx_relay_t publishes one bucket of the outbox (buckets.c owns the group of them and
@@ -38,6 +40,7 @@
 
 #define RELAY_REPORT_BATCH 256
 #define RELAY_REPORT_DELAY_MS 10
+#define RELAY_LOOP_WAIT_MS 20 /* the longest wait of the loop with nothing to do */
 #define RELAY_HANDOVER_WAIT_MS 30000 /* a hand-over waits this long for the reports of what is in flight */
 #define RELAY_CE_SOURCE "/outboxd"
 #define RELAY_FENCE_MS 250
@@ -137,6 +140,12 @@ int64_t relay_backoff_ms(int32_t attempts) {
   int64_t ms = 1000;
   for (int32_t i = 1; i < attempts && ms < 600000; i++) ms *= 2;
   return ms < 600000 ? ms : 600000;
+}
+
+void relay_wake(obx_relay_t *relay) {
+  pthread_mutex_lock(&relay->wake_mu);
+  if (relay->producer) obx_relay_producer_wake(relay->producer);
+  pthread_mutex_unlock(&relay->wake_mu);
 }
 
 static void relay_sleep_ms(int ms) {
@@ -692,8 +701,10 @@ static void relay_producer_renew(obx_relay_t *relay) {
     return;
   }
   pthread_mutex_lock(&relay->ready_mu); /* /readyz must not ask the producer being destroyed */
+  pthread_mutex_lock(&relay->wake_mu);  /* nor the reader wake it (it never holds its own lock then) */
   obx_relay_producer_destroy(relay->producer); /* its last reports arrive here, purged */
   relay->producer = fresh;
+  pthread_mutex_unlock(&relay->wake_mu);
   pthread_mutex_unlock(&relay->ready_mu);
   relay_write_reports(relay);
   obx_info("Kafka producer replaced after a fatal error");
@@ -739,10 +750,14 @@ static void *relay_main(void *arg) {
     obx_health_stamp("reading the change stream");
     bool busy = !relay->poll_mode && relay_stream_step(relay);
     obx_health_stamp("serving delivery reports");
-    /* with the stream open and nothing in flight, its awaiting getMore is the loop's wait:
-     * polling Kafka too would leave a change committed meanwhile unread for 20 ms */
-    bool idle_stream = relay->stream && relay_pending(relay) == 0;
-    relay_serve(relay, busy || idle_stream ? 0 : 20, false);
+    /* the loop's wait: a delivery report or a change from the reader ends it (relay_wake), and
+     * it ends by the time the reports waiting are due to be written */
+    int wait_ms = RELAY_LOOP_WAIT_MS;
+    if (relay->reported.n) {
+      int64_t due = relay->first_report_ms + RELAY_REPORT_DELAY_MS - obx_time_now_ms();
+      wait_ms = due <= 0 ? 0 : due < wait_ms ? (int)due : wait_ms;
+    }
+    relay_serve(relay, busy ? 0 : wait_ms, false);
     relay_keys_tick(relay);
 
     int64_t now = obx_time_now_ms();
@@ -766,7 +781,7 @@ static void *relay_main(void *arg) {
   /* Shutdown: intake stopped; finish what is in flight, record it, checkpoint, hand over. The
    * stop is bounded by shutdown.grace, not by the stall bound. */
   obx_health_unregister();
-  relay_stream_close(relay);
+  relay_reader_stop(relay); /* closes the stream */
   obx_relay_producer_flush(relay->producer, 5000);
   relay_write_reports(relay);
   relay_checkpoint_write(relay);
@@ -790,6 +805,7 @@ static void relay_destroy(obx_relay_t *relay) {
   if (relay->client) obx_mongo_push(relay->mongo, relay->client);
   relay_window_cleanup(&relay->window);
   pthread_mutex_destroy(&relay->ready_mu);
+  pthread_mutex_destroy(&relay->wake_mu);
   bson_destroy(relay->read_token);
   bson_destroy(relay->ckpt_token);
   bson_destroy(relay->start_after);
@@ -804,6 +820,7 @@ obx_relay_t *relay_new(const obx_conf_t *conf, obx_mongo_t *mongo, const char *o
   relay->conf = conf;
   relay->mongo = mongo;
   pthread_mutex_init(&relay->ready_mu, NULL);
+  pthread_mutex_init(&relay->wake_mu, NULL);
   snprintf(relay->not_ready, sizeof relay->not_ready, "schema not ensured yet");
   relay->poll_mode = strcmp(conf->relay_mode, "poll") == 0;
   snprintf(relay->owner, sizeof relay->owner, "%s", owner);
@@ -826,8 +843,10 @@ obx_relay_t *relay_new(const obx_conf_t *conf, obx_mongo_t *mongo, const char *o
 }
 
 bool relay_run(obx_relay_t *relay, obx_err_t *err) {
+  if (!relay->poll_mode && !relay_reader_start(relay, err)) return false;
   relay->running = pthread_create(&relay->thread, NULL, relay_main, relay) == 0;
   if (relay->running) return true;
+  relay_reader_stop(relay);
   obx_err_set(err, OBX_ERR_SYS, 0, false, "relay: cannot start the thread of bucket %d", relay->bucket);
   return false;
 }

@@ -4,7 +4,10 @@
  * (RELAY_BUCKETS); each obx_relay_t runs the whole relay for its bucket on its own thread: its
  * lease, producer, change stream, sweeper and checkpoint. Everything of an obx_relay_t is owned
  * by its thread; nothing is locked except the counters read by /metrics and the group (atomics),
- * and `allowed`, which the group's thread sets. A published event is an obx_relay_msg_t from send to the end of
+ * `allowed`, which the group's thread sets, and the change stream's reader (stream.c: a second
+ * thread per relay in stream mode that only waits in the stream's getMores and hands what they
+ * return over through a bounded queue, so the relay thread never blocks in an awaiting getMore
+ * while delivery reports wait). A published event is an obx_relay_msg_t from send to the end of
  * its bookkeeping: in flight (sent, no report) -> reported (report in, outbox not yet updated)
  * -> done (outbox updated, freed). Stream messages also hold a slot of the checkpoint window:
  * an ordered ring of resume tokens, one per change read (and one per empty batch, carrying the
@@ -61,6 +64,7 @@ typedef struct {
 } relay_list_t;
 
 typedef struct relay_key relay_key_t; /* keys.c */
+typedef struct relay_reader relay_reader_t; /* stream.c */
 
 typedef enum { SLOT_INFLIGHT, SLOT_DONE } relay_slot_state_t;
 
@@ -128,10 +132,11 @@ typedef struct obx_relay {
   bool lease_lapsed;        /* relay_publish found its view of the lease run out: step down */
 
   /* change stream */
-  mongoc_change_stream_t *stream;
+  mongoc_change_stream_t *stream; /* on the reader's client; read only by the reader thread */
+  relay_reader_t *reader;   /* stream mode: the thread waiting in the stream's getMores */
+  pthread_mutex_t wake_mu;  /* the producer pointer, for the reader's relay_wake */
   bson_t *read_token;       /* newest token read from the stream (owned) */
   bool caught_up;           /* the last read returned an empty batch */
-  int64_t caught_up_ms;     /* when it did */
   int64_t next_stream_open_ms;
   int64_t stream_opened_ms; /* when the open of the current stream was sent (a full sweep's bound) */
   int open_failures;        /* consecutive failed opens or reads since the last good read */
@@ -253,7 +258,15 @@ bool relay_keys_queued_has(const obx_relay_t *relay, const char *pkey, const cha
 /* Whether doc is in flight, reported or queued (stream_too: also what the stream sent). */
 bool relay_doc_inflight(const obx_relay_t *relay, const bson_t *doc, bool stream_too);
 
+/* relay.c: makes a wait of the relay thread in obx_relay_producer_poll return now (any thread). */
+void relay_wake(obx_relay_t *relay);
+
 /* stream.c */
+/* Starts the change stream's reader thread, on a client of its own from the pool (stream mode;
+ * once, from the relay thread). False with err when the thread cannot start. */
+bool relay_reader_start(obx_relay_t *relay, obx_err_t *err);
+/* Closes the stream and stops the reader (the end of relay_main); a no-op without one. */
+void relay_reader_stop(obx_relay_t *relay);
 void relay_window_init(relay_window_t *window, size_t cap);
 void relay_window_cleanup(relay_window_t *window);
 /* Appends a slot (token is taken); returns its sequence number. A done slot on an empty window
@@ -270,9 +283,11 @@ void relay_window_reset(obx_relay_t *relay);
 void relay_stream_restart(obx_relay_t *relay, relay_stream_cause_t cause, bson_t *start_after, const char *detail);
 /* Opens the stream after relay->read_token (or from now); false when it failed. */
 bool relay_stream_open(obx_relay_t *relay);
+/* Closes the stream; waits for a getMore of the reader in progress (at most
+ * RELAY_STREAM_AWAIT_MS) and drops what it read ahead. */
 void relay_stream_close(obx_relay_t *relay);
-/* One step of the stream: opens it when due, reads up to the in-flight bound; true when
- * it read a change. */
+/* One step of the stream, never blocking on a getMore: opens it when due, handles what the
+ * reader read up to the in-flight bound and lets it read on; true when it handled a change. */
 bool relay_stream_step(obx_relay_t *relay);
 
 /* metrics.c */

@@ -14,6 +14,29 @@
  * postBatchResumeToken, so an idle relay keeps its checkpoint (and lag) current. Consecutive
  * done slots collapse into the newest one.
  *
+ * The reader: in stream mode each relay has a second thread that owns nothing but the waits.
+ * It calls mongoc_change_stream_next on a client of its own (the stream is opened and closed on
+ * the relay thread, while the reader is not inside a call) and queues a copy of each change,
+ * of each empty batch's postBatchResumeToken (coalesced: only the newest waits) and of an error
+ * (then it stops until the stream is reopened); it reads only as many changes as the relay
+ * thread allowed (its credit: the room under relay.max_inflight and the window), so the queue is
+ * bounded. Each item queued wakes the relay thread (relay_wake: its wait in the producer's poll
+ * returns), so the relay waits for "a change or a delivery report", whichever comes first,
+ * instead of blocking in an awaiting getMore while reports of what it produced wait (which cost
+ * up to RELAY_STREAM_AWAIT_MS of commit-to-ack latency per event). A change the getMore waited
+ * for (RELAY_STREAM_HEAD_US) marks the stream caught up, as an empty batch does.
+ *
+ *   reader state   event                                  next, action
+ *   idle           credit > 0 and a stream                reading: next()
+ *   reading        a change                               idle/reading: queued, credit - 1
+ *   reading        an empty batch                         reading: its token queued (replaces a
+ *                                                         queued one)
+ *   reading        an error                               failed: queued; the relay thread
+ *                                                         handles it (relay_stream_failed)
+ *   any            the relay thread closes the stream     waits for the call in progress, the
+ *                                                         queue dropped, idle
+ *   any            stop (the end of relay_main)           the thread ends
+ *
  * Errors: the driver resumes once by itself on resumable errors; anything else closes the
  * stream. Errors it cannot resume from restart it (relay_stream_restart): the cause is counted
  * (outboxd_relay_stream_restarts_total{cause}) and logged by name, the stream reopens from the
@@ -35,6 +58,7 @@
  * error repeated on every open backs off instead of recursing. */
 #include "relay/relay_int.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,14 +70,11 @@
 #define RELAY_INVALID_RESUME_TOKEN 260
 #define RELAY_STREAM_REOPEN_LIMIT 10
 #define RELAY_STREAM_RETRY_MS 1000
-/* An idle getMore blocks the relay thread this long; delivery reports that arrive meanwhile wait
- * for it, so it bounds the ack latency added at low load (at the cost of idle getMores). */
-#define RELAY_STREAM_AWAIT_MS 20
-#define RELAY_STREAM_HOLD_MS 50
-/* A read that waited this long was answered by an awaiting getMore: the stream is at its head,
- * so the next read would block for RELAY_STREAM_AWAIT_MS while the reports of what was just
- * produced wait. The step ends as caught up instead (a buffered change or a getMore over a
- * backlog returns in well under this on a LAN). */
+/* An awaiting getMore returns an empty batch after this long: the reader's idle round trip, and
+ * the longest a close of the stream waits for the getMore in progress. */
+#define RELAY_STREAM_AWAIT_MS 100
+/* A change whose read took this long was answered by an awaiting getMore: the stream is at its
+ * head (a buffered change or a getMore over a backlog returns in well under this on a LAN). */
 #define RELAY_STREAM_HEAD_US 2000
 
 const char *const relay_stream_cause_names[RELAY_STREAM_NCAUSES] = {
@@ -135,9 +156,192 @@ void relay_window_done(obx_relay_t *relay, uint64_t seq) {
   window_advance(relay);
 }
 
+/* ---- the reader ------------------------------------------------------------------------ */
+
+typedef enum { ITEM_CHANGE, ITEM_IDLE, ITEM_ERROR } reader_item_kind_t;
+
+typedef struct reader_item {
+  reader_item_kind_t kind;
+  bson_t *doc;         /* the change; the empty batch's resume token (may be NULL); the error reply (may be NULL) */
+  bson_error_t berr;   /* ITEM_ERROR */
+  bool at_head;        /* ITEM_CHANGE: the getMore waited for it */
+  struct reader_item *next;
+} reader_item_t;
+
+struct relay_reader {
+  obx_relay_t *relay;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cond;       /* credit given, stream closed, stop; a call ended (for a closer) */
+  mongoc_client_t *client;   /* the stream's: used by the reader's calls and by open/close between them */
+  mongoc_collection_t *outbox;
+  /* under mu */
+  mongoc_change_stream_t *stream; /* what it may read (NULL: closed) */
+  int credit;                /* changes it may still read */
+  bool reading;              /* inside mongoc_change_stream_next */
+  bool failed;               /* an error is queued: no reads until the stream is reopened */
+  bool stop;
+  reader_item_t *head, *tail;
+  int queued;                /* changes in the queue */
+};
+
+static void item_free(reader_item_t *item) {
+  if (!item) return;
+  bson_destroy(item->doc);
+  free(item);
+}
+
+/* Queues item (mu held); an empty batch after an empty batch replaces it. */
+static void reader_push(relay_reader_t *reader, reader_item_t *item) {
+  if (item->kind == ITEM_IDLE && reader->tail && reader->tail->kind == ITEM_IDLE) {
+    bson_destroy(reader->tail->doc);
+    reader->tail->doc = item->doc;
+    item->doc = NULL;
+    item_free(item);
+    return;
+  }
+  if (item->kind == ITEM_CHANGE) {
+    reader->queued++;
+    reader->credit--;
+  }
+  if (item->kind == ITEM_ERROR) reader->failed = true;
+  if (reader->tail) reader->tail->next = item;
+  else reader->head = item;
+  reader->tail = item;
+}
+
+static reader_item_t *reader_take(relay_reader_t *reader) {
+  pthread_mutex_lock(&reader->mu);
+  reader_item_t *item = reader->head;
+  if (item) {
+    reader->head = item->next;
+    if (!reader->head) reader->tail = NULL;
+    if (item->kind == ITEM_CHANGE) reader->queued--;
+  }
+  pthread_mutex_unlock(&reader->mu);
+  return item;
+}
+
+/* One call on the stream (mu not held): the item it gives. */
+static reader_item_t *reader_next(mongoc_change_stream_t *stream) {
+  reader_item_t *item = calloc(1, sizeof *item);
+  if (!item) abort();
+  const bson_t *change, *reply = NULL;
+  int64_t t0 = bson_get_monotonic_time();
+  if (mongoc_change_stream_next(stream, &change)) {
+    item->kind = ITEM_CHANGE;
+    item->doc = bson_copy(change);
+    item->at_head = bson_get_monotonic_time() - t0 >= RELAY_STREAM_HEAD_US;
+  } else if (mongoc_change_stream_error_document(stream, &item->berr, &reply)) {
+    item->kind = ITEM_ERROR;
+    item->doc = reply && !bson_empty(reply) ? bson_copy(reply) : NULL;
+  } else {
+    const bson_t *pbrt = mongoc_change_stream_get_resume_token(stream);
+    item->kind = ITEM_IDLE;
+    item->doc = pbrt ? bson_copy(pbrt) : NULL;
+  }
+  return item;
+}
+
+static void *reader_main(void *arg) {
+  relay_reader_t *reader = arg;
+  obx_log_set_role("relay");
+  pthread_mutex_lock(&reader->mu);
+  while (!reader->stop) {
+    if (!reader->stream || reader->credit <= 0 || reader->failed) {
+      pthread_cond_wait(&reader->cond, &reader->mu);
+      continue;
+    }
+    mongoc_change_stream_t *stream = reader->stream;
+    reader->reading = true;
+    pthread_mutex_unlock(&reader->mu);
+    reader_item_t *item = reader_next(stream);
+    pthread_mutex_lock(&reader->mu);
+    reader->reading = false;
+    pthread_cond_broadcast(&reader->cond); /* a close waits for the call to end */
+    bool wake = item->kind != ITEM_IDLE || !reader->tail || reader->tail->kind != ITEM_IDLE;
+    reader_push(reader, item); /* the stream cannot have changed: a close waits for the call */
+    pthread_mutex_unlock(&reader->mu);
+    if (wake) relay_wake(reader->relay);
+    pthread_mutex_lock(&reader->mu);
+  }
+  pthread_mutex_unlock(&reader->mu);
+  return NULL;
+}
+
+bool relay_reader_start(obx_relay_t *relay, obx_err_t *err) {
+  relay_reader_t *reader = calloc(1, sizeof *reader);
+  if (!reader) abort();
+  reader->relay = relay;
+  pthread_mutex_init(&reader->mu, NULL);
+  pthread_cond_init(&reader->cond, NULL);
+  reader->client = obx_mongo_pop(relay->mongo);
+  reader->outbox = obx_mongo_collection(relay->mongo, reader->client, "outbox");
+  if (pthread_create(&reader->thread, NULL, reader_main, reader) != 0) {
+    obx_err_set(err, OBX_ERR_SYS, 0, false, "relay: cannot start the change stream's reader of bucket %d", relay->bucket);
+    mongoc_collection_destroy(reader->outbox);
+    obx_mongo_push(relay->mongo, reader->client);
+    pthread_cond_destroy(&reader->cond);
+    pthread_mutex_destroy(&reader->mu);
+    free(reader);
+    return false;
+  }
+  relay->reader = reader;
+  return true;
+}
+
+void relay_reader_stop(obx_relay_t *relay) {
+  relay_reader_t *reader = relay->reader;
+  if (!reader) return;
+  relay_stream_close(relay);
+  pthread_mutex_lock(&reader->mu);
+  reader->stop = true;
+  pthread_cond_broadcast(&reader->cond);
+  pthread_mutex_unlock(&reader->mu);
+  pthread_join(reader->thread, NULL);
+  relay->reader = NULL;
+  mongoc_collection_destroy(reader->outbox);
+  obx_mongo_push(relay->mongo, reader->client);
+  pthread_cond_destroy(&reader->cond);
+  pthread_mutex_destroy(&reader->mu);
+  free(reader);
+}
+
+/* Lets the reader read on: as many changes as fit under relay.max_inflight and in the window,
+ * less what it already queued. */
+static void reader_grant(obx_relay_t *relay) {
+  relay_reader_t *reader = relay->reader;
+  relay_window_t *window = &relay->window;
+  int64_t room = relay->conf->relay_max_inflight - relay_pending(relay);
+  int64_t slots = (int64_t)window->cap - (int64_t)(window->end - window->first) - 3; /* an empty batch's slot too */
+  if (slots < room) room = slots;
+  pthread_mutex_lock(&reader->mu);
+  reader->stream = relay->stream;
+  room -= reader->queued;
+  bool more = room > reader->credit;
+  reader->credit = room > 0 ? (int)room : 0;
+  if (more) pthread_cond_broadcast(&reader->cond);
+  pthread_mutex_unlock(&reader->mu);
+}
+
 /* ---- the stream ------------------------------------------------------------------------- */
 
 void relay_stream_close(obx_relay_t *relay) {
+  relay_reader_t *reader = relay->reader;
+  if (reader) {
+    pthread_mutex_lock(&reader->mu);
+    reader->stream = NULL;
+    while (reader->reading) pthread_cond_wait(&reader->cond, &reader->mu);
+    while (reader->head) {
+      reader_item_t *item = reader->head;
+      reader->head = item->next;
+      item_free(item);
+    }
+    reader->tail = NULL;
+    reader->queued = reader->credit = 0;
+    reader->failed = false;
+    pthread_mutex_unlock(&reader->mu);
+  }
   mongoc_change_stream_destroy(relay->stream);
   relay->stream = NULL;
   relay->caught_up = false;
@@ -166,7 +370,7 @@ bool relay_stream_open(obx_relay_t *relay) {
   else if (relay->read_token) BSON_APPEND_DOCUMENT(opts, "resumeAfter", relay->read_token);
   relay_stream_close(relay);
   relay->stream_opened_ms = obx_time_now_ms();
-  relay->stream = mongoc_collection_watch(relay->outbox, pipeline, opts);
+  relay->stream = mongoc_collection_watch(relay->reader->outbox, pipeline, opts); /* the reader reads it */
   bson_destroy(opts);
   bson_destroy(pipeline);
 
@@ -282,45 +486,34 @@ bool relay_stream_step(obx_relay_t *relay) {
     if (!relay_sweep_all(relay) && relay->leader && !relay->stopping) relay->sweep_due = true;
     return false;
   }
-  /* Caught up with events in flight: wait for their reports instead of blocking in an idle
-   * getMore (which would hold them up to RELAY_STREAM_AWAIT_MS), but not for long. */
-  if (relay->caught_up && relay_pending(relay) > 0 && obx_time_now_ms() - relay->caught_up_ms < RELAY_STREAM_HOLD_MS)
-    return false;
   int read = 0;
   while (read < RELAY_STREAM_READS_PER_STEP && !relay->stopping && relay->stream) {
     if (relay_pending(relay) >= relay->conf->relay_max_inflight || relay_window_full(&relay->window)) break;
-    const bson_t *change;
-    int64_t t0 = bson_get_monotonic_time();
-    if (mongoc_change_stream_next(relay->stream, &change)) {
-      bool at_head = bson_get_monotonic_time() - t0 >= RELAY_STREAM_HEAD_US;
+    reader_item_t *item = reader_take(relay->reader);
+    if (!item) break;
+    if (item->kind == ITEM_CHANGE) {
       relay->caught_up = false;
       relay->open_failures = 0;
-      relay_stream_handle(relay, change);
+      relay_stream_handle(relay, item->doc);
       read++;
-      relay_serve(relay, 0, false);
-      if (at_head && relay->stream) {
+      relay_serve(relay, 0, false); /* may step down, closing the stream */
+      if (item->at_head && relay->stream) {
         relay->caught_up = true;
-        relay->caught_up_ms = obx_time_now_ms();
-        break;
       }
-      continue;
+    } else if (item->kind == ITEM_ERROR) {
+      relay_stream_failed(relay, &item->berr, item->doc);
+    } else {
+      const bson_t *pbrt = item->doc;
+      if (pbrt && (!relay->read_token || !bson_equal(pbrt, relay->read_token))) {
+        bson_destroy(relay->read_token);
+        relay->read_token = bson_copy(pbrt);
+        relay_window_push(relay, bson_copy(pbrt), obx_time_now_ms() / 1000, SLOT_DONE);
+      }
+      relay->caught_up = true;
+      relay->open_failures = 0;
     }
-    bson_error_t berr;
-    const bson_t *reply = NULL;
-    if (mongoc_change_stream_error_document(relay->stream, &berr, &reply)) {
-      relay_stream_failed(relay, &berr, reply);
-      break;
-    }
-    const bson_t *pbrt = mongoc_change_stream_get_resume_token(relay->stream);
-    if (pbrt && (!relay->read_token || !bson_equal(pbrt, relay->read_token))) {
-      bson_destroy(relay->read_token);
-      relay->read_token = bson_copy(pbrt);
-      relay_window_push(relay, bson_copy(pbrt), obx_time_now_ms() / 1000, SLOT_DONE);
-    }
-    relay->caught_up = true;
-    relay->caught_up_ms = obx_time_now_ms();
-    relay->open_failures = 0;
-    break;
+    item_free(item);
   }
+  if (relay->stream) reader_grant(relay);
   return read > 0;
 }
