@@ -39,7 +39,7 @@
 #include "obx/obx_schema.h"
 
 #define RELAY_REPORT_BATCH 256
-#define RELAY_REPORT_DELAY_MS 10
+#define RELAY_REPORT_DELAY_MS 2
 #define RELAY_LOOP_WAIT_MS 20 /* the longest wait of the loop with nothing to do */
 #define RELAY_HANDOVER_WAIT_MS 30000 /* a hand-over waits this long for the reports of what is in flight */
 #define RELAY_CE_SOURCE "/outboxd"
