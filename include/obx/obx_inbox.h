@@ -75,6 +75,13 @@ bool obx_inbox_claim(mongoc_client_t *client, const char *db, mongoc_client_sess
                      const obx_inbox_entry_t *entry, obx_inbox_status_t status, bool *inserted,
                      obx_inbox_status_t *existing, obx_err_t *err);
 
+/* Inserts n fresh entries RECEIVED with their claims in one unordered insertMany (a poll's
+ * records: one round trip); inserted[i] says whether entries[i] went in. An entry that did not
+ * (a duplicate, or one refused by libmongoc or the server) is left for obx_inbox_claim, which
+ * says why. False with err when the reply cannot say which went in. */
+bool obx_inbox_claim_many(mongoc_client_t *client, const char *db, const obx_inbox_entry_t *entries, int n,
+                          bool *inserted, obx_err_t *err);
+
 /* Changes the status of an entry. attempts < 0 leaves it; last_error NULL leaves it;
  * execution_id (may be NULL) is appended to executionIds. Final statuses set processedAt;
  * others unset it. OBX_ERR_NOT_FOUND when the entry does not exist. */
@@ -134,6 +141,22 @@ bool obx_inbox_set_status_owned(mongoc_client_t *client, const char *db, mongoc_
                                 obx_inbox_status_t status, int attempts, const char *last_error,
                                 const char *execution_id, obx_err_t *err);
 
+/* One status write of a finished run (obx_inbox_set_status_owned's arguments). */
+typedef struct {
+  const char *event_id;
+  const obx_inbox_cas_t *cas;
+  obx_inbox_status_t status;
+  int attempts;
+  const char *last_error;
+  const char *execution_id;
+} obx_inbox_outcome_t;
+/* The status writes of n finished runs in one unordered bulk (a group commit's, in its session's
+ * transaction), each compare-and-set on its own claim (cas required); written[i] says whether
+ * outcomes[i]'s claim held and it was written. One read back in the session when some did not. */
+bool obx_inbox_set_status_owned_many(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                                     const char *consumer, const obx_inbox_outcome_t *outcomes, int n, bool *written,
+                                     obx_err_t *err);
+
 /* Reads one entry into out (initialised by the caller); *found false when absent. */
 bool obx_inbox_get(mongoc_client_t *client, const char *db, mongoc_client_session_t *session, const char *consumer,
                    const char *event_id, bson_t *out, bool *found, obx_err_t *err);
@@ -148,6 +171,9 @@ bool obx_inbox_entry_event(const bson_t *doc, obx_event_t *ev, obx_err_t *err);
 bool obx_inbox_key_parked(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                           const char *consumer, const char *key, bool *parked, char head_event_id[OBX_UUID_LEN + 1],
                           obx_err_t *err);
+/* Which of n keys are parked (one read): parked[i] for keys[i]. */
+bool obx_inbox_keys_parked(mongoc_client_t *client, const char *db, const char *consumer, const char *const *keys,
+                           int n, bool *parked, obx_err_t *err);
 /* Parks the key (or moves its head) with head_event_id and reason (releasedBy and sent are
  * cleared). */
 bool obx_inbox_park_key(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,

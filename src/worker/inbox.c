@@ -97,26 +97,22 @@ static bool write_taken(mongoc_client_t *client, const char *db, bson_t *filter,
   return ok;
 }
 
-bool obx_inbox_claim(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
-                     const obx_inbox_entry_t *entry, obx_inbox_status_t status, bool *inserted,
-                     obx_inbox_status_t *existing, obx_err_t *err) {
+/* The inbox document of a fresh entry stored as `status` into doc (initialised here). */
+static void entry_doc(const obx_inbox_entry_t *entry, obx_inbox_status_t status, bson_t *doc) {
   const obx_event_t *ev = entry->event;
-  bool ok = false;
-  *inserted = false;
-  bson_t doc = BSON_INITIALIZER, opts, reply, child;
-  bson_init(&reply);
-  mongoc_collection_t *c = coll(client, db, "inbox");
-  append_id(&doc, "_id", entry->consumer, "eventId", ev->id);
-  BSON_APPEND_UTF8(&doc, "eventType", ev->event_type);
-  BSON_APPEND_UTF8(&doc, "orgId", ev->org_id);
-  BSON_APPEND_UTF8(&doc, "partitionKey", ev->partition_key ? ev->partition_key : "");
-  BSON_APPEND_UTF8(&doc, "status", obx_inbox_status_name(status));
-  BSON_APPEND_INT32(&doc, "attempts", 0);
-  BSON_APPEND_DOCUMENT_BEGIN(&doc, "headers", &child);
+  bson_t child;
+  bson_init(doc);
+  append_id(doc, "_id", entry->consumer, "eventId", ev->id);
+  BSON_APPEND_UTF8(doc, "eventType", ev->event_type);
+  BSON_APPEND_UTF8(doc, "orgId", ev->org_id);
+  BSON_APPEND_UTF8(doc, "partitionKey", ev->partition_key ? ev->partition_key : "");
+  BSON_APPEND_UTF8(doc, "status", obx_inbox_status_name(status));
+  BSON_APPEND_INT32(doc, "attempts", 0);
+  BSON_APPEND_DOCUMENT_BEGIN(doc, "headers", &child);
   for (int i = 0; i < entry->nheaders; i++) BSON_APPEND_UTF8(&child, entry->header_names[i], entry->header_values[i]);
-  bson_append_document_end(&doc, &child);
-  BSON_APPEND_DOCUMENT(&doc, "payload", &ev->payload);
-  BSON_APPEND_DOCUMENT_BEGIN(&doc, "source", &child);
+  bson_append_document_end(doc, &child);
+  BSON_APPEND_DOCUMENT(doc, "payload", &ev->payload);
+  BSON_APPEND_DOCUMENT_BEGIN(doc, "source", &child);
   if (entry->topic) {
     BSON_APPEND_UTF8(&child, "topic", entry->topic);
     BSON_APPEND_INT32(&child, "partition", entry->partition);
@@ -124,18 +120,30 @@ bool obx_inbox_claim(mongoc_client_t *client, const char *db, mongoc_client_sess
   } else {
     BSON_APPEND_UTF8(&child, "kind", entry->source_kind ? entry->source_kind : "unknown");
   }
-  bson_append_document_end(&doc, &child);
-  BSON_APPEND_INT64(&doc, "seq", entry->seq);
-  if (entry->traceparent) BSON_APPEND_UTF8(&doc, "traceparent", entry->traceparent);
+  bson_append_document_end(doc, &child);
+  BSON_APPEND_INT64(doc, "seq", entry->seq);
+  if (entry->traceparent) BSON_APPEND_UTF8(doc, "traceparent", entry->traceparent);
   if (entry->owner && status == OBX_INBOX_RECEIVED) { /* a BLOCKED entry is claimed when it is released */
-    BSON_APPEND_UTF8(&doc, "owner", entry->owner);
-    if (entry->member) BSON_APPEND_UTF8(&doc, "member", entry->member);
-    BSON_APPEND_DATE_TIME(&doc, "leaseUntil", obx_time_now_ms() + entry->lease_ms);
+    BSON_APPEND_UTF8(doc, "owner", entry->owner);
+    if (entry->member) BSON_APPEND_UTF8(doc, "member", entry->member);
+    BSON_APPEND_DATE_TIME(doc, "leaseUntil", obx_time_now_ms() + entry->lease_ms);
   }
-  BSON_APPEND_DATE_TIME(&doc, "receivedAt", obx_time_now_ms());
-  BSON_APPEND_NULL(&doc, "lastError");
-  BSON_APPEND_ARRAY_BEGIN(&doc, "executionIds", &child);
-  bson_append_array_end(&doc, &child);
+  BSON_APPEND_DATE_TIME(doc, "receivedAt", obx_time_now_ms());
+  BSON_APPEND_NULL(doc, "lastError");
+  BSON_APPEND_ARRAY_BEGIN(doc, "executionIds", &child);
+  bson_append_array_end(doc, &child);
+}
+
+bool obx_inbox_claim(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                     const obx_inbox_entry_t *entry, obx_inbox_status_t status, bool *inserted,
+                     obx_inbox_status_t *existing, obx_err_t *err) {
+  const obx_event_t *ev = entry->event;
+  bool ok = false;
+  *inserted = false;
+  bson_t doc, opts, reply;
+  bson_init(&reply);
+  mongoc_collection_t *c = coll(client, db, "inbox");
+  entry_doc(entry, status, &doc);
 
   if (!opts_with_session(&opts, session, err)) goto done_noopts;
   bson_t filter = BSON_INITIALIZER, found_doc = BSON_INITIALIZER;
@@ -168,6 +176,60 @@ done_noopts:
   mongoc_collection_destroy(c);
   bson_destroy(&reply);
   bson_destroy(&doc);
+  return ok;
+}
+
+bool obx_inbox_claim_many(mongoc_client_t *client, const char *db, const obx_inbox_entry_t *entries, int n,
+                          bool *inserted, obx_err_t *err) {
+  for (int i = 0; i < n; i++) inserted[i] = false;
+  if (n == 0) return true;
+  bson_t opts = BSON_INITIALIZER, reply = BSON_INITIALIZER;
+  BSON_APPEND_BOOL(&opts, "ordered", false);
+  mongoc_collection_t *c = coll(client, db, "inbox");
+  mongoc_bulk_operation_t *bulk = mongoc_collection_create_bulk_operation_with_opts(c, &opts);
+  int *which = malloc((size_t)(n > 0 ? n : 1) * sizeof *which), k = 0; /* the entry of each insert of the bulk */
+  assert(which);
+  bson_error_t berr;
+  for (int i = 0; i < n; i++) {
+    bson_t doc;
+    entry_doc(&entries[i], OBX_INBOX_RECEIVED, &doc);
+    if (mongoc_bulk_operation_insert_with_opts(bulk, &doc, NULL, &berr)) which[k++] = i; /* refused: left out */
+    bson_destroy(&doc);
+  }
+  bool ok = true;
+  if (k > 0) {
+    bson_destroy(&reply);
+    bool all = mongoc_bulk_operation_execute(bulk, &reply, &berr) != 0;
+    bool *failed = calloc((size_t)k + 1, sizeof *failed);
+    assert(failed);
+    int nfailed = 0;
+    bson_iter_t it, errs;
+    if (!all && bson_iter_init_find(&it, &reply, "writeErrors") && BSON_ITER_HOLDS_ARRAY(&it) &&
+        bson_iter_recurse(&it, &errs))
+      while (bson_iter_next(&errs)) {
+        bson_iter_t e;
+        if (BSON_ITER_HOLDS_DOCUMENT(&errs) && bson_iter_recurse(&errs, &e) && bson_iter_find(&e, "index") &&
+            BSON_ITER_HOLDS_NUMBER(&e) && bson_iter_as_int64(&e) >= 0 && bson_iter_as_int64(&e) < k &&
+            !failed[bson_iter_as_int64(&e)]) {
+          failed[bson_iter_as_int64(&e)] = true;
+          nfailed++;
+        }
+      }
+    int64_t n_inserted = bson_iter_init_find(&it, &reply, "nInserted") ? bson_iter_as_int64(&it) : -1;
+    /* every insert accounted for (inserted, or a write error of its own): the rest went in */
+    if (all || (n_inserted >= 0 && n_inserted + nfailed == k && !bson_iter_init_find(&it, &reply, "writeConcernErrors"))) {
+      for (int j = 0; j < k; j++) inserted[which[j]] = !failed[j];
+    } else {
+      obx_err_from_bson(err, &berr, &reply);
+      ok = false;
+    }
+    free(failed);
+  }
+  free(which);
+  bson_destroy(&reply);
+  mongoc_bulk_operation_destroy(bulk);
+  mongoc_collection_destroy(c);
+  bson_destroy(&opts);
   return ok;
 }
 
@@ -204,43 +266,49 @@ static void append_cas(bson_t *filter, const obx_inbox_cas_t *cas) {
   bson_append_array_end(filter, &or);
 }
 
-/* The status update of set_status, with the claim condition (cas not NULL). */
-static bool set_status(mongoc_client_t *client, const char *db, mongoc_client_session_t *session, const char *consumer,
-                       const char *event_id, const obx_inbox_cas_t *cas, obx_inbox_status_t status, int attempts,
-                       const char *last_error, const char *execution_id, obx_err_t *err) {
-  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, set, child;
-  append_id(&filter, "_id", consumer, "eventId", event_id);
-  if (cas) append_cas(&filter, cas);
-  bool intent = cas && status == OBX_INBOX_RETRYING;
-  BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &set);
-  BSON_APPEND_UTF8(&set, "status", obx_inbox_status_name(status));
-  if (attempts >= 0) BSON_APPEND_INT32(&set, "attempts", attempts);
-  if (last_error) BSON_APPEND_UTF8(&set, "lastError", last_error);
-  if (obx_inbox_status_final(status)) BSON_APPEND_DATE_TIME(&set, "processedAt", obx_time_now_ms());
+/* The filter and update (initialised here) of one status write: o->cas NULL, unconditional. */
+static void status_write(const char *consumer, const obx_inbox_outcome_t *o, bson_t *filter, bson_t *update) {
+  bson_t set, child;
+  bson_init(filter);
+  bson_init(update);
+  append_id(filter, "_id", consumer, "eventId", o->event_id);
+  if (o->cas) append_cas(filter, o->cas);
+  bool intent = o->cas && o->status == OBX_INBOX_RETRYING;
+  bool final = obx_inbox_status_final(o->status);
+  BSON_APPEND_DOCUMENT_BEGIN(update, "$set", &set);
+  BSON_APPEND_UTF8(&set, "status", obx_inbox_status_name(o->status));
+  if (o->attempts >= 0) BSON_APPEND_INT32(&set, "attempts", o->attempts);
+  if (o->last_error) BSON_APPEND_UTF8(&set, "lastError", o->last_error);
+  if (final) BSON_APPEND_DATE_TIME(&set, "processedAt", obx_time_now_ms());
   if (intent) { /* the tier publish follows; a peer resends it only once this lease is past */
     BSON_APPEND_BOOL(&set, "retrySent", false);
-    BSON_APPEND_DATE_TIME(&set, "leaseUntil", obx_time_now_ms() + cas->lease_ms);
+    BSON_APPEND_DATE_TIME(&set, "leaseUntil", obx_time_now_ms() + o->cas->lease_ms);
   }
-  bson_append_document_end(&update, &set);
-  BSON_APPEND_DOCUMENT_BEGIN(&update, "$unset", &child);
-  if (!obx_inbox_status_final(status)) BSON_APPEND_UTF8(&child, "processedAt", "");
-  if (obx_inbox_status_final(status)) BSON_APPEND_UTF8(&child, "leaseUntil", "");
+  bson_append_document_end(update, &set);
+  BSON_APPEND_DOCUMENT_BEGIN(update, "$unset", &child);
+  BSON_APPEND_UTF8(&child, final ? "leaseUntil" : "processedAt", "");
   if (!intent) BSON_APPEND_UTF8(&child, "retrySent", "");
-  bson_append_document_end(&update, &child);
-  if (execution_id) {
-    BSON_APPEND_DOCUMENT_BEGIN(&update, "$push", &child);
-    BSON_APPEND_UTF8(&child, "executionIds", execution_id);
-    bson_append_document_end(&update, &child);
+  bson_append_document_end(update, &child);
+  if (o->execution_id) {
+    BSON_APPEND_DOCUMENT_BEGIN(update, "$push", &child);
+    BSON_APPEND_UTF8(&child, "executionIds", o->execution_id);
+    bson_append_document_end(update, &child);
   }
+}
+
+static bool set_status(mongoc_client_t *client, const char *db, mongoc_client_session_t *session, const char *consumer,
+                       const obx_inbox_outcome_t *o, obx_err_t *err) {
+  bson_t filter, update;
+  status_write(consumer, o, &filter, &update);
   int64_t matched;
   bool ok = write_one(client, db, "inbox", session, &filter, &update, false, &matched, err);
   if (ok && matched == 0) {
-    if (cas)
+    if (o->cas)
       obx_err_set(err, OBX_ERR_CONFLICT, 0, false,
-                  "the claim of event %s of %s is no longer %s's at attempt %d (taken over or moved on)", event_id,
-                  consumer, cas->owner, cas->attempts);
+                  "the claim of event %s of %s is no longer %s's at attempt %d (taken over or moved on)", o->event_id,
+                  consumer, o->cas->owner, o->cas->attempts);
     else
-      obx_err_set(err, OBX_ERR_NOT_FOUND, 0, false, "no inbox entry for event %s of %s", event_id, consumer);
+      obx_err_set(err, OBX_ERR_NOT_FOUND, 0, false, "no inbox entry for event %s of %s", o->event_id, consumer);
     ok = false;
   }
   bson_destroy(&update);
@@ -248,17 +316,104 @@ static bool set_status(mongoc_client_t *client, const char *db, mongoc_client_se
   return ok;
 }
 
+/* Whether the stored entry doc holds what o wrote (read in the writing transaction). */
+static bool outcome_written(const bson_t *doc, const obx_inbox_outcome_t *o) {
+  obx_inbox_status_t status;
+  const char *owner = obx_mongo_doc_str(doc, "owner");
+  if (!read_status(doc, &status) || status != o->status || !owner || strcmp(owner, o->cas->owner) != 0) return false;
+  bson_iter_t it, child;
+  if (o->attempts >= 0 &&
+      (!bson_iter_init_find(&it, doc, "attempts") || !BSON_ITER_HOLDS_NUMBER(&it) || bson_iter_as_int64(&it) != o->attempts))
+    return false;
+  if (!o->execution_id) return true;
+  if (!bson_iter_init_find(&it, doc, "executionIds") || !BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &child))
+    return false;
+  while (bson_iter_next(&child))
+    if (BSON_ITER_HOLDS_UTF8(&child) && strcmp(bson_iter_utf8(&child, NULL), o->execution_id) == 0) return true;
+  return false;
+}
+
+bool obx_inbox_set_status_owned_many(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
+                                     const char *consumer, const obx_inbox_outcome_t *outcomes, int n, bool *written,
+                                     obx_err_t *err) {
+  for (int i = 0; i < n; i++) written[i] = false;
+  if (n == 0) return true;
+  bson_t opts;
+  if (!opts_with_session(&opts, session, err)) return false;
+  BSON_APPEND_BOOL(&opts, "ordered", false);
+  mongoc_collection_t *c = coll(client, db, "inbox");
+  mongoc_bulk_operation_t *bulk = mongoc_collection_create_bulk_operation_with_opts(c, &opts);
+  bson_error_t berr;
+  bool ok = true;
+  for (int i = 0; ok && i < n; i++) {
+    assert(outcomes[i].cas);
+    bson_t filter, update;
+    status_write(consumer, &outcomes[i], &filter, &update);
+    ok = mongoc_bulk_operation_update_one_with_opts(bulk, &filter, &update, NULL, &berr);
+    bson_destroy(&update);
+    bson_destroy(&filter);
+  }
+  bson_t reply = BSON_INITIALIZER;
+  if (ok) {
+    bson_destroy(&reply);
+    ok = mongoc_bulk_operation_execute(bulk, &reply, &berr) != 0;
+  }
+  if (!ok) obx_err_from_bson(err, &berr, &reply);
+  bson_iter_t it;
+  int64_t matched = ok && bson_iter_init_find(&it, &reply, "nMatched") ? bson_iter_as_int64(&it) : -1;
+  if (ok && matched == n) {
+    for (int i = 0; i < n; i++) written[i] = true;
+  } else if (ok) { /* some compare-and-set did not hold: which, read back in the same transaction */
+    bson_t filter = BSON_INITIALIZER, in, arr;
+    BSON_APPEND_DOCUMENT_BEGIN(&filter, "_id", &in);
+    BSON_APPEND_ARRAY_BEGIN(&in, "$in", &arr);
+    for (int i = 0; i < n; i++) {
+      char idx[16];
+      const char *k;
+      bson_uint32_to_string((uint32_t)i, &k, idx, sizeof idx);
+      append_id(&arr, k, consumer, "eventId", outcomes[i].event_id);
+    }
+    bson_append_array_end(&in, &arr);
+    bson_append_document_end(&filter, &in);
+    bson_t find_opts;
+    ok = opts_with_session(&find_opts, session, err);
+    mongoc_cursor_t *cursor = ok ? mongoc_collection_find_with_opts(c, &filter, &find_opts, NULL) : NULL;
+    const bson_t *doc;
+    while (cursor && mongoc_cursor_next(cursor, &doc)) {
+      const char *id = obx_mongo_doc_str(doc, "_id.eventId");
+      for (int i = 0; id && i < n; i++)
+        if (strcmp(outcomes[i].event_id, id) == 0) written[i] = outcome_written(doc, &outcomes[i]);
+    }
+    if (cursor && mongoc_cursor_error(cursor, &berr)) {
+      obx_err_from_bson(err, &berr, NULL);
+      ok = false;
+    }
+    mongoc_cursor_destroy(cursor);
+    if (cursor) bson_destroy(&find_opts);
+    bson_destroy(&filter);
+  }
+  bson_destroy(&reply);
+  mongoc_bulk_operation_destroy(bulk);
+  mongoc_collection_destroy(c);
+  bson_destroy(&opts);
+  return ok;
+}
+
 bool obx_inbox_set_status(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                           const char *consumer, const char *event_id, obx_inbox_status_t status, int attempts,
                           const char *last_error, const char *execution_id, obx_err_t *err) {
-  return set_status(client, db, session, consumer, event_id, NULL, status, attempts, last_error, execution_id, err);
+  obx_inbox_outcome_t o = {.event_id = event_id, .status = status, .attempts = attempts, .last_error = last_error,
+                           .execution_id = execution_id};
+  return set_status(client, db, session, consumer, &o, err);
 }
 
 bool obx_inbox_set_status_owned(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                                 const char *consumer, const char *event_id, const obx_inbox_cas_t *cas,
                                 obx_inbox_status_t status, int attempts, const char *last_error,
                                 const char *execution_id, obx_err_t *err) {
-  return set_status(client, db, session, consumer, event_id, cas, status, attempts, last_error, execution_id, err);
+  obx_inbox_outcome_t o = {.event_id = event_id, .cas = cas, .status = status, .attempts = attempts,
+                           .last_error = last_error, .execution_id = execution_id};
+  return set_status(client, db, session, consumer, &o, err);
 }
 
 /* {$or: [no lease, lease in the past, owner's own]} appended to filter. A claim of another
@@ -482,6 +637,40 @@ bool obx_inbox_key_parked(mongoc_client_t *client, const char *db, mongoc_client
   }
   mongoc_collection_destroy(c);
   bson_destroy(&doc);
+  bson_destroy(&filter);
+  return ok;
+}
+
+bool obx_inbox_keys_parked(mongoc_client_t *client, const char *db, const char *consumer, const char *const *keys,
+                           int n, bool *parked, obx_err_t *err) {
+  for (int i = 0; i < n; i++) parked[i] = false;
+  if (n == 0) return true;
+  bson_t filter = BSON_INITIALIZER, in, arr;
+  BSON_APPEND_DOCUMENT_BEGIN(&filter, "_id", &in);
+  BSON_APPEND_ARRAY_BEGIN(&in, "$in", &arr);
+  for (int i = 0; i < n; i++) {
+    char idx[16];
+    const char *k;
+    bson_uint32_to_string((uint32_t)i, &k, idx, sizeof idx);
+    append_id(&arr, k, consumer, "key", keys[i]);
+  }
+  bson_append_array_end(&in, &arr);
+  bson_append_document_end(&filter, &in);
+  bson_t *opts = BCON_NEW("projection", "{", "_id", BCON_INT32(1), "}");
+  mongoc_collection_t *c = coll(client, db, "parked_keys");
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(c, &filter, opts, NULL);
+  const bson_t *doc;
+  while (mongoc_cursor_next(cursor, &doc)) {
+    const char *key = obx_mongo_doc_str(doc, "_id.key");
+    for (int i = 0; key && i < n; i++)
+      if (strcmp(keys[i], key) == 0) parked[i] = true;
+  }
+  bson_error_t berr;
+  bool ok = !mongoc_cursor_error(cursor, &berr);
+  if (!ok) obx_err_from_bson(err, &berr, NULL);
+  mongoc_cursor_destroy(cursor);
+  mongoc_collection_destroy(c);
+  bson_destroy(opts);
   bson_destroy(&filter);
   return ok;
 }

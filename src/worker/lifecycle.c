@@ -7,7 +7,10 @@
  * admit it behind its parked key (BLOCKED), look up and run its pipeline once (a run stopped at
  * an http-request call waits on the IO thread, io.c, the event kept in its job, and goes on in
  * worker_handle_resume on whichever runner is free when the call ended), record the
- * outcome (only the recording is retried), then a retry tier (intent before publish) or the DLQ
+ * outcome (only the recording is retried; DONE and SKIPPED grouped with other runs' in one
+ * transaction by the recorder, batch.c, whose batch function is worker_record_batch; a fresh
+ * Kafka record's claim grouped by the claimer, worker_claim_batch), then a retry tier (intent
+ * before publish) or the DLQ
  * (worker_dead_letter: the one way out of every failure that is not a retry). Never touches a
  * source's consumer, offsets or acks (kafka.c, workq.c, sink.c settle the outcome it hands
  * back) and never moves a parked key's head (parking.c). */
@@ -118,6 +121,10 @@ bool worker_run_job(void *ctx, job_t *job) {
   if (job->outcome == WORKER_WAITING) {
     job->call = obx_pipeline_run_waiting(e->run);
     worker_io_submit(w->io, job); /* the job is the IO thread's now */
+    return false;
+  }
+  if (job->outcome == WORKER_DECODED || job->outcome == WORKER_RECORDING) { /* a batch write's now */
+    worker_batcher_submit(job->outcome == WORKER_DECODED ? w->claimer : w->recorder, job);
     return false;
   }
   if (job->source == WORKER_SOURCE_KAFKA && job->outcome == WORKER_LOST)
@@ -319,7 +326,7 @@ static bool lookup_step(void *ctx, obx_err_t *err) {
  * made, the event is dead-lettered (class terminal for a non-retriable error, infra when the
  * bounds are spent). */
 static worker_outcome_t record(event_t *e, outcome_txn_t *t, worker_outcome_t outcome, bool dlq_published) {
-  event_move(e, WORKER_RECORDING);
+  if (e->state != WORKER_RECORDING) event_move(e, WORKER_RECORDING);
   obx_err_t err = OBX_ERR_INIT;
   step_result_t r = worker_retry_step(e->w, "recording the outcome", e->ev.id, outcome_step, t, 0, true, &err);
   if (r == STEP_OK) return outcome;
@@ -507,11 +514,160 @@ static worker_outcome_t settle_run(event_t *e) {
     }
     }
   }
+  if (outcome == WORKER_DONE || outcome == WORKER_SKIPPED) { /* the recorder's, with other runs' (batch.c) */
+    e->recorded = outcome;
+    e->record_status = t.status;
+    e->record_attempts = t.attempts;
+    event_move(e, WORKER_RECORDING);
+    return WORKER_RECORDING; /* the run is kept until its outcome is written (record_written) */
+  }
   outcome = record(e, &t, outcome, dlq_published);
 done:
   obx_pipeline_run_destroy(run);
   e->run = NULL;
   return outcome;
+}
+
+/* ---- group commit: finished runs recorded together --------------------------------------- */
+
+typedef struct {
+  obx_worker_t *w;
+  event_t **events;
+  int n;
+  obx_inbox_outcome_t *outcomes;
+  bool *written;
+} record_batch_t;
+
+/* One transaction for the batch: every event's inbox status, compare-and-set on its own claim
+ * (one bulk); then the runs of those whose claim held: their pipeline_executions documents in
+ * one insertMany, a run with effects (set-status, emit-event) through its own commit. An event
+ * whose claim did not hold writes nothing; the others commit. */
+static bool record_batch_txn(mongoc_client_session_t *session, void *ctx, obx_err_t *err) {
+  record_batch_t *b = ctx;
+  mongoc_client_t *client = mongoc_client_session_get_client(session);
+  const char *db = b->w->db;
+  if (!obx_inbox_set_status_owned_many(client, db, session, b->w->consumer, b->outcomes, b->n, b->written, err))
+    return false;
+  bson_t opts;
+  bson_error_t berr;
+  bson_init(&opts);
+  if (!mongoc_client_session_append(session, &opts, &berr)) {
+    obx_err_from_bson(err, &berr, NULL);
+    bson_destroy(&opts);
+    return false;
+  }
+  mongoc_collection_t *executions = mongoc_client_get_collection(client, db, "pipeline_executions");
+  mongoc_bulk_operation_t *bulk = mongoc_collection_create_bulk_operation_with_opts(executions, &opts);
+  bool ok = true, any = false;
+  for (int i = 0; ok && i < b->n; i++) {
+    obx_pipeline_run_t *run = b->events[i]->run;
+    if (!b->written[i] || !run) continue;
+    if (bson_empty(obx_pipeline_run_statuses(run)) && obx_pipeline_run_nevents(run) == 0) {
+      ok = mongoc_bulk_operation_insert_with_opts(bulk, obx_pipeline_run_execution(run), NULL, &berr);
+      if (!ok) obx_err_from_bson(err, &berr, NULL);
+      any = true;
+    } else {
+      ok = obx_pipeline_run_commit(run, client, db, session, err);
+    }
+  }
+  if (ok && any) {
+    bson_t reply;
+    ok = mongoc_bulk_operation_execute(bulk, &reply, &berr) != 0;
+    if (!ok) obx_err_from_bson(err, &berr, &reply);
+    bson_destroy(&reply);
+  }
+  mongoc_bulk_operation_destroy(bulk);
+  mongoc_collection_destroy(executions);
+  bson_destroy(&opts);
+  return ok;
+}
+
+/* The recorder's batch function (batch.c): the outcomes of up to RECORD_BATCH_MAX finished runs
+ * (DONE, SKIPPED) in one transaction. Each event's result: written, lost (its claim did not
+ * hold), or, when the transaction failed, none: record_written records it alone. */
+void worker_record_batch(obx_worker_t *w, job_t **jobs, int n) {
+  event_t *events[RECORD_BATCH_MAX];
+  obx_inbox_outcome_t outcomes[RECORD_BATCH_MAX];
+  bool written[RECORD_BATCH_MAX];
+  assert(n <= RECORD_BATCH_MAX);
+  for (int i = 0; i < n; i++) {
+    event_t *e = events[i] = jobs[i]->event;
+    outcomes[i] = (obx_inbox_outcome_t){.event_id = e->ev.id, .cas = &e->cas, .status = e->record_status,
+                                        .attempts = e->record_attempts,
+                                        .execution_id = e->run ? obx_pipeline_run_execution_id(e->run) : NULL};
+  }
+  record_batch_t b = {.w = w, .events = events, .n = n, .outcomes = outcomes, .written = written};
+  obx_err_t err = OBX_ERR_INIT;
+  bool ok = obx_mongo_transaction(w->mongo, record_batch_txn, &b, &err);
+  if (!ok) obx_warn("recording %d runs together failed (%s): each is recorded alone", n, err.msg);
+  for (int i = 0; i < n; i++) events[i]->batched = !ok ? BATCH_NONE : written[i] ? BATCH_WRITTEN : BATCH_LOST;
+}
+
+/* After the recorder (the runner that resumes the event): written, its outcome stands; lost,
+ * nothing was recorded (the claim's owner settles the event); the batch failed: recorded alone
+ * (record: its own bounded retries, and the DLQ when that cannot be done), the run not repeated. */
+static worker_outcome_t record_written(event_t *e) {
+  worker_outcome_t outcome = e->recorded;
+  if (e->batched == BATCH_LOST) {
+    obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id,
+                  "the claim is no longer this process's at attempt %d (taken over or moved on); this run's "
+                  "outcome is not recorded", e->cas.attempts);
+    outcome = WORKER_LOST;
+  } else if (e->batched == BATCH_NONE) {
+    outcome_txn_t t = {.w = e->w, .run = e->run, .ev = &e->ev, .cas = &e->cas, .status = e->record_status,
+                       .attempts = e->record_attempts};
+    outcome = record(e, &t, outcome, false);
+  }
+  obx_pipeline_run_destroy(e->run);
+  e->run = NULL;
+  return outcome;
+}
+
+/* ---- claims of fresh Kafka events, together ---------------------------------------------- */
+
+/* The claimer's batch function (batch.c): one read of the events' keys' parks, then the events
+ * of keys not parked inserted claimed in one insertMany. An event inserted there is claimed
+ * (registered with the renewal at once); every other one (its key parked, a duplicate, an entry
+ * the insert refused, or the batch failed) takes its own path when it resumes (admit_step). */
+void worker_claim_batch(obx_worker_t *w, job_t **jobs, int n) {
+  const char **keys = malloc((size_t)n * sizeof *keys);
+  bool *parked = malloc((size_t)n * sizeof *parked), *inserted = malloc((size_t)n * sizeof *inserted);
+  obx_inbox_entry_t *entries = malloc((size_t)n * sizeof *entries);
+  event_t **fresh = malloc((size_t)n * sizeof *fresh);
+  assert(keys && parked && inserted && entries && fresh);
+  for (int i = 0; i < n; i++) {
+    event_t *e = jobs[i]->event;
+    e->batched = BATCH_NONE;
+    keys[i] = e->ev.partition_key ? e->ev.partition_key : "";
+  }
+  mongoc_client_t *client = obx_mongo_pop(w->mongo);
+  obx_err_t err = OBX_ERR_INIT;
+  int m = 0;
+  if (obx_inbox_keys_parked(client, w->db, w->consumer, keys, n, parked, &err)) {
+    for (int i = 0; i < n; i++)
+      if (!parked[i]) {
+        fresh[m] = jobs[i]->event;
+        entries[m] = fresh[m]->entry;
+        m++;
+      }
+    if (obx_inbox_claim_many(client, w->db, entries, m, inserted, &err)) {
+      for (int i = 0; i < m; i++)
+        if (inserted[i]) {
+          fresh[i]->batched = BATCH_WRITTEN;
+          worker_claims_add(w, fresh[i]->ev.id);
+        }
+    } else {
+      obx_info("claiming %d events together failed (%s): each claims alone", m, err.msg);
+    }
+  } else {
+    obx_info("reading %d keys' parks failed (%s): each event claims alone", n, err.msg);
+  }
+  obx_mongo_push(w->mongo, client);
+  free(fresh);
+  free(entries);
+  free(inserted);
+  free(parked);
+  free(keys);
 }
 
 /* Stores a fresh event of a parked key: BLOCKED when the key is still parked behind another
@@ -695,6 +851,17 @@ static worker_outcome_t event_end(event_t *e, worker_outcome_t outcome) {
   return outcome;
 }
 
+/* The event leaves its runner until a batch write or its call is done (held): it holds no
+ * MongoDB client meanwhile. Returns held. */
+static worker_outcome_t event_hand_off(event_t *e, worker_outcome_t held) {
+  if (e->client) obx_mongo_push(e->w->mongo, e->client);
+  e->client = NULL;
+  obx_trace_set_current(NULL);
+  return held;
+}
+
+static worker_outcome_t claim_and_run(event_t *e);
+
 /* One event from its decoding to its settled outcome (see obx_worker.h); e->msg may be updated
  * (attempts, reason). partition/offset: the Kafka position (-1 otherwise). WORKER_WAITING when its
  * run stopped at a call: e keeps everything, worker_handle_resume goes on. */
@@ -704,8 +871,6 @@ static worker_outcome_t worker_handle(event_t *e, int32_t partition, int64_t off
   obx_envelope_t *msg = e->msg;
   obx_event_init(&e->ev);
   obx_err_t err = OBX_ERR_INIT;
-  worker_outcome_t outcome = WORKER_INFRA;
-  int pre_tries = source == WORKER_SOURCE_HTTP ? 1 : 0; /* the sink's caller retries a 503 itself */
 
   /* decode: anything that cannot be decoded is dead-lettered as it came (class malformed). */
   if (!obx_envelope_to_event(msg, &e->ev, &err) || !check_headers(msg, &err)) {
@@ -715,7 +880,7 @@ static worker_outcome_t worker_handle(event_t *e, int32_t partition, int64_t off
     worker_count_malformed(w);
     char cause[600];
     snprintf(cause, sizeof cause, "malformed CloudEvent: %s", err.msg);
-    outcome = event_move(e, worker_dead_letter(e, "malformed", cause, false));
+    worker_outcome_t outcome = event_move(e, worker_dead_letter(e, "malformed", cause, false));
     obx_event_cleanup(&e->ev);
     return outcome;
   }
@@ -723,16 +888,14 @@ static worker_outcome_t worker_handle(event_t *e, int32_t partition, int64_t off
   e->span = consume_span(w, source, msg, &e->ev, partition, offset);
   obx_trace_set_current(obx_span_ctx(e->span)); /* logs, the pipeline's spans and its HTTP calls */
   event_move(e, WORKER_DECODED);
-  char traceparent[OBX_TRACEPARENT_LEN + 1];
-  obx_trace_format(obx_span_ctx(e->span), traceparent);
-  e->client = obx_mongo_pop(w->mongo);
+  obx_trace_format(obx_span_ctx(e->span), e->traceparent);
   for (int i = 0; i < msg->nheaders; i++) {
     e->names[i] = msg->headers[i].name;
     e->values[i] = msg->headers[i].value;
   }
   e->entry = (obx_inbox_entry_t){.consumer = w->consumer, .event = &e->ev, .header_names = e->names,
                                 .header_values = e->values, .nheaders = msg->nheaders,
-                                .seq = worker_key_order(e->ev.key_seq, offset), .traceparent = traceparent,
+                                .seq = worker_key_order(e->ev.key_seq, offset), .traceparent = e->traceparent,
                                 .owner = w->owner, .member = w->member, .lease_ms = w->lease_ms};
   if (source == WORKER_SOURCE_KAFKA) {
     e->entry.topic = w->conf->kafka_topic;
@@ -740,6 +903,26 @@ static worker_outcome_t worker_handle(event_t *e, int32_t partition, int64_t off
     e->entry.offset = offset;
   } else {
     e->entry.source_kind = source == WORKER_SOURCE_HTTP ? "http" : "amqp";
+  }
+  /* a fresh Kafka record is claimed with the other records in flight (the claimer, batch.c) */
+  if (source == WORKER_SOURCE_KAFKA) return event_hand_off(e, WORKER_DECODED);
+  e->client = obx_mongo_pop(w->mongo);
+  return claim_and_run(e);
+}
+
+/* The event's claim and run: inserted claimed already by the claimer (e->batched), else its
+ * entry is stored or met here (admit_step); then its run (run_event). */
+static worker_outcome_t claim_and_run(event_t *e) {
+  obx_worker_t *w = e->w;
+  worker_source_t source = e->source;
+  obx_envelope_t *msg = e->msg;
+  obx_err_t err = OBX_ERR_INIT;
+  worker_outcome_t outcome = WORKER_INFRA;
+  int pre_tries = source == WORKER_SOURCE_HTTP ? 1 : 0; /* the sink's caller retries a 503 itself */
+  if (e->batched == BATCH_WRITTEN) { /* inserted claimed, and registered, by the claimer */
+    e->inserted = true;
+    e->claimed = true;
+    goto claimed;
   }
 
   /* claim */
@@ -793,39 +976,49 @@ static worker_outcome_t worker_handle(event_t *e, int32_t partition, int64_t off
       if (e->claim != CLAIM_TAKEN) goto done;
     }
   }
+  e->claimed = true;
+  worker_claims_add(w, e->ev.id);
+claimed:
   /* the claim's attempts: a fresh entry's 0, a taken one's the copy's (obx_inbox_take) */
   e->cas = (obx_inbox_cas_t){.owner = w->owner, .attempts = e->inserted ? 0 : msg->attempt, .lease_ms = w->lease_ms};
-  e->claimed = true;
   event_move(e, WORKER_CLAIMED);
-  worker_claims_add(w, e->ev.id);
   outcome = run_event(e);
-  if (outcome == WORKER_WAITING) {
-    event_move(e, WORKER_WAITING);
-    obx_mongo_push(w->mongo, e->client); /* a waiting run holds no MongoDB client */
-    e->client = NULL;
-    obx_trace_set_current(NULL);
-    return outcome;
-  }
+  if (outcome == WORKER_WAITING) event_move(e, WORKER_WAITING);
+  if (outcome == WORKER_WAITING || outcome == WORKER_RECORDING) return event_hand_off(e, outcome);
   outcome = after_run(e, outcome);
 done:
   return event_end(e, outcome);
 }
 
-/* The event's run went on after its call ended (io.c): on to its next call (WORKER_WAITING
- * again) or its end, then settled and ended as worker_handle ends it. */
+/* The event goes on after what held it outside the runners: its claim written by the claimer
+ * (WORKER_DECODED: claimed, or on to its own claim), its outcome by the recorder
+ * (WORKER_RECORDING), or its call ended (io.c; WORKER_WAITING): on to its next call (waiting
+ * again), a batch write, or its end, then settled and ended as worker_handle ends it. */
 static worker_outcome_t worker_handle_resume(event_t *e, CURLcode rc) {
   obx_trace_set_current(obx_span_ctx(e->span));
+  if (e->state == WORKER_DECODED) {
+    e->client = obx_mongo_pop(e->w->mongo);
+    return claim_and_run(e);
+  }
+  if (e->state == WORKER_RECORDING) {
+    e->client = obx_mongo_pop(e->w->mongo);
+    return event_end(e, after_run(e, record_written(e)));
+  }
   event_move(e, WORKER_RUNNING);
+  worker_outcome_t outcome;
   if (worker_claim_lost(e->w, e->ev.id)) { /* no further call: settle_run stops the run */
     e->client = obx_mongo_pop(e->w->mongo);
-    return event_end(e, settle_run(e));
+    outcome = settle_run(e);
+  } else {
+    obx_pipeline_resume(e->run, rc);
+    if (obx_pipeline_run_waiting(e->run)) {
+      event_move(e, WORKER_WAITING);
+      obx_trace_set_current(NULL);
+      return WORKER_WAITING;
+    }
+    e->client = obx_mongo_pop(e->w->mongo);
+    outcome = settle_run(e);
   }
-  obx_pipeline_resume(e->run, rc);
-  if (obx_pipeline_run_waiting(e->run)) {
-    event_move(e, WORKER_WAITING);
-    obx_trace_set_current(NULL);
-    return WORKER_WAITING;
-  }
-  e->client = obx_mongo_pop(e->w->mongo);
-  return event_end(e, after_run(e, settle_run(e)));
+  if (outcome == WORKER_RECORDING) return event_hand_off(e, outcome);
+  return event_end(e, after_run(e, outcome));
 }

@@ -86,6 +86,9 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   if (!worker_claims_start(w, err)) goto fail;
   if (!(w->sched = worker_sched_new(w->nrunners, worker_run_job, w, err))) goto fail;
   if (!(w->io = worker_io_start(w->sched, err))) goto fail;
+  if (!(w->claimer = worker_batcher_start(w, "claims", worker_claim_batch, CLAIM_BATCH_MAX, err)) ||
+      !(w->recorder = worker_batcher_start(w, "recordings", worker_record_batch, RECORD_BATCH_MAX, err)))
+    goto fail;
   if (!worker_wq_start(w, err)) goto fail;
   atomic_store(&w->assigned, -1);
   if (http) obx_http_add_ready_check(http, "worker", worker_ready, w);
@@ -125,6 +128,9 @@ void obx_worker_destroy(obx_worker_t *w) {
   w->sched = NULL;
   worker_io_stop(w->io); /* after the runners: the calls of their events ended with them */
   w->io = NULL;
+  worker_batcher_stop(w->claimer); /* after the runners too: no write of theirs is left */
+  worker_batcher_stop(w->recorder);
+  w->claimer = w->recorder = NULL;
   worker_claims_stop(w); /* after the runners: their claims stay renewed while they finish */
   worker_kafka_close(w);
   if (w->wq) worker_wq_settle(w);

@@ -8,6 +8,7 @@
  *   jobs.c       a job between a source and the runners: queued by key, handed back to settle
  *   sched.c      the per-key queues and the runner threads
  *   io.c         the IO thread: the http-request calls of every event in flight (libcurl multi)
+ *   batch.c      the batch threads: claims of fresh events and recordings of finished runs, grouped
  *   lifecycle.c  one event through its states (worker_run_job, worker_handle)
  *   steps.c      bounded retries of one step, publishes to the ladder
  *   claims.c     the claims this process holds, their renewal thread, and the keys whose claim it lost
@@ -37,6 +38,8 @@
 #define INFRA_BACKOFF_MIN_MS 100
 #define INFRA_BACKOFF_MAX_MS 5000
 #define LOST_KEYS 64 /* keys remembered after their claim was taken over (worker_run_job) */
+#define CLAIM_BATCH_MAX 500 /* fresh events claimed in one insertMany (batch.c) */
+#define RECORD_BATCH_MAX 64 /* finished runs recorded in one transaction (batch.c) */
 
 typedef enum { WORKER_SOURCE_KAFKA, WORKER_SOURCE_WORK, WORKER_SOURCE_HTTP } worker_source_t;
 
@@ -64,7 +67,9 @@ typedef enum {
 } worker_state_t;
 
 /* What worker_handle returns: WORKER_WAITING (the run goes on in worker_handle_resume after its
- * call), or the state the run ended in (WORKER_DONE and after), which its source settles. */
+ * call), WORKER_DECODED (its claim goes to the claimer, batch.c) or WORKER_RECORDING (its
+ * outcome goes to the recorder, batch.c), each going on in worker_handle_resume after the write;
+ * or the state the run ended in (WORKER_DONE and after), which its source settles. */
 typedef worker_state_t worker_outcome_t;
 
 /* "queued", "decoded", ... "given_back" (WORKER_INFRA), "lost". */
@@ -84,6 +89,7 @@ typedef struct {
 } worker_stats_t;
 
 typedef struct worker_http_wait worker_http_wait_t;
+typedef struct worker_batcher worker_batcher_t;
 
 /* The CloudEvents sink (sink.c): its own listener on worker.sink_port, token-authenticated.
  * Started by the worker in http mode; stopped first when the worker stops (waits for its
@@ -253,6 +259,8 @@ struct obx_worker {
 
   worker_sched_t *sched;    /* per-key queues and the runner threads (sched.c) */
   worker_io_t *io;          /* the IO thread of the http-request calls (io.c) */
+  worker_batcher_t *claimer;  /* fresh Kafka events' claims, grouped (batch.c) */
+  worker_batcher_t *recorder; /* finished runs' outcomes, grouped in one transaction (batch.c) */
   int nrunners;             /* ORDER_POST_CONCURRENCY */
   int max_inflight;         /* WORKER_MAX_INFLIGHT */
   atomic_bool stop;
@@ -299,6 +307,13 @@ typedef enum {
   CLAIM_MOVED, /* the entry is no longer in the status (or attempt) it was met in */
 } claim_t;
 
+/* What a batch write (batch.c) did for one event of it. */
+typedef enum {
+  BATCH_NONE,    /* not written in a batch: the event's own path (lifecycle.c) */
+  BATCH_WRITTEN, /* written with the others */
+  BATCH_LOST,    /* recorder: its claim's compare-and-set did not hold, nothing of it written */
+} batch_result_t;
+
 /* One event on its way through worker_handle: what it is, where it came from, what happened. */
 typedef struct worker_event {
   obx_worker_t *w;
@@ -307,6 +322,7 @@ typedef struct worker_event {
   obx_event_t ev;          /* decoded */
   mongoc_client_t *client;
   obx_inbox_entry_t entry;
+  char traceparent[OBX_TRACEPARENT_LEN + 1]; /* the consumer span's, stored on the entry */
   const char *names[OBX_ENVELOPE_MAX_HEADERS], *values[OBX_ENVELOPE_MAX_HEADERS];
   bool claimed;            /* an inbox entry exists for it and this process holds its claim */
   obx_inbox_cas_t cas;     /* that claim: every status write of this run is conditional on it */
@@ -324,13 +340,33 @@ typedef struct worker_event {
   obx_pipeline_run_t *run;
   obx_span_t *span;        /* the consumer span, open until the event ends */
   char *key;               /* the key its job was queued under (the run may change the headers) */
+  /* batched writes (batch.c): the claimer's insert, the recorder's group commit */
+  batch_result_t batched;
+  worker_outcome_t recorded; /* the outcome the recorder writes (WORKER_DONE, WORKER_SKIPPED) */
+  obx_inbox_status_t record_status;
+  int record_attempts;
 } event_t;
 
 /* The runners' callback (sched.c): one event end to end, then its outcome back to its source;
  * false while its run waits for a call (io.c has the job; the callback runs again to go on). */
 bool worker_run_job(void *ctx, job_t *job);
+/* The batch writes (batch.c's batch functions, on its threads): each event of jobs[0..n) gets its
+ * result in e->batched. */
+void worker_claim_batch(obx_worker_t *w, job_t **jobs, int n);
+void worker_record_batch(obx_worker_t *w, job_t **jobs, int n);
 /* Ends an event in the DLQ (class, cause); see lifecycle.c. */
 worker_outcome_t worker_dead_letter(event_t *e, const char *failure_class, const char *cause, bool attempted);
+
+/* ---- batch threads (batch.c) ---------------------------------------------------------------- */
+typedef void (*worker_batch_fn)(obx_worker_t *w, job_t **jobs, int n);
+/* Starts a thread that writes the jobs submitted to it with fn, up to max at a time. Owned;
+ * NULL with err when the thread cannot start. label: "claims", "recordings" (health, metrics). */
+worker_batcher_t *worker_batcher_start(obx_worker_t *w, const char *label, worker_batch_fn fn, int max,
+                                       obx_err_t *err);
+/* Holds job (worker_sched_hold) until it is written, then resumes it (worker_sched_resume). */
+void worker_batcher_submit(worker_batcher_t *b, job_t *job);
+/* After worker_sched_destroy (nothing held left): ends the thread, frees. NULL is a no-op. */
+void worker_batcher_stop(worker_batcher_t *b);
 
 /* ---- bounded steps (steps.c) ---------------------------------------------------------------- */
 typedef enum {

@@ -200,12 +200,13 @@ static void test_each_trigger_ends_in_the_dlq_once(void **state) {
     assert_int_equal(wt_erp_calls(fx, "BIG-1"), 0);
     obx_event_cleanup(&ev);
   }
-  /* A non-retriable MongoDB error on the outcome's commit: the run is not repeated. */
+  /* A non-retriable MongoDB error on the outcome's commit: the run is not repeated. Twice: the
+   * group commit's (batch.c), then the event's own recording after it. */
   {
     obx_event_t ev;
     wt_event(&ev, "OrderConfirmed", "K-F", "FC-1");
     wt_route(fx, "FC-1", 200);
-    obx_test_fail_point(fx->client, "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": "
+    obx_test_fail_point(fx->client, "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 2}, \"data\": "
                                     "{\"failCommands\": [\"commitTransaction\"], \"errorCode\": 2}}");
     wt_produce(fx, &ev);
     dlq_find_t f = {.want_id = ev.id};
