@@ -8,8 +8,8 @@
  *     claim, then one transaction: the pipeline_executions document and the inbox update to
  *     DONE; into collections with the worker's indexes); then obx_worker (CONCURRENCY runners, a one-node order.post pipeline) consumes the
  *     same N records. Ratio: worker events/s / floor events/s. Then once more with
- *     WORKER_MAX_INFLIGHT=N, so that the Kafka intake is never paused: the difference is what the
- *     pauses at the bound cost (each resume fetches the partition again).
+ *     WORKER_MAX_INFLIGHT=N, so that the Kafka intake never holds a partition: the difference is
+ *     what holding the partitions at the bound costs.
  * (b) a 50 ms endpoint: SLOW_EVENTS events over SLOW_KEYS keys (key i % SLOW_KEYS) to topic
  *     bench-slow, a pipeline start -> http-request to a stub in this process that answers every
  *     call after 50 ms, the worker with CONCURRENCY runners and WORKER_MAX_INFLIGHT=BOUND.
@@ -300,7 +300,7 @@ int main(int argc, char **argv) {
                                " \"nodes\": [{\"id\": \"start\", \"type\": \"start\"}], \"edges\": []}",
                                n);
 
-  /* (a) again with a bound past the records: the intake is never paused (the cost of the pauses) */
+  /* (a) again with a bound past the records: the intake never holds a partition (what holding costs) */
   char all[32];
   snprintf(all, sizeof all, "%d", n);
   double unpaused = worker_rate(uri, bootstrap, amqp, concurrency, all, "bench-instant", "bench_a2",
@@ -340,7 +340,7 @@ int main(int argc, char **argv) {
   printf("| (a) instant pipeline, %d events, %d keys, WORKER_MAX_INFLIGHT %d | %.0f | durable floor: inbox insert + transaction "
          "(execution, inbox DONE) via libmongoc, %d threads | %.0f | %.2f | >= 0.8 |\n",
          n, keys, inflight, instant, threads, floor_rate, instant / floor_rate);
-  printf("| (a) the same, WORKER_MAX_INFLIGHT %d (the intake never paused) | %.0f | durable floor | %.0f | %.2f | "
+  printf("| (a) the same, WORKER_MAX_INFLIGHT %d (the intake never held) | %.0f | durable floor | %.0f | %.2f | "
          "(context) |\n",
          n, unpaused, floor_rate, unpaused / floor_rate);
   printf("| (b) %d ms endpoint, %d events, %d keys, WORKER_MAX_INFLIGHT %d | %.0f | min(keys, bound) / %d ms | "

@@ -28,6 +28,7 @@
 
 #define KEY_QUEUE_CAP 64  /* events of one key queued before its partition is held */
 #define REVOKE_DRAIN_MS 30000
+#define COMMIT_EVERY_MS 50 /* asynchronous commits at most this often */
 
 static void kafka_commit(obx_worker_t *w, const int32_t *parts, const int64_t *next, int n, bool sync) {
   if (n == 0) return;
@@ -38,7 +39,10 @@ static void kafka_commit(obx_worker_t *w, const int32_t *parts, const int64_t *n
   rd_kafka_topic_partition_list_destroy(offsets);
 }
 
-/* Takes the runners' completions and commits the contiguous finished offsets. */
+/* Takes the runners' completions and commits the contiguous finished offsets: at once when
+ * sync, else at most every COMMIT_EVERY_MS (the poll thread turns once per completion while a
+ * partition is held; a commit request per turn would cost the broker and this process more than
+ * the events). */
 static void kafka_commit_done(obx_worker_t *w, bool sync) {
   pthread_mutex_lock(&w->done_mu);
   job_t *list = w->kafka_done;
@@ -51,6 +55,9 @@ static void kafka_commit_done(obx_worker_t *w, bool sync) {
     w->kafka_jobs--;
     worker_job_free(job);
   }
+  int64_t now = obx_time_now_ms();
+  if (!sync && now - w->last_commit_ms < COMMIT_EVERY_MS) return;
+  w->last_commit_ms = now;
   int max = w->offsets.n ? w->offsets.n : 1;
   int32_t parts[max];
   int64_t next[max];

@@ -275,6 +275,7 @@ struct obx_worker {
   int nparts;
   int nheld;              /* Kafka thread only: how many of them are held */
   int intake_inflight;      /* Kafka thread only: events in flight when last looked at */
+  int64_t last_commit_ms;   /* Kafka thread only: the last asynchronous commit */
   rd_kafka_queue_t *consumer_q; /* rebalances, errors and logs (the partitions' records are not forwarded to it) */
   int wake[2];              /* a pipe: the queues' IO events and the runners' completions wake the Kafka thread */
   atomic_bool wake_armed;   /* the Kafka thread waits for a completion (a partition is held) */
