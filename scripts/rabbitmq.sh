@@ -150,6 +150,7 @@ EOF
   # only after this timeout (RabbitMQ's default: 180 s). At boot a vhost's quorum queues come back
   # before its exchanges, so a tier expiring its messages at once finds no exchange and holds
   # them that long (test_ladder_restart; README: RabbitMQ). It is not in rabbitmq.conf's schema.
+  # The worker does not need it (its retry sweep republishes an overdue retry); it shortens the wait.
   echo '[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 5000}]}].' >"$DIR/advanced.config"
   # extra rabbitmq.conf lines, e.g. a TLS listener for test_ladder_tls
   if [ -n "${OBX_RMQ_CONF_EXTRA:-}" ]; then printf '%s\n' "$OBX_RMQ_CONF_EXTRA" >>"$DIR/rabbitmq.conf"; fi

@@ -139,6 +139,8 @@ typedef struct {
     "Longest time one step of an event is retried while MongoDB or RabbitMQ is unavailable") \
   X(retry_ladder, DURATION_LIST, "worker.retry_ladder", "RETRY_LADDER", "5s,30s,2m,10m", 10, 86400000, NULL, 0, \
     "Delays of the RabbitMQ retry tiers (one TTL queue per tier)")                               \
+  X(worker_retry_grace, DURATION, "worker.retry_grace", "WORKER_RETRY_GRACE", "30s", 100, 86400000, NULL, 0, \
+    "How long past its tier's delay a retry may stay missing from the work queue before the worker republishes it there (README: retry sweep)") \
   X(worker_source, ENUM, "worker.source", "WORKER_SOURCE", "kafka", 0, 0, "kafka|http", 0,         \
     "kafka: consumer group on KAFKA_TOPIC; http: CloudEvents HTTP sink (Knative)")               \
   X(worker_sink_port, INT, "worker.sink_port", "SINK_PORT", "8081", 0, 65535, NULL, 0,             \

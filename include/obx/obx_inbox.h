@@ -4,7 +4,8 @@
  *   { _id: {consumer, eventId}, eventType, orgId, partitionKey, status, attempts,
  *     headers: {<CloudEvent header>: <string>}, payload: {...},      // kept for replay
  *     source: {topic, partition, offset} | {kind: "http"|"amqp"}, seq,
- *     receivedAt, processedAt, lastError, executionIds: [...], owner, member, leaseUntil, retrySent }
+ *     receivedAt, processedAt, lastError, executionIds: [...], owner, member, leaseUntil, retrySent,
+ *     retryDueAt, retrySwept, retryReplay }
  * status: RECEIVED -> PROCESSING -> DONE | SKIPPED | RETRYING -> ... | DEAD; BLOCKED while the
  * event waits behind the head of its key. processedAt is set when an entry reaches DONE,
  * SKIPPED or DEAD, and the TTL index on it (INBOX_RETENTION) removes finished entries. `seq`
@@ -121,9 +122,24 @@ bool obx_inbox_take(mongoc_client_t *client, const char *db, const char *consume
 bool obx_inbox_take_resend(mongoc_client_t *client, const char *db, const char *consumer, const char *event_id,
                            const char *owner, int64_t lease_ms, int attempts, bool *taken, obx_err_t *err);
 /* Records that the tier copy of RETRYING attempt `attempts` was published (retrySent true, the
- * intent's lease ended); a no-op once the entry moved on. */
+ * intent's lease ended) and is due back in the work queue at due_ms (retryDueAt: the retry
+ * sweep's mark), a copy of operator replay replay_id (retryReplay; NULL: none); a no-op once the
+ * entry moved on. */
 bool obx_inbox_retry_sent(mongoc_client_t *client, const char *db, const char *consumer, const char *event_id,
-                          int attempts, obx_err_t *err);
+                          int attempts, int64_t due_ms, const char *replay_id, obx_err_t *err);
+/* ---- the retry sweep (src/worker/retrysweep.c) --------------------------------------------
+ * A RETRYING entry whose tier copy was sent (retrySent) but is past retryDueAt has lost its
+ * message, or RabbitMQ holds it (a tier that dead-letters before its exchange is back). */
+
+/* Visits, oldest due first, up to limit of consumer's sent retries due before before_ms (visit
+ * returns false to stop). Index inbox_consumer_retry_due. */
+bool obx_inbox_retry_overdue(mongoc_client_t *client, const char *db, const char *consumer, int64_t before_ms,
+                             int limit, bool (*visit)(void *ctx, const bson_t *entry), void *ctx, obx_err_t *err);
+/* Takes the sweep of one overdue retry: compare-and-set on (RETRYING, retrySent, attempts, the
+ * retryDueAt it was read with), which moves retryDueAt to next_due_ms and counts retrySwept, so
+ * of several processes sweeping at once one republishes it. *taken says whether it did. */
+bool obx_inbox_retry_sweep_take(mongoc_client_t *client, const char *db, const char *consumer, const char *event_id,
+                                int attempts, int64_t due_ms, int64_t next_due_ms, bool *taken, obx_err_t *err);
 /* Whether an event of key is RECEIVED or PROCESSING under a live claim of an owner other than
  * owner (a peer runs an event of the key now). */
 bool obx_inbox_key_claimed_elsewhere(mongoc_client_t *client, const char *db, const char *consumer, const char *key,

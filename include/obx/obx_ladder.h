@@ -92,6 +92,8 @@ int obx_ladder_ntiers(const obx_ladder_t *ladder);
 const char *obx_ladder_work_queue(const obx_ladder_t *ladder);
 const char *obx_ladder_dlq_queue(const obx_ladder_t *ladder);
 const char *obx_ladder_tier_queue(const obx_ladder_t *ladder, int tier);
+/* The delay of retry tier `tier` (0-based; past the last, the last's), 0 without tiers. */
+int64_t obx_ladder_tier_ms(const obx_ladder_t *ladder, int tier);
 
 /* Publishes to retry tier `tier` (0-based), to the DLQ, or straight to the work queue, and waits
  * for the confirm. One attempt: on a connection problem the error is retriable and the next call

@@ -62,6 +62,7 @@ typedef struct {
   uint64_t blocked;         /* events stored BLOCKED behind their key's head */
   uint64_t retries[OBX_CONF_MAX_LIST]; /* publishes per retry tier */
   uint64_t dlq;             /* DLQ publishes */
+  uint64_t swept;           /* retries republished by the retry sweep (their tier's message overdue) */
   int64_t lag;              /* Kafka consumer lag over the assigned partitions (-1: unknown) */
   int64_t parked_keys;      /* last count of parked keys (-1: unknown) */
   int64_t paused_partitions; /* Kafka partitions held (not read) because a key's queue or the bound is full */

@@ -69,6 +69,9 @@ static const obx_schema_index_t inbox_indexes[] = {
   {"inbox_consumer_newest", "{\"_id.consumer\": 1, \"receivedAt\": -1, \"_id.eventId\": -1}", NULL,
    OBX_SCHEMA_TTL_NONE},
   {"inbox_event", "{\"_id.eventId\": 1, \"_id.consumer\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
+  /* the retry sweep: a consumer's sent retries past their due time (src/worker/retrysweep.c) */
+  {"inbox_consumer_retry_due", "{\"_id.consumer\": 1, \"status\": 1, \"retrySent\": 1, \"retryDueAt\": 1}", NULL,
+   OBX_SCHEMA_TTL_NONE},
 };
 
 /* the parked keys of one consumer, oldest first (GET /api/keys, outboxctl keys, the counts) */

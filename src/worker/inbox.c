@@ -481,16 +481,19 @@ bool obx_inbox_take_resend(mongoc_client_t *client, const char *db, const char *
 }
 
 bool obx_inbox_retry_sent(mongoc_client_t *client, const char *db, const char *consumer, const char *event_id,
-                          int attempts, obx_err_t *err) {
+                          int attempts, int64_t due_ms, const char *replay_id, obx_err_t *err) {
   bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child;
   append_id(&filter, "_id", consumer, "eventId", event_id);
   BSON_APPEND_UTF8(&filter, "status", obx_inbox_status_name(OBX_INBOX_RETRYING));
   BSON_APPEND_INT32(&filter, "attempts", attempts);
   BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &child);
   BSON_APPEND_BOOL(&child, "retrySent", true);
+  BSON_APPEND_DATE_TIME(&child, "retryDueAt", due_ms);
+  if (replay_id) BSON_APPEND_UTF8(&child, "retryReplay", replay_id);
   bson_append_document_end(&update, &child);
   BSON_APPEND_DOCUMENT_BEGIN(&update, "$unset", &child);
   BSON_APPEND_UTF8(&child, "leaseUntil", "");
+  if (!replay_id) BSON_APPEND_UTF8(&child, "retryReplay", "");
   bson_append_document_end(&update, &child);
   bool ok = write_one(client, db, "inbox", NULL, &filter, &update, false, NULL, err);
   bson_destroy(&update);
@@ -865,4 +868,40 @@ bool obx_inbox_count_parked(mongoc_client_t *client, const char *db, const char 
   mongoc_collection_destroy(c);
   bson_destroy(&filter);
   return *n >= 0;
+}
+
+/* ---- the retry sweep (src/worker/retrysweep.c) ---------------------------------------------- */
+
+bool obx_inbox_retry_overdue(mongoc_client_t *client, const char *db, const char *consumer, int64_t before_ms,
+                             int limit, bool (*visit)(void *ctx, const bson_t *entry), void *ctx, obx_err_t *err) {
+  bson_t *filter = BCON_NEW("_id.consumer", BCON_UTF8(consumer), "status",
+                            BCON_UTF8(obx_inbox_status_name(OBX_INBOX_RETRYING)), "retrySent", BCON_BOOL(true),
+                            "retryDueAt", "{", "$lt", BCON_DATE_TIME(before_ms), "}");
+  bson_t *opts = BCON_NEW("sort", "{", "retryDueAt", BCON_INT32(1), "}", "limit", BCON_INT64(limit));
+  mongoc_collection_t *c = coll(client, db, "inbox");
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(c, filter, opts, NULL);
+  const bson_t *doc;
+  while (mongoc_cursor_next(cursor, &doc) && visit(ctx, doc)) continue;
+  bson_error_t berr;
+  const bson_t *reply = NULL;
+  bool ok = !mongoc_cursor_error_document(cursor, &berr, &reply);
+  if (!ok) obx_err_from_bson(err, &berr, reply);
+  mongoc_cursor_destroy(cursor);
+  mongoc_collection_destroy(c);
+  bson_destroy(opts);
+  bson_destroy(filter);
+  return ok;
+}
+
+bool obx_inbox_retry_sweep_take(mongoc_client_t *client, const char *db, const char *consumer, const char *event_id,
+                                int attempts, int64_t due_ms, int64_t next_due_ms, bool *taken, obx_err_t *err) {
+  bson_t filter = BSON_INITIALIZER;
+  append_id(&filter, "_id", consumer, "eventId", event_id);
+  BSON_APPEND_UTF8(&filter, "status", obx_inbox_status_name(OBX_INBOX_RETRYING));
+  BSON_APPEND_BOOL(&filter, "retrySent", true);
+  BSON_APPEND_INT32(&filter, "attempts", attempts);
+  BSON_APPEND_DATE_TIME(&filter, "retryDueAt", due_ms);
+  bson_t *update = BCON_NEW("$set", "{", "retryDueAt", BCON_DATE_TIME(next_due_ms), "}", "$inc", "{", "retrySwept",
+                            BCON_INT32(1), "}");
+  return write_taken(client, db, &filter, update, taken, err);
 }

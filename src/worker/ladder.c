@@ -269,6 +269,11 @@ const char *obx_ladder_tier_queue(const obx_ladder_t *ladder, int tier) {
   return tier >= 0 && tier < ladder->names.ntiers ? ladder->names.tier_queues[tier] : NULL;
 }
 
+int64_t obx_ladder_tier_ms(const obx_ladder_t *ladder, int tier) {
+  if (ladder->names.ntiers == 0) return 0;
+  return ladder->names.tiers_ms[tier < 0 ? 0 : tier < ladder->names.ntiers ? tier : ladder->names.ntiers - 1];
+}
+
 static bool ladder_publish(obx_ladder_t *ladder, const char *exchange, const char *routing_key,
                            const obx_envelope_t *msg, obx_err_t *err) {
   pthread_mutex_lock(&ladder->mu);

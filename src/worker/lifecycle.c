@@ -344,6 +344,12 @@ static worker_outcome_t record(event_t *e, outcome_txn_t *t, worker_outcome_t ou
   return worker_dead_letter(e, r == STEP_FAILED ? "terminal" : "infra", cause, outcome == WORKER_RETRYING);
 }
 
+/* The operator replay a tier copy of this run belongs to (recorded with the send, so the retry
+ * sweep's copy carries it too), NULL when none. */
+static const char *tier_replay(const event_t *e) {
+  return e->source == WORKER_SOURCE_WORK ? e->msg->replay_id : NULL;
+}
+
 /* A transient failure with attempts left goes up the ladder, intent first: one transaction
  * records the run, RETRYING with the attempt number and the parked key (compare-and-set on the
  * claim); then the confirmed publish to the tier; then retrySent. A copy is therefore never on a
@@ -370,7 +376,8 @@ static worker_outcome_t retry(event_t *e, outcome_txn_t *t, int attempt, const c
   worker_count_retry(w, tier < ntiers ? tier : ntiers - 1);
   obx_log_event(OBX_LOG_INFO, e->ev.id, e->ev.correlation_id, "attempt %d failed (transient: %s); retry tier %d",
                 attempt, error, tier + 1);
-  if (!obx_inbox_retry_sent(e->client, w->db, w->consumer, e->ev.id, attempt, &err))
+  if (!obx_inbox_retry_sent(e->client, w->db, w->consumer, e->ev.id, attempt,
+                            obx_time_now_ms() + obx_ladder_tier_ms(w->ladder, tier), tier_replay(e), &err))
     obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id,
                   "recording the tier publish failed (%s): the copy runs anyway, a later delivery may send another",
                   err.msg);
@@ -699,14 +706,15 @@ static bool admit_step(void *ctx, obx_err_t *err) {
   return obx_inbox_claim(e->client, w->db, NULL, &e->entry, OBX_INBOX_RECEIVED, &e->inserted, &e->existing, err);
 }
 
-/* Takes the claim of an entry met in `existing`. A retry tier's copy (work queue, attempt > 0,
- * not an operator's replay) runs only when its attempt is the one the entry records: a stale or
- * early copy never runs. When the claim is not taken, the entry tells whether a live peer runs it
+/* Takes the claim of an entry met in `existing`. A retry tier's copy (work queue, attempt > 0: a
+ * retry of an operator's replay too, whose first copy is at attempt 0) runs only when its
+ * attempt is the one the entry records: a stale or early copy never runs, nor the late one of two
+ * copies of an attempt (the tier's and the retry sweep's). When the claim is not taken, the entry tells whether a live peer runs it
  * (RECEIVED or PROCESSING under a lease that is not past) or it moved on. */
 static bool take_step(void *ctx, obx_err_t *err) {
   event_t *e = ctx;
   obx_worker_t *w = e->w;
-  bool tier_copy = e->source == WORKER_SOURCE_WORK && e->msg->attempt > 0 && !e->msg->replay_id;
+  bool tier_copy = e->source == WORKER_SOURCE_WORK && e->msg->attempt > 0;
   bool taken = false;
   if (!obx_inbox_take(e->client, w->db, w->consumer, e->ev.id, w->owner, w->member, w->lease_ms, e->existing,
                       tier_copy ? e->msg->attempt : -1, e->msg->attempt, &taken, err))
@@ -759,7 +767,8 @@ static bool resend_intent(event_t *e) {
   }
   obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id,
                 "attempt %d was recorded RETRYING but its tier copy was never sent: sent now", attempts);
-  if (!obx_inbox_retry_sent(e->client, w->db, w->consumer, e->ev.id, attempts, &err))
+  if (!obx_inbox_retry_sent(e->client, w->db, w->consumer, e->ev.id, attempts,
+                            obx_time_now_ms() + obx_ladder_tier_ms(w->ladder, attempts - 1), tier_replay(e), &err))
     obx_log_event(OBX_LOG_WARN, e->ev.id, e->ev.correlation_id, "recording the tier publish failed: %s", err.msg);
   sent = true;
 done:

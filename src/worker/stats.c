@@ -12,7 +12,7 @@
 #include "worker_int.h"
 
 static struct {
-  obx_counter_t *consumed, *duplicates, *malformed, *runs, *blocked, *retries, *dlq, *moves;
+  obx_counter_t *consumed, *duplicates, *malformed, *runs, *blocked, *retries, *dlq, *moves, *swept;
   obx_gauge_t *lag, *parked, *paused, *prefetched;
 } metrics;
 static pthread_once_t metrics_once = PTHREAD_ONCE_INIT;
@@ -27,6 +27,9 @@ static void metrics_register(void) {
   metrics.blocked =
     obx_metrics_counter("outboxd_worker_blocked_total", "Events stored BLOCKED behind the head of their key", NULL);
   metrics.retries = obx_metrics_counter("outboxd_worker_retries_total", "Publishes to the retry ladder by tier", "tier");
+  metrics.swept = obx_metrics_counter("outboxd_worker_retry_swept_total",
+                                      "Retries republished to the work queue because their tier's message was overdue (retry sweep)",
+                                      "tier");
   metrics.dlq = obx_metrics_counter("outboxd_worker_dlq_published_total", "Publishes to the parking-lot DLQ", "class");
   metrics.moves = obx_metrics_counter("outboxd_worker_transitions_total",
                                       "Moves of events between lifecycle states (docs/worker-lifecycle.md)", "from,to");
@@ -67,6 +70,13 @@ void worker_count_retry(obx_worker_t *w, int tier) {
 void worker_count_dlq(obx_worker_t *w, const char *failure_class) {
   atomic_fetch_add(&w->stats.dlq, 1);
   obx_counter_inc(metrics.dlq, failure_class);
+}
+
+void worker_count_swept(obx_worker_t *w, int tier) {
+  atomic_fetch_add(&w->stats.swept, 1);
+  char label[16];
+  snprintf(label, sizeof label, "%d", tier + 1);
+  obx_counter_inc(metrics.swept, label);
 }
 
 void worker_set_lag(obx_worker_t *w, int64_t lag) {
@@ -133,5 +143,6 @@ void obx_worker_stats(obx_worker_t *w, obx_worker_stats_t *s) {
   s->prefetched_records = atomic_load(&w->stats.prefetched_records);
   s->kafka_stats_reports = atomic_load(&w->stats.kafka_stats_reports);
   s->revocations = atomic_load(&w->stats.revocations);
+  s->swept = atomic_load(&w->stats.swept);
   s->in_flight = w->sched ? worker_sched_inflight(w->sched) : 0;
 }

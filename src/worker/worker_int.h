@@ -13,6 +13,7 @@
  *   steps.c      bounded retries of one step, publishes to the ladder
  *   claims.c     the claims this process holds, their renewal thread, and the keys whose claim it lost
  *   parking.c    a parked key handed on to its next BLOCKED event
+ *   retrysweep.c retries whose tier message did not come back in time, republished to the work queue
  *   stats.c      counters and gauges
  * The worker's state (struct obx_worker) is shared; each field says which thread owns it. */
 #ifndef OBX_WORKER_INT_H
@@ -81,7 +82,7 @@ worker_state_t worker_state_move(const char *id, worker_state_t from, worker_sta
 
 typedef struct {
   atomic_uint_fast64_t consumed, duplicates, malformed, runs_succeeded, runs_failed, runs_skipped, blocked, dlq;
-  atomic_uint_fast64_t revocations;
+  atomic_uint_fast64_t revocations, swept;
   atomic_uint_fast64_t retries[OBX_CONF_MAX_LIST];
   atomic_int_fast64_t lag, parked_keys, paused_partitions;
   atomic_int_fast64_t fetched_records, prefetched_records; /* librdkafka's statistics, -1: none yet */
@@ -411,6 +412,11 @@ void worker_wait_key_elsewhere(obx_worker_t *w, const char *key);
  * that cannot be done within the bounds (the message is given back and takes the step later). */
 bool worker_release_if_head(event_t *e);
 
+/* ---- the retry sweep (retrysweep.c) --------------------------------------------------------- */
+/* Republishes to the work queue each sent retry of this consumer past its due time plus
+ * WORKER_RETRY_GRACE, once across replicas (compare-and-set); the work-queue thread calls it. */
+void worker_retry_sweep(obx_worker_t *w);
+
 /* ---- sources (kafka.c, workq.c) ------------------------------------------------------------- */
 bool worker_kafka_start(obx_worker_t *w, obx_err_t *err);
 void worker_kafka_close(obx_worker_t *w);
@@ -427,6 +433,7 @@ void worker_count_consumed(obx_worker_t *w, worker_source_t source);
 void worker_count_run(obx_worker_t *w, obx_pipeline_status_t status);
 void worker_count_retry(obx_worker_t *w, int tier);
 void worker_count_dlq(obx_worker_t *w, const char *failure_class);
+void worker_count_swept(obx_worker_t *w, int tier);
 void worker_count_malformed(obx_worker_t *w);
 void worker_count_outcome(obx_worker_t *w, worker_outcome_t outcome);
 void worker_count_move(worker_state_t from, worker_state_t to);

@@ -1,7 +1,9 @@
 /* workq.c - the worker's work-queue source (RabbitMQ P.work: retries, redrives, hand-overs)
  *
  * DESIGN: owns the AMQP consumer of the work queue and its thread (wq_main), which also keeps the
- * worker's periodic chores: the ladder connection's tick and the parked-keys gauge (the claims'
+ * worker's periodic chores: the ladder connection's tick, the parked-keys gauge and the retry
+ * sweep (retrysweep.c, once the worker's indexes exist, every quarter of WORKER_RETRY_GRACE at
+ * most once a second) (the claims'
  * leases are renewed by a thread of their own, claims.c). A message becomes an envelope queued behind its key (jobs.c), and
  * is acked once its outcome is recorded, nacked (requeued) when it could be put nowhere. Never
  * runs or records an event (lifecycle.c does). Reads amqp.url, worker.queue_prefix. */
@@ -14,6 +16,7 @@
 #include "obx/obx_inbox.h"
 #include "obx/obx_log.h"
 #include "obx/obx_mongo.h"
+#include "obx/obx_schema.h"
 #include "worker_int.h"
 
 void worker_wq_settle(obx_worker_t *w) {
@@ -35,7 +38,8 @@ static void *wq_main(void *arg) {
   obx_worker_t *w = arg;
   pthread_setname_np(pthread_self(), "obx-workq");
   obx_log_set_role("worker");
-  int64_t last_warn = 0, last_parked = 0, last_tick = 0;
+  int64_t last_warn = 0, last_parked = 0, last_tick = 0, last_sweep = 0;
+  int64_t sweep_every = w->conf->worker_retry_grace / 4 > 1000 ? w->conf->worker_retry_grace / 4 : 1000;
   obx_health_register("worker", "work queue");
   while (!atomic_load(&w->stop)) {
     obx_health_stamp("settling work queue messages");
@@ -51,6 +55,10 @@ static void *wq_main(void *arg) {
       obx_err_t err = OBX_ERR_INIT;
       if (obx_inbox_count_parked(client, w->db, w->consumer, &n, &err)) worker_set_parked(w, n);
       obx_mongo_push(w->mongo, client);
+    }
+    if (obx_time_now_ms() - last_sweep >= sweep_every && obx_schema_guard_wait(w->schema, 0)) {
+      last_sweep = obx_time_now_ms();
+      worker_retry_sweep(w);
     }
     job_t *job = calloc(1, sizeof *job);
     assert(job);

@@ -12,7 +12,9 @@
  * default one fails the same way), keeps the message, and tries again only after the node's
  * dead_letter_worker_publisher_confirm_timeout: RabbitMQ's default 180 s fails this test, the 5 s
  * scripts/rabbitmq.sh sets passes it. Many tiers make the race happen on every run (measured:
- * 2 to 5 of 50 tiers per restart); the test prints how many met it.
+ * 2 to 5 of 50 tiers per restart); the test prints how many met it. The worker does not rely on
+ * the setting (its retry sweep republishes an overdue retry: test_worker_retrysweep); this test
+ * pins what the broker itself does with it.
  */
 #include <stdarg.h>
 #include <stdio.h>
