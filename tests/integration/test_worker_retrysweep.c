@@ -164,10 +164,40 @@ static void test_late_tier_message_after_the_sweep_never_runs(void **state) {
   obx_event_cleanup(&ev);
 }
 
+/* Two replicas sweeping the same overdue retry at once: the compare-and-set on (RETRYING,
+ * attempts, the due time read) lets one take it; the other, and a sweep of an attempt the entry
+ * moved past, take nothing. Straight on the inbox (no worker runs). */
+static void test_two_sweepers_take_an_overdue_retry_once(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  obx_event_t ev;
+  wt_event(&ev, "OrderConfirmed", "RS-3", "RS-3");
+  const char *db = obx_mongo_db_name(fx->mongo);
+  obx_inbox_entry_t entry = {.consumer = fx->group, .event = &ev, .source_kind = "amqp", .seq = 1};
+  bool inserted = false, taken[3] = {false, false, false};
+  obx_inbox_status_t existing;
+  obx_err_t err = OBX_ERR_INIT;
+  int64_t due = obx_time_now_ms() - 5000, next = obx_time_now_ms() + 60000;
+  if (!obx_inbox_claim(fx->client, db, NULL, &entry, OBX_INBOX_RECEIVED, &inserted, &existing, &err) || !inserted ||
+      !obx_inbox_set_status(fx->client, db, NULL, fx->group, ev.id, OBX_INBOX_RETRYING, 1, "503", NULL, &err) ||
+      !obx_inbox_retry_sent(fx->client, db, fx->group, ev.id, 1, due, NULL, &err))
+    fail_msg("storing a sent retry: %s", err.msg);
+  for (int i = 0; i < 2; i++)
+    if (!obx_inbox_retry_sweep_take(fx->client, db, fx->group, ev.id, 1, due, next + i, &taken[i], &err))
+      fail_msg("sweep take: %s", err.msg);
+  if (!taken[0] || taken[1]) fail_msg("taken by the first sweeper %d, by the second %d; want 1 and 0", taken[0], taken[1]);
+  if (!obx_inbox_retry_sweep_take(fx->client, db, fx->group, ev.id, 2, next, next + 1, &taken[2], &err))
+    fail_msg("sweep take: %s", err.msg);
+  if (taken[2]) fail_msg("a sweep of attempt 2 took the entry at attempt 1");
+  assert_int_equal(wt_inbox_int(fx, ev.id, "retrySwept"), 1);
+  obx_event_cleanup(&ev);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_lost_tier_message_is_swept_and_runs_once, setup, teardown),
     cmocka_unit_test_setup_teardown(test_late_tier_message_after_the_sweep_never_runs, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_two_sweepers_take_an_overdue_retry_once, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
