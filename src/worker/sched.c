@@ -9,7 +9,7 @@
  * the call goes to the IO thread, io.c) frees its runner but keeps its key running; when the call
  * ends, worker_sched_resume puts the job on the continuation list, which runners serve before
  * fresh keys, and the key is released only when the run finishes. Pushing never blocks: the sources read the depth of the key and
- * the number in flight after each push and hold their intake themselves (the Kafka thread pauses
+ * the number in flight after each push and hold their intake themselves (the Kafka thread holds
  * the partition concerned, see kafka.c). One mutex guards everything here. */
 #include <assert.h>
 #include <pthread.h>
