@@ -231,4 +231,12 @@ bool obx_inbox_list_parked(mongoc_client_t *client, const char *db, const char *
 bool obx_inbox_count_parked(mongoc_client_t *client, const char *db, const char *consumer, int64_t *n,
                             obx_err_t *err);
 
+/* ---- keySeq gaps ---------------------------------------------------------------------------- */
+/* Whether the consumer's inbox holds the key's event of writer sequence key_seq (an entry whose
+ * seq is key_seq and that carries ce_keyseq, so not an offset-ordered one) at an outcome: DONE,
+ * SKIPPED, BLOCKED, RETRYING or DEAD (not RECEIVED/PROCESSING: still running somewhere). One
+ * index-bounded lookup (inbox_key_status_seq). */
+bool obx_inbox_seq_settled(mongoc_client_t *client, const char *db, const char *consumer, const char *key,
+                           int64_t key_seq, bool *settled, obx_err_t *err);
+
 #endif

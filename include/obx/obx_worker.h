@@ -30,8 +30,9 @@
  * work-queue thread (owns the AMQP consumer, acks), ORDER_POST_CONCURRENCY runner threads
  * (sched.c), one IO thread (io.c: every http-request call in flight, in a libcurl multi handle).
  * Every event is queued behind the earlier events of its key (partitionKey) and a key is run by
- * one runner at a time, so one key's events run in arrival order while other keys run in
- * parallel; a run that reaches an http-request call hands it to the IO thread and frees its
+ * one runner at a time, so one key's events run in their writer's keySeq order (else arrival
+ * order) while other keys run in parallel; an event whose key's previous keySeq has not settled
+ * in the inbox waits for it, holding no runner, up to WORKER_GAP_WAIT (keyseq.c); a run that reaches an http-request call hands it to the IO thread and frees its
  * runner, and goes on on a runner when the call ended, its key held meanwhile. Up to
  * WORKER_MAX_INFLIGHT events (queued, running or waiting for a call) are in flight; a key whose
  * call hangs holds its own queue only. The poll thread

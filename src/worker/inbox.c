@@ -905,3 +905,40 @@ bool obx_inbox_retry_sweep_take(mongoc_client_t *client, const char *db, const c
                             BCON_INT32(1), "}");
   return write_taken(client, db, &filter, update, taken, err);
 }
+
+/* ---- keySeq gaps ------------------------------------------------------------------------ */
+
+bool obx_inbox_seq_settled(mongoc_client_t *client, const char *db, const char *consumer, const char *key,
+                           int64_t key_seq, bool *settled, obx_err_t *err) {
+  static const obx_inbox_status_t outcomes[] = {OBX_INBOX_DONE, OBX_INBOX_SKIPPED, OBX_INBOX_BLOCKED,
+                                                OBX_INBOX_RETRYING, OBX_INBOX_DEAD};
+  bson_t filter = BSON_INITIALIZER, child;
+  BSON_APPEND_UTF8(&filter, "_id.consumer", consumer);
+  BSON_APPEND_UTF8(&filter, "partitionKey", key);
+  append_status_in(&filter, "status", outcomes, (int)(sizeof outcomes / sizeof outcomes[0]));
+  BSON_APPEND_INT64(&filter, "seq", key_seq);
+  BSON_APPEND_DOCUMENT_BEGIN(&filter, "headers.ce_keyseq", &child);
+  BSON_APPEND_BOOL(&child, "$exists", true);
+  bson_append_document_end(&filter, &child);
+  bson_t opts = BSON_INITIALIZER; /* its _id only: the entry's payload stays on the server */
+  BSON_APPEND_DOCUMENT_BEGIN(&opts, "projection", &child);
+  BSON_APPEND_INT32(&child, "_id", 1);
+  bson_append_document_end(&opts, &child);
+  BSON_APPEND_INT64(&opts, "limit", 1);
+  mongoc_collection_t *c = coll(client, db, "inbox");
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(c, &filter, &opts, NULL);
+  const bson_t *doc;
+  *settled = mongoc_cursor_next(cursor, &doc);
+  bson_error_t berr;
+  const bson_t *reply = NULL;
+  bool ok = !mongoc_cursor_error_document(cursor, &berr, &reply);
+  if (!ok) {
+    obx_err_from_bson(err, &berr, reply);
+    *settled = false;
+  }
+  mongoc_cursor_destroy(cursor);
+  mongoc_collection_destroy(c);
+  bson_destroy(&opts);
+  bson_destroy(&filter);
+  return ok;
+}

@@ -37,6 +37,8 @@ void worker_job_push(obx_worker_t *w, job_t *job, int *key_depth, int *inflight)
   worker_sched_push(w->sched, job, key, klen, key_depth, inflight);
 }
 
+worker_state_t worker_job_state(const job_t *job) { return job->gap_since ? WORKER_WAITING_GAP : WORKER_QUEUED; }
+
 void worker_job_complete(obx_worker_t *w, job_t *job) {
   if (job->source == WORKER_SOURCE_HTTP) {
     worker_http_complete(job->wait, job->outcome);

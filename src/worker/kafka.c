@@ -171,7 +171,7 @@ static bool is_kafka_job(void *ctx, const job_t *job) {
 
 static void drop_kafka_job(void *ctx, job_t *job) {
   obx_worker_t *w = ctx;
-  worker_state_move(job->msg.message_id, WORKER_QUEUED, WORKER_INFRA); /* the next owner reads it */
+  worker_state_move(job->msg.message_id, worker_job_state(job), WORKER_INFRA); /* the next owner reads it */
   w->kafka_jobs--;
   worker_job_free(job);
 }

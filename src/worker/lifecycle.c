@@ -37,7 +37,7 @@
  * moves[] is its code form, checked on every move. */
 
 static const char *const state_names[] = {
-  "queued", "decoded", "claimed", "running", "waiting", "recording", "releasing", "done",
+  "queued", "decoded", "claimed", "running", "waiting", "recording", "releasing", "waiting_gap", "done",
   "skipped", "duplicate", "blocked", "retrying", "dead", "malformed", "given_back", "lost",
 };
 _Static_assert(sizeof state_names / sizeof state_names[0] == WORKER_NSTATES, "a name per state");
@@ -45,7 +45,9 @@ _Static_assert(sizeof state_names / sizeof state_names[0] == WORKER_NSTATES, "a 
 #define TO(s) (1u << (s))
 /* From each state on the way, where an event may go; an end state goes nowhere. */
 static const unsigned moves[WORKER_NSTATES] = {
-  [WORKER_QUEUED] = TO(WORKER_DECODED) | TO(WORKER_DEAD) | TO(WORKER_MALFORMED) | TO(WORKER_INFRA),
+  [WORKER_QUEUED] = TO(WORKER_DECODED) | TO(WORKER_DEAD) | TO(WORKER_MALFORMED) | TO(WORKER_INFRA) |
+                    TO(WORKER_WAITING_GAP),
+  [WORKER_WAITING_GAP] = TO(WORKER_QUEUED) | TO(WORKER_INFRA),
   [WORKER_DECODED] = TO(WORKER_CLAIMED) | TO(WORKER_BLOCKED) | TO(WORKER_DUPLICATE) | TO(WORKER_RELEASING) |
                      TO(WORKER_DEAD) | TO(WORKER_INFRA),
   [WORKER_CLAIMED] = TO(WORKER_RUNNING),
@@ -102,11 +104,12 @@ bool worker_run_job(void *ctx, job_t *job) {
     job->outcome = WORKER_INFRA;
     while (!obx_schema_guard_wait(w->schema, 100)) {
       if (atomic_load(&w->stop) || job->source == WORKER_SOURCE_HTTP) { /* HTTP: 503, sent again */
-        worker_state_move(job->msg.message_id, WORKER_QUEUED, WORKER_INFRA);
+        worker_state_move(job->msg.message_id, worker_job_state(job), WORKER_INFRA);
         goto done;
       }
       obx_health_stamp("waiting for the schema");
     }
+    if (!worker_keyseq_admit(w, job)) return false; /* deferred behind its key's missing keySeq */
     size_t klen;
     const char *k = obx_envelope_partition_key(&job->msg, &klen);
     e = job->event = event_new();

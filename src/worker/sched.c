@@ -8,14 +8,19 @@
  * its own queue, nothing else. A run that waits for an HTTP call (the run callback returns false,
  * the call goes to the IO thread, io.c) frees its runner but keeps its key running; when the call
  * ends, worker_sched_resume puts the job on the continuation list, which runners serve before
- * fresh keys, and the key is released only when the run finishes. Pushing never blocks: the sources read the depth of the key and
- * the number in flight after each push and hold their intake themselves (the Kafka thread holds
- * the partition concerned, see kafka.c). One mutex guards everything here. */
+ * fresh keys, and the key is released only when the run finishes. A job that may not run yet
+ * (its key's earlier event has not settled: keyseq.c) is deferred: back at the head of its key's
+ * queue, which no runner takes before its wake time, or before a job of the key is queued ahead
+ * of it (its missing predecessor came to this process); no runner is held meanwhile. Pushing
+ * never blocks: the sources read the depth of the key and the number in flight after each push
+ * and hold their intake themselves (the Kafka thread holds the partition concerned, see
+ * kafka.c). One mutex guards everything here. */
 #include <assert.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "obx/obx_health.h"
 #include "obx/obx_log.h"
@@ -32,7 +37,8 @@ typedef struct keyq {
   bool running;      /* a runner holds its head, or its run waits for a call */
   bool ready;        /* on the ready list */
   worker_job_t *cont; /* the running job, its call ended: on the continuation list */
-  struct keyq *chain, *next_ready, *next_cont;
+  int64_t wake_at;   /* deferred (its head may not run yet) until then, monotonic ms; 0: not deferred */
+  struct keyq *chain, *next_ready, *next_cont, *next_deferred;
 } keyq_t;
 
 struct worker_sched {
@@ -41,6 +47,7 @@ struct worker_sched {
   keyq_t *buckets[NBUCKETS];
   keyq_t *ready_head, *ready_tail;
   keyq_t *cont_head, *cont_tail; /* keys whose waiting run can go on */
+  keyq_t *deferred;  /* keys whose head may not run yet, soonest wake_at first */
   int inflight;      /* queued + running (waiting runs included) */
   int waiting;       /* runs waiting for a call (handed to the IO thread) */
   bool stop;
@@ -76,7 +83,23 @@ static keyq_t *find(worker_sched_t *s, const char *key, size_t len, bool create)
   return q;
 }
 
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Takes q off the deferred list (its head may run as soon as a runner is free). */
+static void undefer(worker_sched_t *s, keyq_t *q) {
+  if (!q->wake_at) return;
+  keyq_t **link = &s->deferred;
+  while (*link != q) link = &(*link)->next_deferred;
+  *link = q->next_deferred;
+  q->wake_at = 0;
+}
+
 static void forget(worker_sched_t *s, keyq_t *q) {
+  undefer(s, q);
   keyq_t **slot = &s->buckets[q->hash % NBUCKETS];
   while (*slot != q) slot = &(*slot)->chain;
   *slot = q->chain;
@@ -85,7 +108,7 @@ static void forget(worker_sched_t *s, keyq_t *q) {
 }
 
 static void make_ready(worker_sched_t *s, keyq_t *q) {
-  if (q->ready || q->running || !q->head) return;
+  if (q->ready || q->running || q->wake_at || !q->head) return;
   q->ready = true;
   q->next_ready = NULL;
   if (s->ready_tail) s->ready_tail->next_ready = q;
@@ -97,6 +120,11 @@ static void make_ready(worker_sched_t *s, keyq_t *q) {
 /* The next job for a runner: a continuation first (its key is running already), then the head of
  * a ready key (not once stopping: queued jobs are left). NULL when there is none. */
 static worker_job_t *next_job(worker_sched_t *s) {
+  for (int64_t now = mono_ms(); s->deferred && s->deferred->wake_at <= now;) { /* their wait is up */
+    keyq_t *d = s->deferred;
+    undefer(s, d);
+    make_ready(s, d);
+  }
   keyq_t *q = s->cont_head;
   if (q) {
     s->cont_head = q->next_cont;
@@ -130,7 +158,15 @@ static void *runner_main(void *arg) {
     obx_health_idle(); /* waiting for a key with work is not being stuck */
     worker_job_t *job;
     /* a stopping scheduler still serves the continuations of the runs waiting for a call */
-    while (!(job = next_job(s)) && !(s->stop && s->waiting == 0)) pthread_cond_wait(&s->ready_cv, &s->mu);
+    while (!(job = next_job(s)) && !(s->stop && s->waiting == 0)) {
+      if (s->deferred && !s->stop) { /* until the soonest deferred key may run again */
+        struct timespec until = {.tv_sec = s->deferred->wake_at / 1000,
+                                 .tv_nsec = (long)(s->deferred->wake_at % 1000) * 1000000};
+        pthread_cond_timedwait(&s->ready_cv, &s->mu, &until);
+      } else {
+        pthread_cond_wait(&s->ready_cv, &s->mu);
+      }
+    }
     if (!job) break;
     keyq_t *q = job->sched_key;
     pthread_mutex_unlock(&s->mu);
@@ -153,7 +189,11 @@ worker_sched_t *worker_sched_new(int nthreads, worker_run_fn run, void *ctx, obx
   worker_sched_t *s = calloc(1, sizeof *s);
   assert(s);
   pthread_mutex_init(&s->mu, NULL);
-  pthread_cond_init(&s->ready_cv, NULL);
+  pthread_condattr_t cattr; /* the deferred keys' wake times are monotonic */
+  pthread_condattr_init(&cattr);
+  pthread_condattr_setclock(&cattr, CLOCK_MONOTONIC);
+  pthread_cond_init(&s->ready_cv, &cattr);
+  pthread_condattr_destroy(&cattr);
   s->run = run;
   s->ctx = ctx;
   s->threads = calloc((size_t)nthreads, sizeof *s->threads);
@@ -212,6 +252,24 @@ void worker_sched_resume(worker_sched_t *s, worker_job_t *job) {
   pthread_mutex_unlock(&s->mu);
 }
 
+void worker_sched_defer(worker_sched_t *s, worker_job_t *job, int64_t wait_ms) {
+  pthread_mutex_lock(&s->mu);
+  keyq_t *q = job->sched_key;
+  assert(q->running && !q->wake_at);
+  job->next = q->head;
+  q->head = job;
+  if (!q->tail) q->tail = job;
+  q->n++;
+  q->running = false;
+  q->wake_at = mono_ms() + (wait_ms > 0 ? wait_ms : 0);
+  keyq_t **link = &s->deferred; /* soonest first */
+  while (*link && (*link)->wake_at <= q->wake_at) link = &(*link)->next_deferred;
+  q->next_deferred = *link;
+  *link = q;
+  pthread_cond_broadcast(&s->ready_cv); /* the runners' timed wait may have to end sooner */
+  pthread_mutex_unlock(&s->mu);
+}
+
 void worker_sched_push(worker_sched_t *s, worker_job_t *job, const char *key, size_t len, int *key_depth,
                        int *inflight) {
   pthread_mutex_lock(&s->mu);
@@ -223,6 +281,7 @@ void worker_sched_push(worker_sched_t *s, worker_job_t *job, const char *key, si
   if (!job->next) q->tail = job;
   q->n++;
   s->inflight++;
+  if (q->head == job) undefer(s, q); /* an earlier event of the deferred head's key: it runs first */
   make_ready(s, q);
   if (key_depth) *key_depth = q->n + (q->running ? 1 : 0);
   if (inflight) *inflight = s->inflight;
@@ -251,7 +310,7 @@ int worker_sched_drop(worker_sched_t *s, bool (*which)(void *ctx, const worker_j
   for (int b = 0; b < NBUCKETS; b++)
     for (keyq_t *q = s->buckets[b], *nq; q; q = nq) {
       nq = q->chain;
-      worker_job_t **link = &q->head;
+      worker_job_t **link = &q->head, *head = q->head;
       q->tail = NULL;
       while (*link) {
         worker_job_t *job = *link;
@@ -265,6 +324,10 @@ int worker_sched_drop(worker_sched_t *s, bool (*which)(void *ctx, const worker_j
           q->tail = job;
           link = &job->next;
         }
+      }
+      if (q->head != head && q->head) { /* a new head: not deferred by what was dropped */
+        undefer(s, q);
+        make_ready(s, q);
       }
       if (!q->head && !q->running) {
         if (q->ready) { /* unlink from the ready list */

@@ -12,7 +12,7 @@
 #include "worker_int.h"
 
 static struct {
-  obx_counter_t *consumed, *duplicates, *malformed, *runs, *blocked, *retries, *dlq, *moves, *swept;
+  obx_counter_t *consumed, *duplicates, *malformed, *runs, *blocked, *retries, *dlq, *moves, *swept, *gaps;
   obx_gauge_t *lag, *parked, *paused, *prefetched;
 } metrics;
 static pthread_once_t metrics_once = PTHREAD_ONCE_INIT;
@@ -33,6 +33,10 @@ static void metrics_register(void) {
   metrics.dlq = obx_metrics_counter("outboxd_worker_dlq_published_total", "Publishes to the parking-lot DLQ", "class");
   metrics.moves = obx_metrics_counter("outboxd_worker_transitions_total",
                                       "Moves of events between lifecycle states (docs/worker-lifecycle.md)", "from,to");
+  metrics.gaps = obx_metrics_counter("outboxd_worker_keyseq_gaps_total",
+                                     "Waits of an event for its key's missing earlier keySeq, by how they ended "
+                                     "(filled: it settled; timeout: WORKER_GAP_WAIT passed, the event ran without it)",
+                                     "outcome");
   metrics.lag =
     obx_metrics_gauge("outboxd_worker_consumer_lag", "Kafka messages behind over the assigned partitions", NULL);
   metrics.parked = obx_metrics_gauge("outboxd_worker_parked_keys", "Business keys parked behind a failing event", NULL);
@@ -119,6 +123,8 @@ void worker_count_outcome(obx_worker_t *w, worker_outcome_t outcome) {
 void worker_count_move(worker_state_t from, worker_state_t to) {
   obx_counter_inc(metrics.moves, worker_state_name(from), worker_state_name(to));
 }
+
+void worker_count_keyseq_gap(const char *outcome) { obx_counter_inc(metrics.gaps, outcome); }
 
 void worker_count_malformed(obx_worker_t *w) {
   atomic_fetch_add(&w->stats.malformed, 1);

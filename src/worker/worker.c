@@ -49,6 +49,7 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   w->infra_attempts = (int)conf->worker_infra_attempts;
   w->infra_timeout_ms = conf->worker_infra_timeout;
   w->lease_ms = conf->worker_lease;
+  w->gap_wait_ms = conf->worker_gap_wait;
   char host[64] = "worker", uuid[OBX_UUID_LEN + 1];
   gethostname(host, sizeof host - 1);
   obx_uuid7(uuid);
@@ -109,7 +110,7 @@ fail:
 /* A job still queued at the stop: HTTP callers get 503; Kafka records are not committed and
  * work-queue messages not acked, so both come back. */
 static void job_left(void *ctx, job_t *job) {
-  worker_state_move(job->msg.message_id, WORKER_QUEUED, WORKER_INFRA);
+  worker_state_move(job->msg.message_id, worker_job_state(job), WORKER_INFRA);
   if (job->source == WORKER_SOURCE_HTTP) {
     job->outcome = WORKER_INFRA;
     worker_job_complete(ctx, job);

@@ -7,6 +7,7 @@
  *   sink.c       the HTTP source (CloudEvents sink)
  *   jobs.c       a job between a source and the runners: queued by key, handed back to settle
  *   sched.c      the per-key queues and the runner threads
+ *   keyseq.c     a key's gap in keySeq: an event waits (bounded) for its predecessor to settle
  *   io.c         the IO thread: the http-request calls of every event in flight (libcurl multi)
  *   batch.c      the batch threads: claims of fresh events and recordings of finished runs, grouped
  *   lifecycle.c  one event through its states (worker_run_job, worker_handle)
@@ -45,7 +46,7 @@
 typedef enum { WORKER_SOURCE_KAFKA, WORKER_SOURCE_WORK, WORKER_SOURCE_HTTP } worker_source_t;
 
 /* The states of one event in this process (docs/worker-lifecycle.md: the transition table;
- * lifecycle.c moves between them, worker_state_move). The first seven are on the way; from
+ * lifecycle.c moves between them, worker_state_move). The first eight are on the way; from
  * WORKER_DONE on they are where a run ends: the outcome its source settles. */
 typedef enum {
   WORKER_QUEUED,    /* an envelope from a source, queued behind its key (sched.c) */
@@ -55,6 +56,7 @@ typedef enum {
   WORKER_WAITING,   /* its run waits for an http-request call on the IO thread (io.c); no runner held */
   WORKER_RECORDING, /* the run's outcome transaction (compare-and-set on the claim), then a tier or the DLQ */
   WORKER_RELEASING, /* a finished head from the work queue hands its parked key on (parking.c) */
+  WORKER_WAITING_GAP, /* its key's earlier event (keySeq - 1) has not settled here: deferred in its key's queue (keyseq.c) */
   WORKER_DONE,      /* pipeline succeeded, recorded */
   WORKER_SKIPPED,   /* no enabled pipeline (or a disabled one), recorded */
   WORKER_DUPLICATE, /* already handled: skipped */
@@ -118,6 +120,8 @@ typedef struct worker_job {
   CURLcode call_result;       /* and its result, set when it ended */
   void *sched_key;            /* sched.c: the key queue it runs under */
   int64_t key_seq;            /* the writer's per-key sequence (ce_keyseq; set by worker_job_push), 0: none */
+  int64_t gap_since;          /* keyseq.c: when it began to wait for its key's event key_seq - 1 (ms), 0: not waiting */
+  int64_t gap_backoff;        /* keyseq.c: its next re-check's delay (ms) */
   struct worker_job *next;
 } worker_job_t;
 
@@ -147,6 +151,11 @@ void worker_sched_destroy(worker_sched_t *sched, void (*left)(void *ctx, worker_
  * after the push. */
 void worker_sched_push(worker_sched_t *sched, worker_job_t *job, const char *key, size_t len, int *key_depth,
                        int *inflight);
+/* Called by the run callback, which then returns false: the running job may not run yet. It goes
+ * back to the head of its key's queue, which no runner takes for wait_ms, or until a job of the
+ * key is queued ahead of it (an earlier event of the key came to this process), and the key is no
+ * longer running. The job is re-run from the start then. */
+void worker_sched_defer(worker_sched_t *sched, worker_job_t *job, int64_t wait_ms);
 /* A running job is about to wait outside the runners (its call, io.c): a stopping scheduler keeps
  * its runners until it came back and ended. Called before the job is handed over. */
 void worker_sched_hold(worker_sched_t *sched);
@@ -236,6 +245,7 @@ struct obx_worker {
   char owner[128];          /* this process's name on its inbox claims: host:pid:uuid */
   const char *member;       /* WORKER_INSTANCE_ID when set (recorded on its claims) */
   int64_t lease_ms;         /* WORKER_LEASE */
+  int64_t gap_wait_ms;      /* WORKER_GAP_WAIT: longest wait for a key's missing earlier keySeq; 0: none */
   pthread_mutex_t claims_mu; /* the events this process runs now (their leases are renewed) */
   worker_claim_t *claims;
   pthread_t renew_thread;   /* the claims' lease renewal (claims.c) */
@@ -301,6 +311,16 @@ void worker_job_free(job_t *job);
 void worker_job_push(obx_worker_t *w, job_t *job, int *key_depth, int *inflight);
 /* Hands a job's outcome back to its source (HTTP: answered and freed; else the source's list). */
 void worker_job_complete(obx_worker_t *w, job_t *job);
+/* Where a job not being run stands: WORKER_WAITING_GAP when deferred for its key's gap in keySeq
+ * (keyseq.c), else WORKER_QUEUED (a source that gives it back moves it from there). */
+worker_state_t worker_job_state(const job_t *job);
+
+/* ---- keySeq gaps (keyseq.c) ------------------------------------------------------------------ */
+/* Before a job's run: true when it may run now (no keySeq, the work queue, WORKER_GAP_WAIT 0, its
+ * key's event key_seq - 1 settled in this consumer's inbox, or the wait is up: a warning and
+ * outboxd_worker_keyseq_gaps_total{outcome="timeout"}); false when it waits: deferred in its key's
+ * queue (worker_sched_defer), the caller returns false to the scheduler. */
+bool worker_keyseq_admit(obx_worker_t *w, job_t *job);
 
 /* ---- the lifecycle (lifecycle.c) ------------------------------------------------------------ */
 typedef enum {
@@ -437,6 +457,8 @@ void worker_count_swept(obx_worker_t *w, int tier);
 void worker_count_malformed(obx_worker_t *w);
 void worker_count_outcome(obx_worker_t *w, worker_outcome_t outcome);
 void worker_count_move(worker_state_t from, worker_state_t to);
+/* A wait for a key's missing earlier keySeq ended: "filled" (it settled) or "timeout" (ran without it). */
+void worker_count_keyseq_gap(const char *outcome);
 void worker_set_lag(obx_worker_t *w, int64_t lag);
 void worker_set_parked(obx_worker_t *w, int64_t n);
 void worker_set_paused_gauge(obx_worker_t *w);

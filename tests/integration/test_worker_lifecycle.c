@@ -295,6 +295,57 @@ static void test_stop_gives_queued_events_back(void **state) {
   }
 }
 
+/* The waiting_gap moves (keyseq.c): an event of keySeq 2 whose keySeq 1 has not settled waits
+ * (queued -> waiting_gap) holding no runner; keySeq 1 comes to the same process and runs first,
+ * then keySeq 2 at once (waiting_gap -> queued, outboxd_worker_keyseq_gaps_total{outcome="filled"}),
+ * long before WORKER_GAP_WAIT; keySeq 4 of the key (3 missing) waits, the worker stops, and the
+ * waiting event is given back (waiting_gap -> given_back): no inbox entry, read again later. */
+static void test_keyseq_gap_waits_then_runs_or_is_given_back(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  wt_conf_set(fx, "worker.gap_wait", "60s");
+  obx_event_t ev[3];
+  static const int seqs[] = {2, 1, 4};
+  char num[3][16];
+  for (int i = 0; i < 3; i++) {
+    snprintf(num[i], sizeof num[i], "KG-%d", seqs[i]);
+    wt_event(&ev[i], "OrderConfirmed", "KG", num[i]);
+    ev[i].key_seq = seqs[i];
+    wt_route(fx, num[i], 200);
+  }
+  double waits = moves("queued", "waiting_gap"), filled_moves = moves("waiting_gap", "queued");
+  double given_back = moves("waiting_gap", "given_back");
+  double filled = wt_metric("outboxd_worker_keyseq_gaps_total{outcome=\"filled\"}");
+  wt_start_worker(fx);
+  int64_t t0 = obx_test_now_ms();
+  wt_produce(fx, &ev[0]);
+  wait_moves("queued", "waiting_gap", waits + 1); /* keySeq 1 is not in the inbox */
+  if (wt_erp_calls(fx, num[0]) != 0) fail_msg("keySeq 2 ran before keySeq 1 arrived");
+  wt_produce(fx, &ev[1]);
+  wt_wait_status(fx, ev[0].id, "DONE");
+  wt_wait_status(fx, ev[1].id, "DONE");
+  int64_t took = obx_test_now_ms() - t0;
+  if (wt_last_call_index(fx, num[1]) > wt_last_call_index(fx, num[0]))
+    fail_msg("keySeq 2 (request %d) ran before keySeq 1 (request %d)", wt_last_call_index(fx, num[0]),
+             wt_last_call_index(fx, num[1]));
+  if (took > 30000) fail_msg("keySeq 2 ran %lld ms after it came: it waited for the bound, not for keySeq 1", (long long)took);
+  if (moves("waiting_gap", "queued") < filled_moves + 1) fail_msg("no move waiting_gap -> queued");
+  double now_filled = wt_metric("outboxd_worker_keyseq_gaps_total{outcome=\"filled\"}");
+  if (now_filled < (filled < 0 ? 0 : filled) + 1) fail_msg("keyseq_gaps_total{filled}: got %.0f, want %.0f", now_filled, (filled < 0 ? 0 : filled) + 1);
+
+  wt_produce(fx, &ev[2]); /* keySeq 3 never comes */
+  wait_moves("queued", "waiting_gap", waits + 2);
+  obx_worker_destroy(fx->worker);
+  fx->worker = NULL;
+  if (moves("waiting_gap", "given_back") < given_back + 1)
+    fail_msg("waiting_gap -> given_back: got %.0f, want 1", moves("waiting_gap", "given_back") - given_back);
+  bson_t doc;
+  if (wt_inbox(fx, ev[2].id, &doc)) fail_msg("the waiting keySeq 4 has an inbox entry");
+  bson_destroy(&doc);
+  if (wt_erp_calls(fx, num[2]) != 0) fail_msg("keySeq 4 ran");
+  for (int i = 0; i < 3; i++) obx_event_cleanup(&ev[i]);
+}
+
 static int teardown(void **state) {
   wt_teardown(*state);
   return 0;
@@ -414,6 +465,7 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_undecodable_blocked_entry_is_dead_lettered, wt_setup_state, teardown),
     cmocka_unit_test_setup_teardown(test_release_step_given_back_then_taken, wt_setup_state, teardown),
     cmocka_unit_test_setup_teardown(test_stop_gives_queued_events_back, wt_setup_state, teardown),
+    cmocka_unit_test_setup_teardown(test_keyseq_gap_waits_then_runs_or_is_given_back, wt_setup_state, teardown),
     cmocka_unit_test_setup_teardown(test_http_live_claim_is_503, setup_sink, wt_sink_teardown),
     cmocka_unit_test_setup_teardown(test_http_claim_lost_mid_run, setup_sink, wt_sink_teardown),
     cmocka_unit_test_setup_teardown(test_http_undecodable_header_is_parked, setup_sink, wt_sink_teardown),

@@ -17,7 +17,16 @@
  * no failure while the key has a backlog (its first call takes 3 s), so the growth's rebalance
  * reads both partitions again with events of the key unfinished: every event still runs once,
  * in write order. That the key's queue itself follows keySeq whatever the arrival order is
- * tests/unit/test_worker_sched.c's. */
+ * tests/unit/test_worker_sched.c's.
+ *
+ * Across two replicas (src/worker/keyseq.c): two workers of one group in this process, each
+ * owning one of the topic's 2 partitions (probe events tell that the group settled so); a key's
+ * keySeq 2 is produced to one replica's partition first, keySeq 1 to the other's only once
+ * keySeq 2 waits for it, with an ERP call of 2 s: keySeq 2's call starts after keySeq 1's ended
+ * (the ERP records each call's start and end). Without the wait keySeq 2 ran before keySeq 1 was
+ * even written. And the bound: a keySeq whose predecessor never comes runs after WORKER_GAP_WAIT
+ * (2 s here), counted in outboxd_worker_keyseq_gaps_total{outcome="timeout"}, while another key
+ * runs meanwhile. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +42,8 @@
 #define GROWN 6
 #define MAX_EVENTS 48
 
-static void *relay; /* stopped by teardown, also when a test fails */
+static void *relay;          /* stopped by teardown, also when a test fails */
+static obx_worker_t *second; /* a second replica (the keySeq gap cases), destroyed by teardown */
 
 typedef struct {
   wt_fx_t *fx;
@@ -50,6 +60,8 @@ static int setup(void **state) {
   wt_fx_t *fx = *state;
   if (fx) {
     wt_conf_set(fx, "kafka.topic.metadata.refresh.interval.ms", "500");
+    wt_conf_set(fx, "kafka.session.timeout.ms", "6000"); /* the group settles quickly when a member joins */
+    wt_conf_set(fx, "kafka.heartbeat.interval.ms", "1000");
     fx->attempts = 100; /* the head keeps failing (200 ms, then 500 ms apart) until the test lets it succeed */
   }
   return rc;
@@ -58,6 +70,8 @@ static int setup(void **state) {
 static int teardown(void **state) {
   obx_relay_stop(relay);
   relay = NULL;
+  obx_worker_destroy(second);
+  second = NULL;
   wt_teardown(*state);
   return 0;
 }
@@ -234,8 +248,137 @@ static void test_running_key_across_partition_growth(void **state) {
   expect_write_order(&o, 1);
 }
 
+/* ---- keySeq gaps across replicas ---- */
+
+/* The owner (process) recorded on an event's inbox entry into out. */
+static void entry_owner(wt_fx_t *fx, const char *id, char *out, size_t len) {
+  bson_t doc;
+  bool found = wt_inbox(fx, id, &doc);
+  const char *owner = found ? obx_mongo_doc_str(&doc, "owner") : NULL;
+  snprintf(out, len, "%s", owner ? owner : "");
+  bson_destroy(&doc);
+}
+
+/* Waits until the two replicas own one partition each: a probe event (no keySeq) per partition,
+ * again every 500 ms, until the two latest ran in two processes. */
+static void wait_partitions_split(wt_fx_t *fx) {
+  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
+  for (int round = 0;; round++) {
+    char owners[2][128];
+    for (int p = 0; p < 2; p++) {
+      char num[32];
+      snprintf(num, sizeof num, "probe-%d-%d", round, p);
+      obx_event_t ev;
+      wt_event(&ev, "OrderConfirmed", num, num);
+      wt_route(fx, num, 200);
+      wt_produce_to(fx, &ev, p);
+      wt_wait_status(fx, ev.id, "DONE");
+      entry_owner(fx, ev.id, owners[p], sizeof owners[p]);
+      obx_event_cleanup(&ev);
+    }
+    if (strcmp(owners[0], owners[1]) != 0) return;
+    if (obx_test_now_ms() > deadline) fail_msg("the two replicas never owned a partition each");
+    usleep(500 * 1000); /* the pace of the probes, not a wait for a condition */
+  }
+}
+
+static double gap_metric(const char *outcome) {
+  char series[96];
+  snprintf(series, sizeof series, "outboxd_worker_keyseq_gaps_total{outcome=\"%s\"}", outcome);
+  double v = wt_metric(series);
+  return v < 0 ? 0 : v;
+}
+
+static double waits_begun(void) {
+  double v = wt_metric("outboxd_worker_transitions_total{from=\"queued\",to=\"waiting_gap\"}");
+  return v < 0 ? 0 : v;
+}
+
+/* The ERP's record of the (only) call to /erp/<num>. */
+static void call_of(wt_fx_t *fx, const char *num, obx_test_httpd_request_t *req) {
+  int i = wt_last_call_index(fx, num);
+  if (i < 0 || !obx_test_httpd_request(fx->httpd, i, req)) fail_msg("no ERP call of %s", num);
+}
+
+/* keySeq 2 of a key on replica B's partition, keySeq 1 on replica A's written only once keySeq 2
+ * waits, its call taking 2 s: keySeq 2 never starts before keySeq 1 ended. */
+static void test_two_replicas_wait_for_the_earlier_keyseq(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  wt_start_worker(fx);
+  obx_err_t err = OBX_ERR_INIT;
+  if (!(second = obx_worker_new(&fx->conf, NULL, &err))) fail_msg("second replica: %s", err.msg);
+  wait_partitions_split(fx);
+  obx_event_t ev[2];
+  char num[2][16];
+  for (int i = 0; i < 2; i++) {
+    snprintf(num[i], sizeof num[i], "KS2-%d", i + 1);
+    wt_event(&ev[i], "OrderConfirmed", "KS2", num[i]);
+    ev[i].key_seq = i + 1;
+    wt_route_delay(fx, num[i], 200, i == 0 ? 2000 : 0);
+  }
+  double waits = waits_begun(), filled = gap_metric("filled");
+  wt_produce_to(fx, &ev[1], 1);
+  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
+  while (waits_begun() < waits + 1 && obx_test_now_ms() < deadline) usleep(10000);
+  if (wt_erp_calls(fx, num[1]) != 0) fail_msg("keySeq 2 ran before keySeq 1 was written");
+  if (waits_begun() < waits + 1) fail_msg("keySeq 2 never waited for keySeq 1");
+  wt_produce_to(fx, &ev[0], 0);
+  wt_wait_status(fx, ev[0].id, "DONE");
+  wt_wait_status(fx, ev[1].id, "DONE");
+  char owners[2][128];
+  for (int i = 0; i < 2; i++) entry_owner(fx, ev[i].id, owners[i], sizeof owners[i]);
+  if (strcmp(owners[0], owners[1]) == 0) fail_msg("both keySeqs ran in one replica (%s)", owners[0]);
+  obx_test_httpd_request_t first, next;
+  call_of(fx, num[0], &first);
+  call_of(fx, num[1], &next);
+  printf("keySeq 1 on %s: call %lld-%lld ms; keySeq 2 on %s: call starts at %lld ms\n", owners[0], 0LL,
+         (long long)(first.end_ms - first.start_ms), owners[1], (long long)(next.start_ms - first.start_ms));
+  if (next.start_ms < first.end_ms)
+    fail_msg("keySeq 2's call started %lld ms before keySeq 1's ended", (long long)(first.end_ms - next.start_ms));
+  if (wt_erp_calls(fx, num[0]) != 1 || wt_erp_calls(fx, num[1]) != 1)
+    fail_msg("ERP calls: %d and %d, want 1 each", wt_erp_calls(fx, num[0]), wt_erp_calls(fx, num[1]));
+  if (gap_metric("filled") < filled + 1) fail_msg("keyseq_gaps_total{filled} did not grow");
+  obx_test_httpd_request_cleanup(&first);
+  obx_test_httpd_request_cleanup(&next);
+  for (int i = 0; i < 2; i++) obx_event_cleanup(&ev[i]);
+}
+
+/* keySeq 1 never comes: keySeq 2 runs once WORKER_GAP_WAIT (2 s) passed, with the timeout
+ * counted; an event of another key, produced after it, runs before it. */
+static void test_missing_keyseq_runs_after_the_gap_wait(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  wt_conf_set(fx, "worker.gap_wait", "2s");
+  wt_start_worker(fx);
+  obx_event_t lone, other;
+  wt_event(&lone, "OrderConfirmed", "KT", "KT-2");
+  lone.key_seq = 2;
+  wt_event(&other, "OrderConfirmed", "KO", "KO-1");
+  wt_route(fx, "KT-2", 200);
+  wt_route(fx, "KO-1", 200);
+  double timeouts = gap_metric("timeout");
+  int64_t t0 = obx_time_now_ms(); /* the ERP's clock: wall-clock ms */
+  wt_produce_to(fx, &lone, 0);
+  wt_produce_to(fx, &other, 0);
+  wt_wait_status(fx, lone.id, "DONE");
+  obx_test_httpd_request_t req;
+  call_of(fx, "KT-2", &req);
+  printf("keySeq 2 without keySeq 1: ran %lld ms after it was produced (WORKER_GAP_WAIT 2 s)\n",
+         (long long)(req.start_ms - t0));
+  if (req.start_ms - t0 < 2000) fail_msg("keySeq 2 ran %lld ms after it came, want >= 2000", (long long)(req.start_ms - t0));
+  if (gap_metric("timeout") < timeouts + 1) fail_msg("keyseq_gaps_total{timeout} did not grow");
+  if (wt_last_call_index(fx, "KO-1") < 0 || wt_last_call_index(fx, "KO-1") > wt_last_call_index(fx, "KT-2"))
+    fail_msg("the other key waited behind the gap");
+  obx_test_httpd_request_cleanup(&req);
+  obx_event_cleanup(&lone);
+  obx_event_cleanup(&other);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+    cmocka_unit_test_setup_teardown(test_two_replicas_wait_for_the_earlier_keyseq, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_missing_keyseq_runs_after_the_gap_wait, setup, teardown),
     cmocka_unit_test_setup_teardown(test_parked_key_across_partition_growth, setup, teardown),
     cmocka_unit_test_setup_teardown(test_running_key_across_partition_growth, setup, teardown),
   };

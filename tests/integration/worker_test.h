@@ -324,14 +324,15 @@ static inline void wt_event(obx_event_t *ev, const char *type, const char *key, 
   if (!obx_event_finalize(ev, &err)) fail_msg("event: %s", err.msg);
 }
 
-static inline void wt_produce_record(wt_fx_t *fx, const char *key, size_t key_len, const char *value, size_t len,
-                                     const obx_ce_header_t *h, int nh) {
+/* Produces a record to partition (RD_KAFKA_PARTITION_UA: the key's) and waits for its delivery. */
+static inline void wt_produce_record_to(wt_fx_t *fx, int32_t partition, const char *key, size_t key_len,
+                                        const char *value, size_t len, const obx_ce_header_t *h, int nh) {
   rd_kafka_headers_t *hdrs = rd_kafka_headers_new((size_t)nh);
   for (int i = 0; i < nh; i++) rd_kafka_header_add(hdrs, h[i].name, -1, h[i].value, (ssize_t)h[i].len);
   rd_kafka_resp_err_t rerr =
-    rd_kafka_producev(fx->producer, RD_KAFKA_V_TOPIC(fx->topic), RD_KAFKA_V_KEY(key, key_len),
-                      RD_KAFKA_V_VALUE((void *)value, len), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                      RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_END);
+    rd_kafka_producev(fx->producer, RD_KAFKA_V_TOPIC(fx->topic), RD_KAFKA_V_PARTITION(partition),
+                      RD_KAFKA_V_KEY(key, key_len), RD_KAFKA_V_VALUE((void *)value, len),
+                      RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_END);
   if (rerr) {
     rd_kafka_headers_destroy(hdrs);
     fail_msg("produce: %s", rd_kafka_err2str(rerr));
@@ -339,14 +340,23 @@ static inline void wt_produce_record(wt_fx_t *fx, const char *key, size_t key_le
   if (rd_kafka_flush(fx->producer, 20000) != RD_KAFKA_RESP_ERR_NO_ERROR) fail_msg("produce: flush timed out");
 }
 
-static inline void wt_produce(wt_fx_t *fx, const obx_event_t *ev) {
+static inline void wt_produce_record(wt_fx_t *fx, const char *key, size_t key_len, const char *value, size_t len,
+                                     const obx_ce_header_t *h, int nh) {
+  wt_produce_record_to(fx, RD_KAFKA_PARTITION_UA, key, key_len, value, len, h, nh);
+}
+
+/* Produces ev as the relay would (with its ce_keyseq when ev->key_seq is set) to partition
+ * (RD_KAFKA_PARTITION_UA: its key's). */
+static inline void wt_produce_to(wt_fx_t *fx, const obx_event_t *ev, int32_t partition) {
   obx_kafka_record_t rec;
   memset(&rec, 0, sizeof rec);
   obx_err_t err = OBX_ERR_INIT;
   if (!obx_event_to_kafka(ev, NULL, &rec, &err)) fail_msg("to_kafka: %s", err.msg);
-  wt_produce_record(fx, rec.key, rec.key_len, rec.value, rec.value_len, rec.headers, rec.nheaders);
+  wt_produce_record_to(fx, partition, rec.key, rec.key_len, rec.value, rec.value_len, rec.headers, rec.nheaders);
   obx_kafka_record_cleanup(&rec);
 }
+
+static inline void wt_produce(wt_fx_t *fx, const obx_event_t *ev) { wt_produce_to(fx, ev, RD_KAFKA_PARTITION_UA); }
 
 /* A record whose value is not JSON, with otherwise plausible headers. */
 static inline void wt_produce_raw(wt_fx_t *fx, const char *key, const char *value, const char *id) {
