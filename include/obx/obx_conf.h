@@ -134,7 +134,7 @@ typedef struct {
   X(worker_lease, DURATION, "worker.lease", "WORKER_LEASE", "10s", 1000, 3600000, NULL, 0, \
     "Lease of an inbox claim; renewed every third of it while the event runs, taken over by a peer once expired") \
   X(worker_gap_wait, DURATION, "worker.gap_wait", "WORKER_GAP_WAIT", "30s", 0, 3600000, NULL, 0, \
-    "Longest wait of an event for its key's earlier keySeq to settle in the inbox (a key read from two partitions after the topic grew); then it runs with a warning; 0: no wait") \
+    "Longest wait of a Kafka record for its key's earlier keySeq to settle in the inbox (a key read from two partitions after the topic grew); then it runs with a warning; 0: no wait") \
   X(worker_infra_attempts, INT, "worker.infra_attempts", "WORKER_INFRA_ATTEMPTS", "30", 1, 1000, NULL, 0, \
     "Tries of one step of an event while MongoDB or RabbitMQ is unavailable, before it is dead-lettered (class infra)") \
   X(worker_infra_timeout, DURATION, "worker.infra_timeout", "WORKER_INFRA_TIMEOUT", "5m", 100, 86400000, NULL, 0, \

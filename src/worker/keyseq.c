@@ -15,9 +15,11 @@
  * and runs anyway once WORKER_GAP_WAIT has passed since its wait began, with a warning naming the
  * key, the missing keySeq and the event, counted in outboxd_worker_keyseq_gaps_total{outcome=
  * "timeout"}. A deferred job is queued: a revoked partition or a stop gives it back like any
- * queued job. Events without keySeq, work-queue copies (retries, released BLOCKED events,
- * replays: their order is the ladder's and the parked key's) and keySeq 1 never wait. Never
- * claims, runs or records an event (lifecycle.c does). */
+ * queued job. Only Kafka records wait: events without keySeq, keySeq 1, work-queue copies
+ * (retries, released BLOCKED events, replays: their order is the ladder's and the parked key's)
+ * and HTTP deliveries (their sender waits on the answer within a timeout of its own, which a
+ * wait would spend; it delivers again after it) never do. Never claims, runs or records an
+ * event (lifecycle.c does). */
 #include <inttypes.h>
 #include <string.h>
 
@@ -29,7 +31,7 @@
 #define GAP_BACKOFF_MAX_MS 1000
 
 bool worker_keyseq_admit(obx_worker_t *w, job_t *job) {
-  if (job->key_seq <= 1 || job->source == WORKER_SOURCE_WORK || w->gap_wait_ms <= 0) return true;
+  if (job->key_seq <= 1 || job->source != WORKER_SOURCE_KAFKA || w->gap_wait_ms <= 0) return true;
   size_t klen;
   const char *key = obx_envelope_partition_key(&job->msg, &klen);
   /* a key the inbox cannot store is the decoder's to refuse (lifecycle.c): nothing to wait for */

@@ -316,7 +316,7 @@ void worker_job_complete(obx_worker_t *w, job_t *job);
 worker_state_t worker_job_state(const job_t *job);
 
 /* ---- keySeq gaps (keyseq.c) ------------------------------------------------------------------ */
-/* Before a job's run: true when it may run now (no keySeq, the work queue, WORKER_GAP_WAIT 0, its
+/* Before a job's run: true when it may run now (no keySeq, not from Kafka, WORKER_GAP_WAIT 0, its
  * key's event key_seq - 1 settled in this consumer's inbox, or the wait is up: a warning and
  * outboxd_worker_keyseq_gaps_total{outcome="timeout"}); false when it waits: deferred in its key's
  * queue (worker_sched_defer), the caller returns false to the scheduler. */
