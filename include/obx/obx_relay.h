@@ -88,6 +88,13 @@ bool obx_relay_producer_flush(obx_relay_producer_t *producer, int timeout_ms);
 /* True after the producer hit a fatal error (a broken sequence, fenced by a newer producer of its
  * transactional.id): it must be destroyed and recreated. */
 bool obx_relay_producer_fatal(const obx_relay_producer_t *producer);
+/* True for the idempotent producer without a message timeout: it has the gap-less guarantee
+ * (enable.gapless.guarantee), so when the broker refuses a record no later record of its
+ * partition is written (the producer turns fatal; the later ones fail, purged or out of order). */
+bool obx_relay_producer_gapless(const obx_relay_producer_t *producer);
+/* Whether a failed report is Kafka refusing that record (an attempt of the event), rather than
+ * a purge or the state of a fatal producer (no attempt: it is published again). */
+bool obx_relay_producer_refused(const obx_relay_producer_t *producer, const obx_relay_ack_t *ack);
 /* Whether the producer reaches a broker and `topic` exists there with a leader for every
  * partition: one Metadata request for all topics (a request naming the topic could create it
  * on a broker with auto.create.topics.enable), answered within timeout_ms. False with err

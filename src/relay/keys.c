@@ -1,11 +1,20 @@
-/* keys.c - per-key order: one event in flight per partition key, the queue behind it, holds
+/* keys.c - per-key order: a window of events in flight per partition key, the queue behind it, holds
  *
  * DESIGN: every event the relay publishes goes through relay_keys_submit. A key has at most
- * one event in flight: the next one is produced only after Kafka acknowledged the previous,
- * so an event Kafka refuses never has a later event of its key already on its way. A refused
- * event (any failed delivery report but a purge) holds its key: it is the head, recorded
+ * key_window events in flight, in order (the producer keeps a partition's order):
+ * RELAY_KEY_WINDOW when the producer has the gap-less guarantee (obx_relay_producer_gapless:
+ * the idempotent producer without a message timeout), else 1 (the transactional producer, or a
+ * kafka.message.timeout.ms: the next event is produced only after Kafka acknowledged the
+ * previous). Either way an event Kafka refuses never has a later event of its key written
+ * after it: with one in flight there is none on its way; with several, the refusal makes the
+ * producer fatal before any later record of the partition is written (librdkafka fails the
+ * later ones: purged, or out of order at the broker), the relay replaces it and leads again
+ * from the checkpoint, and the refused event's report (the broker's code, after the fatal
+ * error: obx_relay_producer_refused) is its attempt. A refused event (any failed delivery
+ * report but a purge) holds its key: it is the head, recorded
  * FAILED at once with the broker's reason when the error is not retriable, else PENDING with
- * a backoff, retried by the sweeper. While a key is held, its later events are not published:
+ * a backoff, retried by the sweeper. A later event of a held key that comes back failed too (the
+ * same refused batch) is not an attempt: it stays PENDING behind the head. While a key is held, its later events are not published:
  * they stay PENDING in the outbox (the queue behind the head is dropped, its stream slots
  * done) and the sweeper leaves them alone; only the head may be published. The hold ends when
  * the head is published (its retry succeeded, or an operator reprocessed or fixed it) or is no
@@ -16,11 +25,14 @@
  *
  *   key state   event                          next state, action
  *   idle        submit                         busy, produce
- *   busy        submit                         busy, queue it
+ *   busy        submit, window not full        busy, produce
+ *   busy        submit, window full            busy, queue it
  *   busy        ack ok                         busy/idle, produce the next queued
  *   busy        ack failed (not a purge)       held, drop the queue (left PENDING)
  *   busy        purge (step-down, shutdown)    idle, drop the queue (the window is reset)
- *   held        submit of the head             held+busy, produce it
+ *   held        ack failed of a later event    held, not an attempt (left PENDING, slot done)
+ *   held        submit of the head, read back  held+busy, produce it
+ *   held        submit of the head's insert    held, not published (the stream read it again)
  *   held        submit of another event        held, not published (left PENDING)
  *   held        head published / gone          releasing: publish the key's PENDING events
  *
@@ -36,6 +48,9 @@
 
 #define KEYS_BUCKETS 4096
 #define KEYS_LOAD_MAX 10000
+/* Events of one key in flight at once with the gap-less guarantee (a round of delivery reports
+ * moves a key this many events on instead of one). */
+#define RELAY_KEY_WINDOW 16
 
 typedef struct relay_queued {
   bson_t *doc;
@@ -45,7 +60,7 @@ typedef struct relay_queued {
 
 struct relay_key {
   char *key;
-  bool busy;                /* an event of the key is in flight */
+  int inflight;             /* events of the key in flight (at most key_window) */
   relay_queued_t *head, *tail;
   char *held_id;            /* relay_id_key of the head holding the key; NULL: not held */
   bson_value_t held_idv;
@@ -79,7 +94,7 @@ static relay_key_t *key_find(obx_relay_t *relay, const char *key, bool create) {
 
 /* Frees k when it holds nothing. */
 static void key_gc(obx_relay_t *relay, relay_key_t *k) {
-  if (k->busy || k->head || k->held_id) return;
+  if (k->inflight || k->head || k->held_id) return;
   relay_key_t **slot = &relay->keys[key_hash(k->key) % KEYS_BUCKETS];
   while (*slot != k) slot = &(*slot)->next;
   *slot = k->next;
@@ -133,6 +148,10 @@ static void key_unhold(obx_relay_t *relay, relay_key_t *k) {
   bson_value_destroy(&k->held_idv);
 }
 
+static int key_window(const obx_relay_t *relay) {
+  return obx_relay_producer_gapless(relay->producer) ? RELAY_KEY_WINDOW : 1;
+}
+
 void relay_keys_submit(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg) {
   const char *key = relay_doc_key(doc);
   relay_msg_set_id(msg, doc);
@@ -142,12 +161,15 @@ void relay_keys_submit(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *m
   }
   relay_key_t *k = key_find(relay, key, true);
   bool head = k->held_id && msg->id && strcmp(k->held_id, msg->id) == 0;
-  if (k->held_id && !head) {
+  /* a held key's head was attempted after it was inserted: the insert read again from the
+   * stream (a new leadership resumes before the attempt) shows it PENDING as it was, so only a
+   * document read back (a reprocess's update, the sweeper's retry) publishes it */
+  if (k->held_id && (!head || msg->as_inserted)) {
     key_drop(relay, msg, true);
     return;
   }
   msg->pkey = strdup(key);
-  if (k->busy) {
+  if (k->head || k->inflight >= key_window(relay)) {
     relay_queued_t *q = calloc(1, sizeof *q);
     if (!q) abort();
     q->doc = bson_copy(doc);
@@ -158,7 +180,7 @@ void relay_keys_submit(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *m
     relay->nqueued++;
     return;
   }
-  k->busy = true;
+  k->inflight++;
   relay_publish(relay, doc, msg);
 }
 
@@ -169,7 +191,14 @@ void relay_keys_acked(obx_relay_t *relay, obx_relay_msg_t *msg) {
   /* producing the next event may report its failure at once, re-entering here for the same
    * key: only the outermost call may free k */
   relay->keys_depth++;
-  k->busy = false;
+  if (k->inflight > 0) k->inflight--;
+  bool head = k->held_id && msg->id && strcmp(k->held_id, msg->id) == 0;
+  if (!msg->ok && !msg->purged && k->held_id && !head) {
+    /* a later event of a key an earlier refusal holds (the same refused batch): not an
+     * attempt; it stays PENDING behind the head, which the release publishes it after */
+    msg->purged = true;
+    if (msg->from == RELAY_FROM_STREAM) relay_window_done(relay, msg->seq);
+  }
   if (!msg->ok) {
     if (!msg->purged) key_hold(relay, k, msg);
     key_drop_queue(relay, k);
@@ -179,13 +208,13 @@ void relay_keys_acked(obx_relay_t *relay, obx_relay_msg_t *msg) {
       k->release_due = true; /* its PENDING events, in order, before anything newer */
       relay->release_due = true;
     }
-    if (k->head) {
+    while (k->head && k->inflight < key_window(relay)) {
       relay_queued_t *q = k->head;
       k->head = q->next;
       if (!k->head) k->tail = NULL;
       relay->nqueued--;
-      k->busy = true;
-      relay_publish(relay, q->doc, q->msg);
+      k->inflight++;
+      relay_publish(relay, q->doc, q->msg); /* a failure re-enters and drops the queue */
       bson_destroy(q->doc);
       free(q);
     }
@@ -246,7 +275,7 @@ void relay_keys_check(obx_relay_t *relay) {
   if (!relay->nheld) return;
   for (size_t b = 0; b < KEYS_BUCKETS; b++)
     for (relay_key_t *k = relay->keys[b]; k; k = k->next) {
-      if (!k->held_id || k->busy) continue;
+      if (!k->held_id || k->inflight) continue;
       bson_t *filter = bson_new();
       BSON_APPEND_VALUE(filter, "_id", &k->held_idv);
       bson_t head = BSON_INITIALIZER;
@@ -347,6 +376,13 @@ void relay_keys_filter(obx_relay_t *relay, bson_t *query) {
 }
 
 void relay_keys_reset(obx_relay_t *relay) {
+  /* the reports of what is still in flight no longer count against a key's window */
+  relay_list_t *lists[] = {&relay->inflight_stream, &relay->inflight_sweep};
+  for (size_t l = 0; l < sizeof lists / sizeof lists[0]; l++)
+    for (obx_relay_msg_t *msg = lists[l]->head; msg; msg = msg->next) {
+      free(msg->pkey);
+      msg->pkey = NULL;
+    }
   if (!relay->keys) return;
   for (size_t b = 0; b < KEYS_BUCKETS; b++)
     while (relay->keys[b]) {

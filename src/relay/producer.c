@@ -7,7 +7,9 @@
  * passthrough keys, then the guarantees again (enable.idempotence=true, acks=all and the
  * transactional.id), so no passthrough key can weaken them. The idempotent producer keeps order
  * per partition with up to 5 requests in flight, so per-key order in Kafka is the order of
- * obx_relay_producer_send calls. Delivery reports are served on the thread that calls
+ * obx_relay_producer_send calls; without a message timeout it also has the gap-less guarantee
+ * (enable.gapless.guarantee): a record the broker refuses makes it fatal before a later record
+ * of its partition is written (obx_relay_producer_gapless, keys.c's window). Delivery reports are served on the thread that calls
  * obx_relay_producer_poll (the relay thread); everything here is only touched there, so it
  * needs no lock (obx_relay_producer_check excepted: a metadata request). Each record gets a
  * producer span (messaging semconv, messaging.system=kafka) from send to its delivery report,
@@ -87,6 +89,7 @@ struct obx_relay_producer {
   void *ctx;
   int pending;             /* records sent whose report the caller has not had */
   bool fatal;
+  bool gapless;            /* enable.gapless.guarantee, no message timeout: obx_relay_producer_gapless */
   /* transactional */
   bool transactional;
   bool ready;              /* init_transactions done: this instance is the one of its id */
@@ -227,6 +230,20 @@ obx_relay_producer_t *obx_relay_producer_new(const obx_conf_t *conf, const char 
   for (size_t i = 0; i < sizeof forced / sizeof forced[0]; i++)
     if (!producer_conf_set(kconf, forced[i][0], forced[i][1], err)) goto fail;
   if (transactional_id && !producer_conf_set(kconf, "transactional.id", transactional_id, err)) goto fail;
+  /* idempotent: a record the broker refuses stops the producer (a fatal error) instead of letting
+   * the later records of its partition be written after the gap; that is what lets keys.c have
+   * several events of a key in flight. A message timeout is outside that guarantee (a timed-out
+   * record leaves a gap), so a kafka.message.timeout.ms other than 0 keeps one per key. */
+  char timeout[32];
+  size_t timeout_len = sizeof timeout;
+  producer->gapless = !transactional_id &&
+                      rd_kafka_conf_get(kconf, "message.timeout.ms", timeout, &timeout_len) == RD_KAFKA_CONF_OK &&
+                      strcmp(timeout, "0") == 0;
+  if (producer->gapless && !producer_conf_set(kconf, "enable.gapless.guarantee", "true", err)) goto fail;
+  for (int i = 0; producer->gapless && i < conf->npassthrough; i++)
+    if (strcmp(conf->passthrough[i].key, "kafka.enable.gapless.guarantee") == 0 && strcmp(conf->passthrough[i].value, "true") != 0)
+      obx_warn("%s=%s ignored: without a message timeout the relay produces with the gap-less guarantee",
+               conf->passthrough[i].key, conf->passthrough[i].value);
   rd_kafka_conf_set_opaque(kconf, producer);
   rd_kafka_conf_set_dr_msg_cb(kconf, producer_on_delivery);
   rd_kafka_conf_set_error_cb(kconf, producer_on_error);
@@ -546,6 +563,29 @@ bool obx_relay_producer_flush(obx_relay_producer_t *producer, int timeout_ms) {
 
 bool obx_relay_producer_fatal(const obx_relay_producer_t *producer) {
   return producer->fatal;
+}
+
+bool obx_relay_producer_gapless(const obx_relay_producer_t *producer) {
+  return producer->gapless;
+}
+
+bool obx_relay_producer_refused(const obx_relay_producer_t *producer, const obx_relay_ack_t *ack) {
+  /* what the broker answers about the record or its topic: with the gap-less guarantee it is
+   * also the cause of the fatal error (its report comes after the error), every other failure
+   * of a fatal producer (purged, out of order, fenced) is its state, not the record's */
+  static const rd_kafka_resp_err_t record_errors[] = {
+    RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE, RD_KAFKA_RESP_ERR_INVALID_RECORD, RD_KAFKA_RESP_ERR_INVALID_MSG,
+    RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE, RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+    RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART, RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION, RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP,
+    RD_KAFKA_RESP_ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT, RD_KAFKA_RESP_ERR_POLICY_VIOLATION,
+    RD_KAFKA_RESP_ERR_INVALID_REQUIRED_ACKS,
+  };
+  int code = ack->err.code;
+  if (ack->ok || code == RD_KAFKA_RESP_ERR__PURGE_QUEUE || code == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT) return false;
+  if (!producer->fatal) return true;
+  for (size_t i = 0; i < sizeof record_errors / sizeof record_errors[0]; i++)
+    if (code == (int)record_errors[i]) return true;
+  return false;
 }
 
 bool obx_relay_producer_check(obx_relay_producer_t *producer, const char *topic, const char *brokers,

@@ -26,7 +26,6 @@
  * (FAILED at OUTBOX_MAX_ATTEMPTS) for the sweeper. Reads relay.*, outbox.*, kafka.* keys. */
 #include "relay/relay_int.h"
 
-#include <librdkafka/rdkafka.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,9 +176,9 @@ static void relay_on_ack(const obx_relay_ack_t *ack, void *ctx) {
   } else {
     snprintf(msg->error, sizeof msg->error, "%s", ack->err.msg);
     /* A purge (shutdown, stepping down) is not an attempt, nor a failure of a producer that hit
-     * a fatal error (it is replaced, and the event published again from the checkpoint). */
-    msg->purged = ack->err.code == RD_KAFKA_RESP_ERR__PURGE_QUEUE || ack->err.code == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT ||
-                  obx_relay_producer_fatal(relay->producer);
+     * a fatal error (it is replaced, and the event published again from the checkpoint), except
+     * the broker's refusal of the record that made it fatal (the gap-less guarantee) */
+    msg->purged = !obx_relay_producer_refused(relay->producer, ack);
     msg->permanent = !ack->err.retriable;
     if (!msg->purged) {
       relay_metrics_count(relay, RELAY_COUNT_PUBLISH_ERROR);
@@ -693,7 +692,13 @@ static obx_relay_producer_t *relay_producer_new(obx_relay_t *relay, obx_err_t *e
  * from the checkpoint at the next lease tick. A producer that cannot be created is retried on
  * the next turn of the loop. */
 static void relay_producer_renew(obx_relay_t *relay) {
-  if (relay->leader) relay_lease_step_down(relay, "the Kafka producer hit a fatal error");
+  if (relay->leader) {
+    /* the refusal that made it fatal is recorded and the checkpoint moved over what is done,
+     * so the next leadership reads less again */
+    relay_write_reports(relay);
+    relay_checkpoint_write(relay);
+    relay_lease_step_down(relay, "the Kafka producer hit a fatal error");
+  }
   obx_err_t err = OBX_ERR_INIT;
   obx_relay_producer_t *fresh = relay_producer_new(relay, &err);
   if (!fresh) {

@@ -48,6 +48,7 @@ typedef struct obx_relay_msg {
   bool purged;          /* dropped by a purge (shutdown, step-down): not an attempt */
   bool refused;         /* its outbox update was refused: FAILED by relay_report_refused */
   bool permanent;       /* the error will not go away by retrying: FAILED at once */
+  bool as_inserted;     /* stream: its document is the insert's, not read back (keys.c) */
   char *pkey;           /* its partition key while keys.c tracks it (owned) */
   char *shard_key;      /* the document's partitionKey field (owned; NULL without one): in every
                            update's filter, so a sharded outbox routes it to one shard */

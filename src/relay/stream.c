@@ -165,6 +165,8 @@ typedef struct reader_item {
   bson_t *doc;         /* the change; the empty batch's resume token (may be NULL); the error reply (may be NULL) */
   bson_error_t berr;   /* ITEM_ERROR */
   bool at_head;        /* ITEM_CHANGE: the getMore waited for it */
+  int64_t read_ms;     /* when the call returned: an empty batch's token is the head then, not
+                          when the relay thread takes it (a change committed meanwhile is after it) */
   struct reader_item *next;
 } reader_item_t;
 
@@ -196,6 +198,7 @@ static void reader_push(relay_reader_t *reader, reader_item_t *item) {
   if (item->kind == ITEM_IDLE && reader->tail && reader->tail->kind == ITEM_IDLE) {
     bson_destroy(reader->tail->doc);
     reader->tail->doc = item->doc;
+    reader->tail->read_ms = item->read_ms;
     item->doc = NULL;
     item_free(item);
     return;
@@ -240,6 +243,7 @@ static reader_item_t *reader_next(mongoc_change_stream_t *stream) {
     item->kind = ITEM_IDLE;
     item->doc = pbrt ? bson_copy(pbrt) : NULL;
   }
+  item->read_ms = obx_time_now_ms();
   return item;
 }
 
@@ -471,6 +475,8 @@ static void relay_stream_handle(obx_relay_t *relay, const bson_t *change) {
   obx_relay_msg_t *msg = calloc(1, sizeof *msg);
   if (!msg) abort();
   msg->from = RELAY_FROM_STREAM;
+  msg->as_inserted = bson_iter_init_find(&it, change, "operationType") && BSON_ITER_HOLDS_UTF8(&it) &&
+                     strcmp(bson_iter_utf8(&it, NULL), "insert") == 0;
   msg->seq = relay_window_push(relay, token, cluster_s, SLOT_INFLIGHT);
   relay_keys_submit(relay, &doc, msg);
 }
@@ -507,7 +513,7 @@ bool relay_stream_step(obx_relay_t *relay) {
       if (pbrt && (!relay->read_token || !bson_equal(pbrt, relay->read_token))) {
         bson_destroy(relay->read_token);
         relay->read_token = bson_copy(pbrt);
-        relay_window_push(relay, bson_copy(pbrt), obx_time_now_ms() / 1000, SLOT_DONE);
+        relay_window_push(relay, bson_copy(pbrt), item->read_ms / 1000, SLOT_DONE);
       }
       relay->caught_up = true;
       relay->open_failures = 0;

@@ -55,12 +55,13 @@ typedef struct {
   int *key_of;                   /* key index of each event */
   size_t pad;                    /* bytes of filler in each event's payload (0: none) */
   bool *skipped;                 /* per event: skipped by an operator, never to reach Kafka */
+  bool aborted_visible;          /* kafka-mockd with the transactional producer: see kafka_check */
 } ctx_t;
 
 /* A test's database and configuration, its topic on kafka-mockd (mock) or else a topic of 3
  * partitions on the run's broker. */
 static void ctx_init_on(ctx_t *ctx, const char *name, const obx_test_mongo_t *mongo, const char *const *settings,
-                        bool mock) {
+                        bool mock, const char *const *topic_configs) {
   static int serial;
   memset(ctx, 0, sizeof *ctx);
   snprintf(ctx->db, sizeof ctx->db, "relay_%s_%d", name, ++serial);
@@ -70,7 +71,7 @@ static void ctx_init_on(ctx_t *ctx, const char *name, const obx_test_mongo_t *mo
   } else {
     char base_name[64];
     snprintf(base_name, sizeof base_name, "relay-%s", name);
-    if (!obx_test_broker_topic(&g_broker, base_name, 3, NULL, ctx->topic, sizeof ctx->topic))
+    if (!obx_test_broker_topic(&g_broker, base_name, 3, topic_configs, ctx->topic, sizeof ctx->topic))
       fail_msg("topic %s not created on the run's broker", base_name);
     ctx->bootstrap = g_broker.bootstrap;
   }
@@ -91,12 +92,12 @@ static void ctx_init_on(ctx_t *ctx, const char *name, const obx_test_mongo_t *mo
 }
 
 static void ctx_init(ctx_t *ctx, const char *name, const obx_test_mongo_t *mongo, const char *const *settings) {
-  ctx_init_on(ctx, name, mongo, settings, false);
+  ctx_init_on(ctx, name, mongo, settings, false, NULL);
 }
 
 /* For a test that injects Kafka faults (kafka-mockd's control socket). */
 static void ctx_init_mock(ctx_t *ctx, const char *name, const obx_test_mongo_t *mongo, const char *const *settings) {
-  ctx_init_on(ctx, name, mongo, settings, true);
+  ctx_init_on(ctx, name, mongo, settings, true, NULL);
 }
 
 static void ctx_cleanup(ctx_t *ctx) {
@@ -191,6 +192,7 @@ typedef struct {
   int records, unknown, order_errors, header_errors;
   int32_t *partition; /* per event: partition of its first copy */
   int64_t *offset;
+  int64_t *last_offset; /* per event: offset of its last copy */
 } kafka_read_t;
 
 static int event_index(const ctx_t *ctx, const char *id) {
@@ -219,6 +221,7 @@ static void on_record(const rd_kafka_message_t *rkm, void *arg) {
       !obx_test_kafka_header(rkm, "ce_specversion", spec, sizeof spec) || strcmp(spec, "1.0") ||
       rkm->key_len != strlen(want_key) || memcmp(rkm->key, want_key, rkm->key_len) != 0)
     r->header_errors++;
+  if (r->last_offset) r->last_offset[i] = rkm->offset;
   if (r->seen[i]++ == 0) {
     /* first copy of an event: events of one key must arrive in commit order */
     int k = r->ctx->key_of[i];
@@ -239,6 +242,7 @@ static int kafka_check(ctx_t *ctx, int timeout_ms, bool exactly_once) {
   r.last_of_key = calloc(MAX_EVENTS, sizeof *r.last_of_key);
   r.partition = calloc((size_t)ctx->n, sizeof *r.partition);
   r.offset = calloc((size_t)ctx->n, sizeof *r.offset);
+  r.last_offset = calloc((size_t)ctx->n, sizeof *r.last_offset);
   for (int k = 0; k < MAX_EVENTS; k++) r.last_of_key[k] = -1;
   /* one consumer group per check; each round resumes after the records already read */
   static int serial;
@@ -255,8 +259,18 @@ static int kafka_check(ctx_t *ctx, int timeout_ms, bool exactly_once) {
     for (int i = 0; i < ctx->n; i++) missing += r.seen[i] == 0 && !ctx->skipped[i];
   }
   if (missing) fail_msg("%d of %d events never reached Kafka (%d records read)", missing, ctx->n, r.records);
-  for (int i = 0; i < ctx->n; i++)
-    if (ctx->skipped[i] && r.seen[i]) fail_msg("event %d was skipped but reached Kafka", i);
+  /* A skipped event never reaches Kafka. kafka-mockd writes no transaction markers (librdkafka's
+   * mock answers EndTxn without them), so a record of an aborted transaction stays readable: a
+   * refused head may have had a copy in a transaction another record's refusal aborted before
+   * its own refusal. There, such a copy must precede every later event of its key (those are
+   * produced only once the head is released). */
+  for (int i = 0; i < ctx->n; i++) {
+    if (!ctx->skipped[i] || !r.seen[i]) continue;
+    if (!ctx->aborted_visible) fail_msg("event %d was skipped but reached Kafka", i);
+    for (int j = i + 1; j < ctx->n; j++)
+      if (ctx->key_of[j] == ctx->key_of[i] && r.seen[j] && r.partition[j] == r.partition[i] && r.offset[j] < r.last_offset[i])
+        fail_msg("event %d was skipped but reached Kafka after event %d of its key", i, j);
+  }
   /* every record the topic holds (its log end offsets) was read: no copy still to come */
   int64_t in_topic = exactly_once ? obx_test_kafka_topic_records(ctx->bootstrap, ctx->topic) : 0;
   if (exactly_once && in_topic != ctx->n) fail_msg("records in the topic: got %lld want %d (duplicates)", (long long)in_topic, ctx->n);
@@ -289,6 +303,7 @@ static int kafka_check(ctx_t *ctx, int timeout_ms, bool exactly_once) {
   free(r.last_of_key);
   free(r.partition);
   free(r.offset);
+  free(r.last_offset);
   return r.records;
 }
 
@@ -892,6 +907,7 @@ static void test_produce_errors_hold_the_key(void **state) {
                             "relay.fencing", "transactions", NULL};
   ctx_t ctx;
   ctx_init_mock(&ctx, "hold", &g_mongo, settings);
+  ctx.aborted_visible = true;
   assert_true(obx_test_kafka_cmd(&g_kafka, "topic %s 3", ctx.topic));
   obx_relay_t *relay = relay_start(&ctx);
   leader_wait_t lw = {relay};
@@ -1143,6 +1159,69 @@ static void test_fatal_producer_is_replaced(void **state) {
   ctx_cleanup(&ctx);
 }
 
+/* Several events of a key in flight (the idempotent producer's gap-less guarantee) and the
+ * broker refuses one of them (a record over the topic's max.message.bytes, on the real broker:
+ * kafka-mockd does not check an idempotent producer's sequences, so it would write the later
+ * records): none of the later events of its key is written to Kafka. The producer turns fatal,
+ * is replaced, the refused event is FAILED with the broker's reason (once: the stream read
+ * again by the next leadership does not publish it from its insert) and holds its key, its
+ * later events stay PENDING and are not in the topic; skipping it publishes them, in order. */
+static void test_refused_event_in_a_key_window(void **state) {
+  const char *settings[] = {"kafka.batch.size", "16384", NULL};
+  const char *topic[] = {"max.message.bytes", "40000", NULL};
+  ctx_t ctx;
+  ctx_init_on(&ctx, "window", &g_mongo, settings, false, topic);
+  obx_relay_t *relay = relay_start_leading(&ctx);
+  if (!obx_relay_producer_gapless(relay->producer)) fail_msg("the idempotent producer has no gap-less guarantee");
+  obx_err_t err = OBX_ERR_INIT;
+  obx_mongo_t *mongo = obx_mongo_new(&ctx.conf, &err);
+  obx_ops_t ops = {.mongo = mongo, .who = "test"};
+  insert_events(&ctx, 3, 1); /* ORD-0000, one bulk each: read and produced back to back */
+  int big = ctx.n;
+  ctx.pad = 100000; /* under the producer's message.max.bytes, over the topic's max.message.bytes */
+  insert_events(&ctx, 1, 1);
+  ctx.pad = 0;
+  insert_events(&ctx, 30, 1);
+  insert_events(&ctx, 20, 4);
+  settled_t s = {&ctx, relay};
+  if (!obx_test_wait_for(settled_behind_failed, &s, 30000, 50))
+    fail_msg("never settled with a held key (held %d, in flight %d)", (int)relay->counters.held_keys,
+             (int)relay->counters.inflight);
+  int heads[64];
+  int n = failed_heads(&ctx, "MSG_SIZE_TOO_LARGE", heads, 64); /* and none later of its key PUBLISHED */
+  bool big_failed = false;
+  for (int f = 0; f < n; f++) big_failed |= heads[f] == big;
+  if (!big_failed) fail_msg("the refused event %d is not FAILED (%d FAILED)", big, n);
+  /* what the topic holds now: no event of ORD-0000 after the refused one */
+  kafka_read_t r;
+  memset(&r, 0, sizeof r);
+  r.ctx = &ctx;
+  r.seen = calloc((size_t)ctx.n, sizeof *r.seen);
+  r.last_of_key = calloc(MAX_EVENTS, sizeof *r.last_of_key);
+  r.partition = calloc((size_t)ctx.n, sizeof *r.partition);
+  r.offset = calloc((size_t)ctx.n, sizeof *r.offset);
+  int64_t in_topic = obx_test_kafka_topic_records(ctx.bootstrap, ctx.topic);
+  if (obx_test_kafka_consume_all(ctx.bootstrap, ctx.topic, NULL, (int)in_topic, 30000, on_record, &r) < in_topic)
+    fail_msg("read %d of the %lld records of the topic", r.records, (long long)in_topic);
+  for (int i = big; i < big + 31; i++)
+    if (r.seen[i]) fail_msg("event %d of the held key reached Kafka while %d is refused", i, big);
+  free(r.seen);
+  free(r.last_of_key);
+  free(r.partition);
+  free(r.offset);
+  for (int f = 0; f < n; f++) {
+    bson_t out = BSON_INITIALIZER;
+    if (!obx_ops_outbox_skip(&ops, NULL, ctx.ids[heads[f]], false, &out, &err)) fail_msg("skip %d: %s", heads[f], err.msg);
+    bson_destroy(&out);
+    ctx.skipped[heads[f]] = true;
+  }
+  wait_published(&ctx, ctx.n - n, 30000);
+  obx_relay_stop(relay->group);
+  kafka_check(&ctx, 60000, false);
+  obx_mongo_destroy(mongo);
+  ctx_cleanup(&ctx);
+}
+
 /* ---- the sweeper's claims with several relays -------------------------------------------- */
 
 /* A relay context that only sweeps: its own MongoDB client and producer, no thread, no lease. */
@@ -1348,6 +1427,7 @@ int main(void) {
     cmocka_unit_test(test_kill_9_mid_run_loses_nothing),
     cmocka_unit_test(test_checkpoint_fenced_while_lease_held),
     cmocka_unit_test(test_fatal_producer_is_replaced),
+    cmocka_unit_test(test_refused_event_in_a_key_window),
     cmocka_unit_test(test_sweeper_claims_race_and_dead_claims_expire),
     cmocka_unit_test(test_reprocess_published_by_the_stream),
   };
