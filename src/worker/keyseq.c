@@ -8,7 +8,8 @@
  * n + 1 may come to one while event n is unread, queued or running on the other. So event n + 1
  * runs only once the inbox holds event n DONE, SKIPPED, BLOCKED, RETRYING or DEAD (the last three
  * park the key, whose parked_keys document then orders what follows), one index-bounded lookup
- * (obx_inbox_seq_settled); else the job is deferred in its key's queue (worker_sched_defer): no
+ * (obx_inbox_seq_settled), or when its own inbox entry exists (a redelivery: it was admitted
+ * before, its wait is not made twice; one lookup by _id); else the job is deferred in its key's queue (worker_sched_defer): no
  * runner is held, the key's later events stay behind it, other keys run. It is looked at again
  * when an earlier event of its key is queued in this process (sched.c runs that first, and this
  * one after it), else after a backoff (50 ms doubling to 1 s: the predecessor settles in a peer),
@@ -42,7 +43,14 @@ bool worker_keyseq_admit(obx_worker_t *w, job_t *job) {
   obx_err_t err = OBX_ERR_INIT;
   mongoc_client_t *client = obx_mongo_pop(w->mongo);
   bool ok = obx_inbox_seq_settled(client, w->db, w->consumer, key, missing, &settled, &err);
+  bool known = false; /* its own entry exists: a redelivery, admitted before (its order was decided then) */
+  if (ok && !settled && !job->gap_since && id && bson_utf8_validate(id, strlen(id), false)) {
+    bson_t doc = BSON_INITIALIZER;
+    ok = obx_inbox_get(client, w->db, NULL, w->consumer, id, &doc, &known, &err);
+    bson_destroy(&doc);
+  }
   obx_mongo_push(w->mongo, client);
+  if (known) return true;
   if (!ok) /* MongoDB cannot say now: look again after the backoff, within the same bound */
     obx_log_event(OBX_LOG_DEBUG, id, NULL, "keySeq %" PRId64 " of key %s: cannot look it up: %s", missing, key,
                   err.msg);

@@ -26,7 +26,7 @@
  * (the ERP records each call's start and end). Without the wait keySeq 2 ran before keySeq 1 was
  * even written. And the bound: a keySeq whose predecessor never comes runs after WORKER_GAP_WAIT
  * (2 s here), counted in outboxd_worker_keyseq_gaps_total{outcome="timeout"}, while another key
- * runs meanwhile. */
+ * runs meanwhile; delivered again, it is a duplicate at once (its entry exists: no second wait). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -370,6 +370,18 @@ static void test_missing_keyseq_runs_after_the_gap_wait(void **state) {
   if (gap_metric("timeout") < timeouts + 1) fail_msg("keyseq_gaps_total{timeout} did not grow");
   if (wt_last_call_index(fx, "KO-1") < 0 || wt_last_call_index(fx, "KO-1") > wt_last_call_index(fx, "KT-2"))
     fail_msg("the other key waited behind the gap");
+  /* the record again (a redelivery): its entry exists, it is a duplicate without a second wait */
+  double waits = waits_begun();
+  double dups = wt_metric("outboxd_worker_transitions_total{from=\"decoded\",to=\"duplicate\"}");
+  wt_produce_to(fx, &lone, 0);
+  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
+  while (wt_metric("outboxd_worker_transitions_total{from=\"decoded\",to=\"duplicate\"}") < (dups < 0 ? 0 : dups) + 1 &&
+         obx_test_now_ms() < deadline)
+    usleep(10000);
+  if (wt_metric("outboxd_worker_transitions_total{from=\"decoded\",to=\"duplicate\"}") < (dups < 0 ? 0 : dups) + 1)
+    fail_msg("the redelivered keySeq 2 was not skipped as a duplicate");
+  if (waits_begun() != waits) fail_msg("the redelivered keySeq 2 waited for the gap again");
+  if (wt_erp_calls(fx, "KT-2") != 1) fail_msg("ERP calls of KT-2: got %d, want 1", wt_erp_calls(fx, "KT-2"));
   obx_test_httpd_request_cleanup(&req);
   obx_event_cleanup(&lone);
   obx_event_cleanup(&other);
