@@ -48,7 +48,7 @@ static void *wq_main(void *arg) {
       obx_ladder_tick(w->ladder);
       last_tick = obx_time_now_ms();
     }
-    if (obx_time_now_ms() - last_parked >= 5000) {
+    if (obx_time_now_ms() - last_parked >= 5000 && worker_schema_ready(w)) { /* its index in place */
       last_parked = obx_time_now_ms();
       mongoc_client_t *client = obx_mongo_pop(w->mongo);
       int64_t n = -1;

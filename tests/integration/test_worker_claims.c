@@ -157,16 +157,6 @@ static void test_expired_claim_is_taken_over(void **state) {
 }
 
 /* Lines of a log file holding `what`. */
-static int log_lines(const char *path, const char *what) {
-  FILE *f = fopen(path, "r");
-  char buf[4096];
-  int n = 0;
-  while (f && fgets(buf, sizeof buf, f))
-    if (strstr(buf, what)) n++;
-  if (f) fclose(f);
-  return n;
-}
-
 /* Earliest arrival and latest answer of the calls to /erp/<num> (answer 0: one still open). */
 static void call_span(wt_fx_t *fx, const char *num, int64_t *first_start, int64_t *last_end) {
   char path[64];
@@ -328,7 +318,7 @@ static void test_retry_intent_before_publish(void **state) {
   }
   /* A tier copy published before its attempt was recorded would meet the run's live claim. */
   int early = 0;
-  for (int r = 0; r < NREPLICAS; r++) early += log_lines(replicas[r].proc.log_path, "who runs it now");
+  for (int r = 0; r < NREPLICAS; r++) early += wt_log_lines(replicas[r].proc.log_path, "who runs it now");
   int calls = 0, overlaps = overlapping_calls(fx, &calls);
   print_message("%d events retried once through a 100 ms tier with commits held 1.5 s: %d calls, %d overlapping, "
                 "%d copies that met a live claim\n", N, calls, overlaps, early);

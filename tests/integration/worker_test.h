@@ -595,6 +595,17 @@ static inline void wt_start_worker_process_with(wt_fx_t *fx, obx_test_outboxd_t 
 
 static inline void wt_start_worker_process(wt_fx_t *fx, obx_test_outboxd_t *d) { wt_start_worker_process_with(fx, d, NULL); }
 
+/* Lines of a log file (a worker process's) that contain `what`. */
+static inline int wt_log_lines(const char *path, const char *what) {
+  FILE *f = fopen(path, "r");
+  char buf[4096];
+  int n = 0;
+  while (f && fgets(buf, sizeof buf, f))
+    if (strstr(buf, what)) n++;
+  if (f) fclose(f);
+  return n;
+}
+
 /* Stops the n worker processes of d (a SIGSTOPped one is continued first) and zeroes them: the
  * teardown of suites that run replicas beside the fixture, also after a failed test. */
 static inline void wt_stop_worker_processes(obx_test_outboxd_t *d, int n) {
