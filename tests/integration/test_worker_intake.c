@@ -186,9 +186,58 @@ static void test_hung_key_holds_only_its_partition(void **state) {
   free(other);
 }
 
+/* The in-flight bound holds every partition with a record waiting: with WORKER_MAX_INFLIGHT 20
+ * and the calls of 40 events of 40 keys slow, 20 run while the other 20 stay prefetched, unread
+ * (no call of theirs starts); once the first ones end, they run; every record is fetched once. */
+#define BOUND 20
+#define NBOUND 40
+#define BOUND_CALL_MS 4000
+
+static void test_bound_holds_the_partitions_with_records_waiting(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  char bound[16];
+  snprintf(bound, sizeof bound, "%d", BOUND);
+  wt_conf_set(fx, "worker.max_inflight", bound);
+  wt_conf_set(fx, "kafka.statistics.interval.ms", "100");
+  int before = obx_test_httpd_nrequests(fx->httpd);
+  wt_start_worker(fx);
+  obx_event_t ev[NBOUND];
+  char num[32];
+  for (int i = 0; i < NBOUND; i++) {
+    snprintf(num, sizeof num, "B-%d", i);
+    wt_event(&ev[i], "OrderConfirmed", num, num);
+    wt_route_delay(fx, num, 200, BOUND_CALL_MS);
+    produce_async(fx, &ev[i]);
+  }
+  if (rd_kafka_flush(fx->producer, 20000)) fail_msg("produce: flush timed out");
+  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
+  while (obx_test_httpd_nrequests(fx->httpd) - before < BOUND && obx_test_now_ms() < deadline) usleep(10000);
+  int calls = obx_test_httpd_nrequests(fx->httpd) - before;
+  if (calls < BOUND) fail_msg("calls started: got %d, want %d", calls, BOUND);
+  obx_worker_stats_t s;
+  fresh_kafka_stats(fx, &s); /* within the first calls' BOUND_CALL_MS */
+  calls = obx_test_httpd_nrequests(fx->httpd) - before;
+  print_message("in flight %lld, calls %d, partitions held %lld, records prefetched and not read %lld\n",
+                (long long)s.in_flight, calls, (long long)s.paused_partitions, (long long)s.prefetched_records);
+  assert_int_equal(s.in_flight, BOUND);
+  assert_int_equal(calls, BOUND);
+  if (s.paused_partitions < 1) fail_msg("partitions held at the bound: got %lld", (long long)s.paused_partitions);
+  assert_int_equal(s.prefetched_records, NBOUND - BOUND);
+
+  for (int i = 0; i < NBOUND; i++) wt_wait_status(fx, ev[i].id, "DONE");
+  fresh_kafka_stats(fx, &s);
+  print_message("records fetched %lld, produced %d; partitions held %lld\n", (long long)s.fetched_records, NBOUND,
+                (long long)s.paused_partitions);
+  assert_int_equal(s.fetched_records, NBOUND);
+  assert_int_equal(s.paused_partitions, 0);
+  for (int i = 0; i < NBOUND; i++) obx_event_cleanup(&ev[i]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_hung_key_holds_only_its_partition, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_bound_holds_the_partitions_with_records_waiting, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
