@@ -12,7 +12,9 @@
 #     after a lost history or a first start), timed until every event is PUBLISHED;
 #  3. poll: the same backlog in another database, RELAY_MODE=poll (the sweeper is the relay).
 # Rates are taken from the first event published (process start, lease and producer set-up left
-# out; the raw producer's first record is acknowledged before its clock starts).
+# out; the raw producer's first record is acknowledged before its clock starts). The takeover
+# (lease taken -> first event published: the held keys loaded, an earlier holder's claims
+# released, the first batch claimed and acknowledged) is printed in seconds for each size.
 # Prints events/s per size and LARGE / SMALL for each (the target is >= 0.9: the sweeper's cost
 # per event does not grow with the backlog). Builds into $OBX_BUILD_DIR (default build/).
 # Everything started here is stopped on exit.
@@ -30,7 +32,8 @@ bench_start_mongo mongo --oplog-size 1000
 bench_start_broker "raw-$SMALL:6" "raw-$LARGE:6" "scan-$SMALL:6" "scan-$LARGE:6" "poll-$SMALL:6" "poll-$LARGE:6"
 
 # Runs outboxd --roles relay on database $1, topic $2 (extra environment after) until its N
-# events are PUBLISHED; prints events/s from its first PUBLISHED event (start-up left out).
+# events are PUBLISHED; prints events/s from its first PUBLISHED event (start-up left out) and
+# the takeover's seconds.
 relay_drain() {
   local db=$1 topic=$2 n=$3 log="$WORK/relay-$1.log" pid rate
   shift 3
@@ -51,15 +54,20 @@ for n in "$SMALL" "$LARGE"; do
   "$BENCH" preload "$MONGO_URI" "poll_$n" "$n" 500
   echo "  preloaded 2 x $n events in $(($(date +%s) - s0)) s" >&2
   R[raw_$n]=$(echo "$n $("$BENCH" produce "$BOOTSTRAP" "raw-$n" "$MONGO_URI" "scan_$n" "$n")" | awk '{print $1 / $2}')
-  R[scan_$n]=$(relay_drain "scan_$n" "scan-$n" "$n")
-  R[poll_$n]=$(relay_drain "poll_$n" "poll-$n" "$n" RELAY_MODE=poll)
+  read -r R[scan_$n] R[scan_take_$n] <<<"$(relay_drain "scan_$n" "scan-$n" "$n")"
+  read -r R[poll_$n] R[poll_take_$n] <<<"$(relay_drain "poll_$n" "poll-$n" "$n" RELAY_MODE=poll)"
 done
 
 awk -v s="$SMALL" -v l="$LARGE" -v rs="${R[raw_$SMALL]}" -v rl="${R[raw_$LARGE]}" \
-    -v ss="${R[scan_$SMALL]}" -v sl="${R[scan_$LARGE]}" -v ps="${R[poll_$SMALL]}" -v pl="${R[poll_$LARGE]}" 'BEGIN {
+    -v ss="${R[scan_$SMALL]}" -v sl="${R[scan_$LARGE]}" -v ps="${R[poll_$SMALL]}" -v pl="${R[poll_$LARGE]}" \
+    -v ts="${R[scan_take_$SMALL]}" -v tl="${R[scan_take_$LARGE]}" -v us="${R[poll_take_$SMALL]}" \
+    -v ul="${R[poll_take_$LARGE]}" 'BEGIN {
   printf "\nrecovery of a PENDING backlog      events/s at %-9d events/s at %-9d  large / small\n", s, l
   printf "  raw idempotent producer        %12.0f          %12.0f          %6.2f\n", rs, rl, rl / rs
   printf "  stream relay, full sweep       %12.0f          %12.0f          %6.2f   (target >= 0.90)\n", ss, sl, sl / ss
   printf "  poll relay (sweep only)        %12.0f          %12.0f          %6.2f   (target >= 0.90)\n", ps, pl, pl / ps
   printf "  full sweep / raw producer      %12.2f          %12.2f\n", ss / rs, sl / rl
+  printf "\ntakeover: lease taken -> first event published, s\n"
+  printf "  stream relay                   %12.3f          %12.3f\n", ts, tl
+  printf "  poll relay                     %12.3f          %12.3f\n", us, ul
 }'

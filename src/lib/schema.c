@@ -36,6 +36,15 @@ static const obx_schema_index_t orders_indexes[] = {
 static const obx_schema_index_t outbox_indexes[] = {
   /* the sweeper: equality on status, sort {availableAt, _id} (src/relay/sweeper.c) */
   {"outbox_status_available", "{\"status\": 1, \"availableAt\": 1, \"_id\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
+  /* a new holder's takeover (src/relay/keys.c relay_keys_load, src/relay/sweeper.c
+   * relay_claims_release): the PENDING events being retried, and those an earlier holder
+   * claimed, oldest first, with the bucket in the key; partial, so the takeover reads what
+   * matches, not the backlog (the queries repeat these expressions, so the planner may use them) */
+  {"outbox_pending_retried", "{\"status\": 1, \"bucket\": 1, \"attempts\": 1}",
+   "{\"partialFilterExpression\": {\"status\": \"PENDING\", \"attempts\": {\"$gt\": 0}}}", OBX_SCHEMA_TTL_NONE},
+  {"outbox_pending_claimed", "{\"status\": 1, \"availableAt\": 1, \"_id\": 1, \"bucket\": 1}",
+   "{\"partialFilterExpression\": {\"status\": \"PENDING\", \"claimedUntil\": {\"$exists\": true}}}",
+   OBX_SCHEMA_TTL_NONE},
   /* a released key's waiting events, in order (src/relay/keys.c) */
   {"outbox_key_status_seq", "{\"partitionKey\": 1, \"status\": 1, \"keySeq\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
   /* the operators' lists (GET /api/outbox, outboxctl outbox list), newest first, by org and

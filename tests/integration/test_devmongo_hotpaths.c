@@ -13,7 +13,11 @@
  * shape once, with the test that ran it. When the suites that drive these paths ran in the same
  * run (test_relay, test_worker, test_ops_api), outbox, inbox, parked_keys and
  * pipeline_executions must each have been queried, so a path that stops being exercised fails
- * too; dead_letters and audit_log are checked whenever the product queries them. */
+ * too; dead_letters and audit_log are checked whenever the product queries them.
+ * A new relay holder's takeover queries (relay_keys_load's PENDING events being retried and
+ * claimed by an earlier holder, relay_claims_release's updateMany) must each be answered by
+ * its partial index (outbox_pending_retried, outbox_pending_claimed), which holds only what
+ * matches, not by an index over the whole PENDING backlog; test_relay must have run them. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,12 +92,43 @@ static bool names_id(const bson_t *filter) {
   return false;
 }
 
+/* The takeover queries: a top-level field and operator of the filter, and the index that must
+ * answer them (src/lib/schema.c). */
+static const struct {
+  const char *field, *op, *plan;
+} k_takeover[] = {
+  {"attempts", "$gt", "IXSCAN { status: 1, bucket: 1, attempts: 1 }"},
+  {"claimedUntil", "$exists", "IXSCAN { status: 1, availableAt: 1, _id: 1, bucket: 1 }"},
+};
+#define NTAKEOVER (sizeof k_takeover / sizeof *k_takeover)
+
 typedef struct {
   char *lines[256];     /* offending shapes, each once */
   size_t nlines;
   long queries[NHOT];
   long checked;
+  long takeover[NTAKEOVER]; /* takeover queries seen, each kind */
 } result_t;
+
+static void add_line(result_t *r, const char *line, const char *test) {
+  for (size_t i = 0; i < r->nlines; i++)
+    if (!strncmp(r->lines[i], line, strlen(line))) return;
+  if (r->nlines < 256) {
+    size_t n = strlen(line) + strlen(test) + 8;
+    r->lines[r->nlines] = malloc(n);
+    snprintf(r->lines[r->nlines++], n, "%s (in %s)", line, test);
+  }
+}
+
+/* Which takeover query filter is (NTAKEOVER: none). */
+static size_t takeover_kind(const bson_t *filter) {
+  bson_iter_t it, op;
+  for (size_t i = 0; i < NTAKEOVER; i++)
+    if (bson_iter_init_find(&it, filter, k_takeover[i].field) && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+        bson_iter_recurse(&it, &op) && bson_iter_find(&op, k_takeover[i].op))
+      return i;
+  return NTAKEOVER;
+}
 
 static void check_entry(const char *test, const bson_t *e, result_t *r) {
   const char *proc = str_of(e, "process");
@@ -120,6 +155,16 @@ static void check_entry(const char *test, const bson_t *e, result_t *r) {
   bool sort_stage = bson_iter_init_find(&it, e, "hasSortStage") && bson_iter_as_bool(&it);
   /* a lookup of given entries by _id (equality or $in: as many as named) may sort them */
   bool by_id = names_id(&filter);
+  size_t kind = hot == 0 && readable ? takeover_kind(&filter) : NTAKEOVER;
+  if (kind < NTAKEOVER) {
+    r->takeover[kind]++;
+    if (strcmp(plan, k_takeover[kind].plan) || sort_stage) {
+      char line[512];
+      snprintf(line, sizeof line, "%s outbox takeover query on %s: %s%s, not %s", str_of(e, "command"),
+               k_takeover[kind].field, plan, sort_stage ? " + in-memory SORT" : "", k_takeover[kind].plan);
+      add_line(r, line, test);
+    }
+  }
   if ((!strncmp(plan, "IXSCAN", 6) || !strcmp(plan, "IDHACK")) && (!sort_stage || by_id)) {
     bson_destroy(&filter);
     bson_destroy(&sort);
@@ -137,13 +182,7 @@ static void check_entry(const char *test, const bson_t *e, result_t *r) {
   bson_free(fj);
   bson_free(sj);
   bson_destroy(&fs);
-  for (size_t i = 0; i < r->nlines; i++)
-    if (!strncmp(r->lines[i], line, strlen(line))) return;
-  if (r->nlines < 256) {
-    size_t n = strlen(line) + strlen(test) + 8;
-    r->lines[r->nlines] = malloc(n);
-    snprintf(r->lines[r->nlines++], n, "%s (in %s)", line, test);
-  }
+  add_line(r, line, test);
 }
 
 static void read_log(const char *test, const char *path, result_t *r) {
@@ -198,12 +237,19 @@ static void test_hot_paths_use_indexes(void **state) {
       print_message("NOT EXERCISED: no product query on %s\n", k_hot[i]);
       unexercised++;
     }
+  for (size_t i = 0; ran[0] && i < NTAKEOVER; i++) {
+    print_message("  takeover on %-12s %ld\n", k_takeover[i].field, r.takeover[i]);
+    if (!r.takeover[i]) {
+      print_message("NOT EXERCISED: no takeover query on %s\n", k_takeover[i].field);
+      unexercised++;
+    }
+  }
   if (!all_drivers) print_message("(coverage not checked: test_relay, test_worker and test_ops_api did not all run)\n");
   size_t bad = r.nlines;
   for (size_t i = 0; i < r.nlines; i++) free(r.lines[i]);
   if (bad || unexercised)
-    fail_msg("%zu hot-path query shape(s) without an index or with an in-memory sort, %zu hot-path "
-             "collection(s) never queried", bad, unexercised);
+    fail_msg("%zu hot-path query shape(s) without an index, with an in-memory sort or (a takeover) not by its "
+             "partial index, %zu hot-path collection(s) or takeover queries never exercised", bad, unexercised);
 }
 
 int main(void) {
