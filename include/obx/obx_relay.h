@@ -81,12 +81,13 @@ int obx_relay_producer_poll(obx_relay_producer_t *producer, int timeout_ms);
 /* Makes a wait in obx_relay_producer_poll return now (or the next one, when none is waiting);
  * the one call safe from any thread while the producer lives. */
 void obx_relay_producer_wake(obx_relay_producer_t *producer);
-/* Records sent and not yet reported. */
+/* Records sent and not yet reported (NULL, a bucket not held: 0). */
 int obx_relay_producer_pending(const obx_relay_producer_t *producer);
-/* Serves reports until nothing is pending or timeout_ms passes; true when nothing is left. */
+/* Serves reports until nothing is pending or timeout_ms passes; true when nothing is left (NULL:
+ * true). */
 bool obx_relay_producer_flush(obx_relay_producer_t *producer, int timeout_ms);
 /* True after the producer hit a fatal error (a broken sequence, fenced by a newer producer of its
- * transactional.id): it must be destroyed and recreated. */
+ * transactional.id): it must be destroyed and recreated (NULL: false). */
 bool obx_relay_producer_fatal(const obx_relay_producer_t *producer);
 /* True for the idempotent producer without a message timeout: it has the gap-less guarantee
  * (enable.gapless.guarantee), so when the broker refuses a record no later record of its
@@ -99,7 +100,7 @@ bool obx_relay_producer_refused(const obx_relay_producer_t *producer, const obx_
  * partition: one Metadata request for all topics (a request naming the topic could create it
  * on a broker with auto.create.topics.enable), answered within timeout_ms. False with err
  * naming the topic, or the brokers and why they cannot be reached. Thread-safe: any thread may
- * call it while the producer lives. */
+ * call it while the producer lives. NULL: false, "not created yet". */
 bool obx_relay_producer_check(obx_relay_producer_t *producer, const char *topic, const char *brokers,
                               int timeout_ms, obx_err_t *err);
 

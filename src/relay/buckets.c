@@ -107,19 +107,18 @@ obx_relay_t *relay_group_bucket(void *handle, int32_t b) {
   return group && b >= 0 && b < group->nbuckets ? group->relays[b] : NULL;
 }
 
-void relay_group_gauges(const obx_relay_t *relay, int *held, int *inflight, int *stream_up, int *held_keys,
-                        int64_t *lag_ms) {
+void relay_group_gauges(const obx_relay_t *relay, relay_gauges_t *g) {
   const relay_group_t *group = relay->group;
-  *held = *inflight = *stream_up = *held_keys = 0;
-  *lag_ms = 0;
+  memset(g, 0, sizeof *g);
   for (int32_t b = 0; group && b < group->nbuckets; b++) {
     const relay_counters_t *c = &group->relays[b]->counters;
-    *held += atomic_load(&c->leader);
-    *inflight += atomic_load(&c->inflight);
-    *stream_up += atomic_load(&c->stream_up);
-    *held_keys += atomic_load(&c->held_keys);
+    g->held += atomic_load(&c->leader);
+    g->inflight += atomic_load(&c->inflight);
+    g->stream_up += atomic_load(&c->stream_up);
+    g->held_keys += atomic_load(&c->held_keys);
+    g->producers += atomic_load(&c->producer);
     int64_t lag = atomic_load(&c->lag_ms);
-    if (lag > *lag_ms) *lag_ms = lag;
+    if (lag > g->lag_ms) g->lag_ms = lag;
   }
 }
 
@@ -384,6 +383,8 @@ static void group_destroy(relay_group_t *group) {
   free(group);
 }
 
+static void group_probe_ack(const obx_relay_ack_t *ack, void *ctx) {}
+
 void *obx_relay_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err) {
   relay_group_t *group = calloc(1, sizeof *group);
   char host[64] = "localhost";
@@ -398,9 +399,13 @@ void *obx_relay_start(const obx_conf_t *conf, obx_http_t *http, obx_err_t *err) 
   group->mongo = obx_mongo_new(conf, err);
   if (!group->mongo) goto fail;
   relay_metrics_register();
+  /* a bucket's producer is created when the bucket is taken: the Kafka configuration (kafka.*
+   * keys) is checked now by one made and destroyed at once, so a bad key fails the start */
+  obx_relay_producer_t *probe = obx_relay_producer_new(conf, NULL, group_probe_ack, NULL, err);
+  if (!probe) goto fail;
+  obx_relay_producer_destroy(probe);
   for (int32_t b = 0; b < group->nbuckets; b++) {
-    group->relays[b] = relay_new(conf, group->mongo, group->owner, b, err);
-    if (!group->relays[b]) goto fail;
+    group->relays[b] = relay_new(conf, group->mongo, group->owner, b);
     group->relays[b]->group = group;
   }
   for (int32_t b = 0; b < group->nbuckets; b++)

@@ -15,7 +15,7 @@ static const double latency_buckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 
 static struct {
   obx_counter_t *published, *publish_errors, *failed, *stream_restarts;
-  obx_gauge_t *inflight, *lag, *leader, *stream_up, *held_keys;
+  obx_gauge_t *inflight, *lag, *leader, *stream_up, *held_keys, *producers;
   obx_histogram_t *latency;
 } m;
 
@@ -41,6 +41,9 @@ void relay_metrics_register(void) {
                             "standby, and in poll mode", NULL);
   m.leader = obx_metrics_gauge("outboxd_relay_leader",
                                "Buckets whose lease this process holds (with one bucket: 1 while it holds the relay lease)", NULL);
+  m.producers = obx_metrics_gauge("outboxd_relay_producers",
+                                  "Kafka producers of this process: one per bucket it leads, created when the bucket is taken "
+                                  "and destroyed when it is lost", NULL);
   m.latency = obx_metrics_histogram("outboxd_relay_commit_to_ack_seconds",
                                     "From the event's occurredAt (its commit) to Kafka's acknowledgement",
                                     NULL, latency_buckets, (int)(sizeof latency_buckets / sizeof latency_buckets[0]));
@@ -79,14 +82,15 @@ void relay_metrics_gauges(obx_relay_t *relay) {
   relay->counters.inflight = relay_pending(relay);
   relay->counters.stream_up = relay->stream != NULL;
   relay->counters.held_keys = relay->nheld;
+  relay->counters.producer = relay->producer != NULL;
   /* the process's gauges: the sums over its buckets (the lag: the largest) */
-  int held = relay->leader, inflight = relay->counters.inflight, stream_up = relay->counters.stream_up;
-  int held_keys = relay->nheld;
-  int64_t lag_ms = relay->counters.lag_ms;
-  if (relay->group) relay_group_gauges(relay, &held, &inflight, &stream_up, &held_keys, &lag_ms);
-  obx_gauge_set(m.held_keys, held_keys);
-  obx_gauge_set(m.stream_up, stream_up);
-  obx_gauge_set(m.leader, held);
-  obx_gauge_set(m.inflight, inflight);
-  obx_gauge_set(m.lag, (double)lag_ms / 1000.0);
+  relay_gauges_t g = {relay->leader, relay->counters.inflight, relay->counters.stream_up, relay->nheld,
+                      relay->counters.producer, relay->counters.lag_ms};
+  if (relay->group) relay_group_gauges(relay, &g);
+  obx_gauge_set(m.held_keys, g.held_keys);
+  obx_gauge_set(m.stream_up, g.stream_up);
+  obx_gauge_set(m.leader, g.held);
+  obx_gauge_set(m.inflight, g.inflight);
+  obx_gauge_set(m.producers, g.producers);
+  obx_gauge_set(m.lag, (double)g.lag_ms / 1000.0);
 }

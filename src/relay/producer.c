@@ -549,10 +549,11 @@ void obx_relay_producer_wake(obx_relay_producer_t *producer) {
 }
 
 int obx_relay_producer_pending(const obx_relay_producer_t *producer) {
-  return producer->pending;
+  return producer ? producer->pending : 0;
 }
 
 bool obx_relay_producer_flush(obx_relay_producer_t *producer, int timeout_ms) {
+  if (!producer) return true;
   int64_t until = obx_time_now_ms() + timeout_ms;
   do {
     rd_kafka_flush(producer->rk, (int)(until - obx_time_now_ms() > 0 ? until - obx_time_now_ms() : 0));
@@ -562,7 +563,7 @@ bool obx_relay_producer_flush(obx_relay_producer_t *producer, int timeout_ms) {
 }
 
 bool obx_relay_producer_fatal(const obx_relay_producer_t *producer) {
-  return producer->fatal;
+  return producer && producer->fatal;
 }
 
 bool obx_relay_producer_gapless(const obx_relay_producer_t *producer) {
@@ -590,6 +591,10 @@ bool obx_relay_producer_refused(const obx_relay_producer_t *producer, const obx_
 
 bool obx_relay_producer_check(obx_relay_producer_t *producer, const char *topic, const char *brokers,
                               int timeout_ms, obx_err_t *err) {
+  if (!producer) {
+    obx_err_set(err, OBX_ERR_KAFKA, 0, true, "the Kafka producer is not created yet (it is when the bucket is taken)");
+    return false;
+  }
   if (producer->fatal) {
     obx_err_set(err, OBX_ERR_KAFKA, RD_KAFKA_RESP_ERR__FATAL, true, "the Kafka producer hit a fatal error (being replaced)");
     return false;

@@ -154,6 +154,30 @@ static void relay_sleep_ms(int ms) {
 
 /* ---- delivery reports --------------------------------------------------------------------- */
 
+static void relay_on_ack(const obx_relay_ack_t *ack, void *ctx);
+
+/* The bucket's producer, created when it leads the bucket and destroyed when it steps down
+ * (a relay holding 2 of 12 buckets has 2): with relay.fencing=transactions, transactional, with
+ * the bucket's transactional.id (fenced in when the bucket's lease is taken). */
+static obx_relay_producer_t *relay_producer_new(obx_relay_t *relay, obx_err_t *err) {
+  char txn_id[256];
+  bool transactional = strcmp(relay->conf->relay_fencing, "transactions") == 0;
+  if (transactional) obx_relay_transactional_id(relay->conf, relay->bucket, txn_id, sizeof txn_id);
+  return obx_relay_producer_new(relay->conf, transactional ? txn_id : NULL, relay_on_ack, relay, err);
+}
+
+/* Destroys the producer (its last reports arrive here, purged); none is a no-op. */
+static void relay_producer_drop(obx_relay_t *relay) {
+  if (!relay->producer) return;
+  pthread_mutex_lock(&relay->ready_mu); /* /readyz must not ask the producer being destroyed */
+  pthread_mutex_lock(&relay->wake_mu);  /* nor the reader wake it (it never holds its own lock then) */
+  obx_relay_producer_destroy(relay->producer);
+  relay->producer = NULL;
+  pthread_mutex_unlock(&relay->wake_mu);
+  pthread_mutex_unlock(&relay->ready_mu);
+  relay_metrics_gauges(relay);
+}
+
 /* Makes tp (a traceparent, NULL or invalid: none) the thread's current context for log lines. */
 static void relay_trace_current(const char *tp) {
   obx_trace_ctx_t ctx;
@@ -422,6 +446,7 @@ static void relay_lease_step_down(obx_relay_t *relay, const char *why) {
   relay_metrics_gauges(relay);
   relay_stream_close(relay);
   obx_relay_producer_flush(relay->producer, 2000);
+  relay_producer_drop(relay); /* a bucket not held has no producer (what is left is purged) */
   relay_write_reports(relay);
   relay_window_reset(relay);
   relay_keys_reset(relay);
@@ -596,7 +621,8 @@ done:
 
 void relay_serve(obx_relay_t *relay, int timeout_ms, bool force) {
   relay_lease_tick(relay); /* first: a thread that stalled renews (or steps down) before it produces more */
-  obx_relay_producer_poll(relay->producer, timeout_ms);
+  if (relay->producer) obx_relay_producer_poll(relay->producer, timeout_ms);
+  else if (timeout_ms > 0) relay_sleep_ms(timeout_ms); /* a standby's pace */
   int64_t now = obx_time_now_ms();
   bool all_in = relay->inflight_stream.n + relay->inflight_sweep.n == 0; /* nothing more to batch with */
   if (relay->reported.n && (force || all_in || relay->reported.n >= RELAY_REPORT_BATCH ||
@@ -646,13 +672,25 @@ bool relay_ready(obx_relay_t *relay, bool check_producer, obx_err_t *err) {
   return ready;
 }
 
-/* Becoming the leader: the held keys from the outbox and the claims of an earlier leadership
+/* Becoming the leader: the bucket's producer created (relay_producer_new), the held keys from the outbox and the claims of an earlier leadership
  * released (sweeper.c); then (stream mode) resume from the
  * checkpoint, or (none yet) start from now and publish every PENDING event first. False when
  * the outbox or the checkpoint could not be read (try again later: a missing checkpoint must
  * not be mistaken for an unreadable one). */
 static bool relay_lead_begin(obx_relay_t *relay) {
   obx_err_t err = OBX_ERR_INIT;
+  if (!relay->producer) {
+    obx_relay_producer_t *producer = relay_producer_new(relay, &err);
+    if (!producer) {
+      obx_error("creating the Kafka producer of bucket %d: %s (retrying)", relay->bucket, err.msg);
+      return false;
+    }
+    pthread_mutex_lock(&relay->ready_mu); /* /readyz and the reader's wake read it */
+    pthread_mutex_lock(&relay->wake_mu);
+    relay->producer = producer;
+    pthread_mutex_unlock(&relay->wake_mu);
+    pthread_mutex_unlock(&relay->ready_mu);
+  }
   /* short, well within the stall bound: init_transactions goes on in the background and the
    * next turn resumes it */
   if (!obx_relay_producer_fence(relay->producer, RELAY_FENCE_MS, &err)) {
@@ -677,20 +715,11 @@ static bool relay_lead_begin(obx_relay_t *relay) {
   return true;
 }
 
-/* The bucket's producer: with relay.fencing=transactions, transactional, with the bucket's
- * transactional.id (fenced in when the bucket's lease is taken). */
-static obx_relay_producer_t *relay_producer_new(obx_relay_t *relay, obx_err_t *err) {
-  char txn_id[256];
-  bool transactional = strcmp(relay->conf->relay_fencing, "transactions") == 0;
-  if (transactional) obx_relay_transactional_id(relay->conf, relay->bucket, txn_id, sizeof txn_id);
-  return obx_relay_producer_new(relay->conf, transactional ? txn_id : NULL, relay_on_ack, relay, err);
-}
 
 /* A producer that hit a fatal error (a broken sequence, fenced by a newer leader's producer)
- * accepts no more records. Step down (the checkpoint never passed an unacknowledged event),
- * replace the producer (the old one's purged records stay PENDING, untouched) and lead again
- * from the checkpoint at the next lease tick. A producer that cannot be created is retried on
- * the next turn of the loop. */
+ * accepts no more records. Step down (the checkpoint never passed an unacknowledged event; the
+ * producer is destroyed, its purged records stay PENDING, untouched) and lead again from the
+ * checkpoint at the next lease tick, with a new producer (relay_lead_begin). */
 static void relay_producer_renew(obx_relay_t *relay) {
   if (relay->leader) {
     /* the refusal that made it fatal is recorded and the checkpoint moved over what is done,
@@ -699,20 +728,9 @@ static void relay_producer_renew(obx_relay_t *relay) {
     relay_checkpoint_write(relay);
     relay_lease_step_down(relay, "the Kafka producer hit a fatal error");
   }
-  obx_err_t err = OBX_ERR_INIT;
-  obx_relay_producer_t *fresh = relay_producer_new(relay, &err);
-  if (!fresh) {
-    obx_error("replacing the Kafka producer: %s", err.msg);
-    return;
-  }
-  pthread_mutex_lock(&relay->ready_mu); /* /readyz must not ask the producer being destroyed */
-  pthread_mutex_lock(&relay->wake_mu);  /* nor the reader wake it (it never holds its own lock then) */
-  obx_relay_producer_destroy(relay->producer); /* its last reports arrive here, purged */
-  relay->producer = fresh;
-  pthread_mutex_unlock(&relay->wake_mu);
-  pthread_mutex_unlock(&relay->ready_mu);
+  relay_producer_drop(relay);
   relay_write_reports(relay);
-  obx_info("Kafka producer replaced after a fatal error");
+  obx_info("Kafka producer dropped after a fatal error (a new one is created when the bucket is led again)");
 }
 
 static void *relay_main(void *arg) {
@@ -819,7 +837,7 @@ static void relay_destroy(obx_relay_t *relay) {
   free(relay);
 }
 
-obx_relay_t *relay_new(const obx_conf_t *conf, obx_mongo_t *mongo, const char *owner, int32_t bucket, obx_err_t *err) {
+obx_relay_t *relay_new(const obx_conf_t *conf, obx_mongo_t *mongo, const char *owner, int32_t bucket) {
   obx_relay_t *relay = calloc(1, sizeof *relay);
   if (!relay) abort();
   relay->conf = conf;
@@ -839,12 +857,7 @@ obx_relay_t *relay_new(const obx_conf_t *conf, obx_mongo_t *mongo, const char *o
     snprintf(relay->ckpt_id, sizeof relay->ckpt_id, "%s", RELAY_CHECKPOINT_ID);
   }
   relay_window_init(&relay->window, (size_t)conf->relay_max_inflight * 4 + 8);
-  relay->producer = relay_producer_new(relay, err);
-  if (!relay->producer) {
-    relay_destroy(relay);
-    return NULL;
-  }
-  return relay;
+  return relay; /* its producer is created when it leads the bucket (relay_lead_begin) */
 }
 
 bool relay_run(obx_relay_t *relay, obx_err_t *err) {

@@ -100,6 +100,7 @@ typedef struct {
   atomic_int stream_up, held_keys;
   atomic_int inflight;
   atomic_int leader;
+  atomic_int producer;      /* 1 while it has a Kafka producer (it leads the bucket) */
   atomic_int_fast64_t lag_ms;
 } relay_counters_t;
 
@@ -196,14 +197,18 @@ typedef enum { RELAY_LEASE_FREE, RELAY_LEASE_ORPHAN, RELAY_LEASE_OTHER } relay_l
  * those of relays no longer live, then with buckets live others hold (standing by). Returns the share, ceil(nb / live). Pure. */
 int32_t relay_share_plan(int32_t nb, const bool *held, const relay_lease_state_t *state, int live, int me,
                          bool *allowed);
-/* Sums the gauges of every bucket of relay's group into the process's metrics (metrics.c). */
-void relay_group_gauges(const obx_relay_t *relay, int *held, int *inflight, int *stream_up, int *held_keys,
-                        int64_t *lag_ms);
+/* The process's relay gauges: sums over the buckets of its group (the lag: the largest). */
+typedef struct {
+  int held, inflight, stream_up, held_keys, producers;
+  int64_t lag_ms;
+} relay_gauges_t;
+/* Sums the gauges of every bucket of relay's group into *g (metrics.c). */
+void relay_group_gauges(const obx_relay_t *relay, relay_gauges_t *g);
 
 /* relay.c */
-/* A bucket's relay, on the group's pool and owner, its thread not yet started. NULL with err. */
-obx_relay_t *relay_new(const obx_conf_t *conf, obx_mongo_t *mongo, const char *owner, int32_t bucket,
-                       obx_err_t *err);
+/* A bucket's relay, on the group's pool and owner, its thread not yet started (no producer
+ * until it leads the bucket). */
+obx_relay_t *relay_new(const obx_conf_t *conf, obx_mongo_t *mongo, const char *owner, int32_t bucket);
 /* Starts its thread. */
 bool relay_run(obx_relay_t *relay, obx_err_t *err);
 /* Stops its thread as obx_relay_stop says (hand over: reports, checkpoint, lease released). */

@@ -13,7 +13,11 @@
  *     with the bucket of its key. The first 600 are written before any relay starts (published
  *     by the sweepers, which give the bucket-less ones of other buckets their bucket), the rest
  *     while the relays run (their streams). Read back from Kafka: every event at least once,
- *     the first copies of each key in commit order. */
+ *     the first copies of each key in commit order.
+ *   - test_producers_only_for_buckets_held: a relay (in this process) over 12 buckets with five
+ *     other live members (heartbeats the test writes; they hold nothing) takes its share, 2, and
+ *     has 2 Kafka producers (outboxd_relay_producers), not 12; the members gone, it takes all 12
+ *     (12 producers); back, it hands 10 over and is left with 2 producers again. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,8 +28,10 @@
 #include "obx/obx_bucket.h"
 #include "obx/obx_conf.h"
 #include "obx/obx_event.h"
+#include "obx/obx_metrics.h"
 #include "obx/obx_mongo.h"
 #include "obx/obx_outbox.h"
+#include "obx/obx_relay.h"
 #include "obx/obx_schema.h"
 #include "obx_test.h"
 #include "obx_test_fixture.h"
@@ -375,6 +381,89 @@ static void test_relays_share_buckets_through_kill_and_join(void **state) {
   mongoc_collection_destroy(ctx.outbox);
 }
 
+/* ---- one producer per bucket held ------------------------------------------------------- */
+
+#define FAKE_MEMBERS 5
+
+/* Heartbeats of FAKE_MEMBERS live relays with 12 buckets that hold none. */
+static void fake_members(mongoc_collection_t *members) {
+  for (int i = 0; i < FAKE_MEMBERS; i++) {
+    char id[32];
+    snprintf(id, sizeof id, "fake-member-%d", i);
+    bson_t *selector = BCON_NEW("_id", BCON_UTF8(id));
+    bson_t *update = BCON_NEW("$set", "{", "buckets", BCON_INT32(BUCKETS), "held", "[", "]", "expiresAt",
+                              BCON_DATE_TIME(obx_time_now_ms() + 600000), "}");
+    bson_t *opts = BCON_NEW("upsert", BCON_BOOL(true));
+    bson_error_t berr;
+    if (!mongoc_collection_update_one(members, selector, update, opts, NULL, &berr)) fail_msg("member: %s", berr.message);
+    bson_destroy(opts);
+    bson_destroy(update);
+    bson_destroy(selector);
+  }
+}
+
+typedef struct {
+  mongoc_collection_t *leases;
+  int want;
+  char got[160];
+} producers_wait_t;
+
+/* The process's gauges say `want` buckets led with `want` producers, and `want` leases are live. */
+static bool producers_are(void *arg) {
+  producers_wait_t *w = arg;
+  char *text = obx_metrics_render(NULL), leader[64], producers[64];
+  snprintf(leader, sizeof leader, "\noutboxd_relay_leader %d\n", w->want);
+  snprintf(producers, sizeof producers, "\noutboxd_relay_producers %d\n", w->want);
+  const char *p = strstr(text, "\noutboxd_relay_producers ");
+  const char *l = strstr(text, "\noutboxd_relay_leader ");
+  bson_t *filter = BCON_NEW("expiresAt", "{", "$gt", BCON_DATE_TIME(obx_time_now_ms()), "}");
+  int64_t live = count(w->leases, filter);
+  bson_destroy(filter);
+  snprintf(w->got, sizeof w->got, "producers %.3s, leader %.3s, live leases %lld", p ? p + 25 : "?", l ? l + 22 : "?",
+           (long long)live);
+  bool ok = strstr(text, leader) && strstr(text, producers) && live == w->want;
+  free(text);
+  return ok;
+}
+
+static void wait_producers(mongoc_collection_t *leases, int want, const char *when) {
+  producers_wait_t w = {leases, want, ""};
+  if (!obx_test_wait_for(producers_are, &w, 30000, 20)) fail_msg("%s: want %d buckets and producers, got %s", when, want, w.got);
+}
+
+static void test_producers_only_for_buckets_held(void **state) {
+  obx_test_require(obx_test_broker_shared(&g_broker), "no Kafka broker for this run (OBX_TEST_KAFKA_DIR)");
+  char topic[128];
+  if (!obx_test_broker_topic(&g_broker, "producers", 3, NULL, topic, sizeof topic)) fail_msg("topic not created");
+  const char *db = "buckets_producers";
+  mongoc_collection_t *members = mongoc_client_get_collection(g_client, db, "relay_members");
+  mongoc_collection_t *leases = mongoc_client_get_collection(g_client, db, "leases");
+  fake_members(members);
+  obx_conf_t conf;
+  obx_conf_init(&conf);
+  obx_err_t err = OBX_ERR_INIT;
+  const char *settings[] = {"mongo.uri", g_mongo.uri, "mongo.db", db, "kafka.brokers", g_broker.bootstrap,
+                            "kafka.topic", topic, "relay.lease", "2s", "relay.buckets", "12", "log.level", "warn", NULL};
+  for (int i = 0; settings[i]; i += 2)
+    if (!obx_conf_set(&conf, settings[i], settings[i + 1], &err)) fail_msg("conf %s: %s", settings[i], err.msg);
+  void *group = obx_relay_start(&conf, NULL, &err);
+  if (!group) fail_msg("relay start: %s", err.msg);
+
+  wait_producers(leases, 2, "one relay among six live members");
+  bson_t *fakes = BCON_NEW("_id", "{", "$regex", BCON_UTF8("^fake-member-"), "}");
+  bson_error_t berr;
+  if (!mongoc_collection_delete_many(members, fakes, NULL, NULL, &berr)) fail_msg("delete members: %s", berr.message);
+  bson_destroy(fakes);
+  wait_producers(leases, BUCKETS, "the only live member");
+  fake_members(members);
+  wait_producers(leases, 2, "after handing 10 buckets over");
+
+  obx_relay_stop(group);
+  obx_conf_cleanup(&conf);
+  mongoc_collection_destroy(leases);
+  mongoc_collection_destroy(members);
+}
+
 static int group_setup(void **state) { return obx_test_fixture_mongo_setup(&g_mongo, NULL, &g_client); }
 
 static int group_teardown(void **state) {
@@ -386,6 +475,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_writer_writes_the_bucket),
     cmocka_unit_test(test_relays_share_buckets_through_kill_and_join),
+    cmocka_unit_test(test_producers_only_for_buckets_held),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
