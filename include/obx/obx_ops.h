@@ -201,8 +201,12 @@ void obx_ops_drain_stop(obx_ops_drain_t *drain);
 /* {relay: {...}, outbox: {...}, inbox: {...}, deadLetters: {count, oldestAt},
  *  dlq: {depth} | {depth: null, error}, parkedKeys: n, degraded: [<reasons>]}
  * The counts are org's (NULL: every org); the relay and the queue are the system's. degraded
- * lists what an operator must look at (no relay leader, lag over a minute, dead letters,
- * parked keys, RabbitMQ unreachable). Fails only when MongoDB fails. */
+ * lists what an operator must look at (no relay leader, or with RELAY_BUCKETS > 1 buckets
+ * without a holder; lag over a minute, dead letters, parked keys, RabbitMQ unreachable).
+ * relay: {buckets, leader, epoch, leaseExpiresAt (one bucket) | bucketHolders: [{bucket,
+ * holder, epoch, leaseExpiresAt, checkpointAt, checkpointAgeMs}] (several), checkpointAt,
+ * checkpointAgeMs (several: the oldest bucket's), members: [{owner, buckets, held, expiresAt}],
+ * pending, heldKeys, oldestPendingAt, lagMs}. Fails only when MongoDB fails. */
 bool obx_ops_status(const obx_ops_t *ops, const char *org, bson_t *out, obx_err_t *err);
 
 /* ---- HTTP (src/api/ops_routes.c) ----------------------------------------------------------------

@@ -1,9 +1,11 @@
 /* status.c - `outboxctl status`: the whole system at a glance
  *
  *   outboxctl status [--json] [--watch]
- *       Which MongoDB database and RabbitMQ vhost, relay leader and lease, checkpoint age, lag
- *       (age of the oldest due PENDING event), outbox and inbox counts by status, dead letters,
- *       DLQ depth (unknown when RabbitMQ does not answer), parked keys, and what is degraded.
+ *       Which MongoDB database and RabbitMQ vhost, relay leader and lease, checkpoint age (with
+ *       RELAY_BUCKETS > 1: every bucket's holder, lease and checkpoint age, and the relays that
+ *       share them with the buckets each holds), lag (age of the oldest due PENDING event),
+ *       outbox and inbox counts by status, dead letters, DLQ depth (unknown when RabbitMQ does
+ *       not answer), parked keys, and what is degraded.
  *
  * DESIGN: one call to obx_ops_status (src/ops/ops_status.c); this file only prints (--json adds the
  * target, {mongodb: {database, hosts}, rabbitmq: {vhost, host, queuePrefix}}). Exit 0
@@ -47,20 +49,70 @@ static void print_counts(const char *title, const bson_t *status) {
   printf("\n");
 }
 
+static const char *str_field(const bson_t *doc, const char *name) {
+  bson_iter_t it;
+  return bson_iter_init_find(&it, doc, name) && BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : NULL;
+}
+
+/* With buckets: one line per bucket (holder, lease, checkpoint age), then one per member. */
+static void print_buckets(const bson_t *relay) {
+  bson_iter_t it, entries, field, held;
+  char a[32];
+  printf("%-12s %lld buckets\n", "relay", int_field(relay, "buckets", 0));
+  if (bson_iter_init_find(&it, relay, "bucketHolders") && bson_iter_recurse(&it, &entries))
+    while (bson_iter_next(&entries)) {
+      bson_t entry;
+      uint32_t len;
+      const uint8_t *data;
+      if (!BSON_ITER_HOLDS_DOCUMENT(&entries)) continue;
+      bson_iter_document(&entries, &len, &data);
+      if (!bson_init_static(&entry, data, len)) continue;
+      const char *holder = str_field(&entry, "holder");
+      char ckpt[64];
+      long long age = int_field(&entry, "checkpointAgeMs", -1);
+      if (age >= 0) snprintf(ckpt, sizeof ckpt, "checkpoint %.1f s ago", (double)age / 1000.0);
+      else snprintf(ckpt, sizeof ckpt, "no checkpoint");
+      if (holder)
+        printf("%-12s bucket %-4lld held by %s (epoch %lld, lease until %s), %s\n", "", int_field(&entry, "bucket", 0), holder,
+               int_field(&entry, "epoch", 0), date_field(&entry, "leaseExpiresAt", a), ckpt);
+      else
+        printf("%-12s bucket %-4lld no holder, %s\n", "", int_field(&entry, "bucket", 0), ckpt);
+    }
+  if (bson_iter_init_find(&it, relay, "members") && bson_iter_recurse(&it, &entries))
+    while (bson_iter_next(&entries)) {
+      bson_t member;
+      uint32_t len;
+      const uint8_t *data;
+      if (!BSON_ITER_HOLDS_DOCUMENT(&entries)) continue;
+      bson_iter_document(&entries, &len, &data);
+      if (!bson_init_static(&member, data, len)) continue;
+      printf("%-12s member %s holds", "", str_field(&member, "owner") ? str_field(&member, "owner") : "?");
+      int n = 0;
+      if (bson_iter_init_find(&field, &member, "held") && bson_iter_recurse(&field, &held))
+        while (bson_iter_next(&held)) printf(" %lld", (long long)bson_iter_as_int64(&held)), n++;
+      printf("%s (heartbeat until %s)\n", n ? "" : " nothing", date_field(&member, "expiresAt", a));
+    }
+}
+
 static void print_text(const bson_t *status) {
   bson_t relay, dlq;
   bson_iter_t it;
   char a[32], b[32];
   if (sub_doc(status, "relay", &relay)) {
-    const char *leader = bson_iter_init_find(&it, &relay, "leader") && BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : NULL;
-    if (leader)
+    const char *leader = str_field(&relay, "leader");
+    bool buckets = bson_iter_init_find(&it, &relay, "bucketHolders");
+    if (buckets)
+      print_buckets(&relay);
+    else if (leader)
       printf("%-12s leader %s (epoch %lld, lease until %s)\n", "relay", leader, int_field(&relay, "epoch", 0),
              date_field(&relay, "leaseExpiresAt", a));
     else
       printf("%-12s no leader (last lease expired %s)\n", "relay", date_field(&relay, "leaseExpiresAt", a));
     long long age = int_field(&relay, "checkpointAgeMs", -1);
-    if (age >= 0) printf("%-12s checkpoint %s (%.1f s ago)\n", "", date_field(&relay, "checkpointAt", a), (double)age / 1000.0);
-    else printf("%-12s no checkpoint\n", "");
+    if (age >= 0)
+      printf("%-12s %scheckpoint %s (%.1f s ago)\n", "", buckets ? "oldest " : "", date_field(&relay, "checkpointAt", a),
+             (double)age / 1000.0);
+    else printf("%-12s no checkpoint%s\n", "", buckets ? " (a bucket has none yet)" : "");
     printf("%-12s lag %.1f s (%lld pending, oldest due %s)\n", "", (double)int_field(&relay, "lagMs", 0) / 1000.0,
            int_field(&relay, "pending", 0), date_field(&relay, "oldestPendingAt", b));
     printf("%-12s %lld held keys (later events wait behind a FAILED one: outbox reprocess or skip)\n", "",

@@ -1,8 +1,16 @@
 /* ops_status.c - the whole system at a glance (`outboxctl status`, GET /api/status)
  *
- * DESIGN: see obx_ops.h. Reads the relay's lease and checkpoint, the outbox and inbox counts,
- * the dead_letters store, the parked keys and (when RabbitMQ answers) the DLQ depth, and says
- * what is degraded. Writes nothing. */
+ * DESIGN: see obx_ops.h. Reads the relay's leases, checkpoints and members, the outbox and
+ * inbox counts, the dead_letters store, the parked keys and (when RabbitMQ answers) the DLQ
+ * depth, and says what is degraded. Writes nothing.
+ *
+ * The relay's bucket count B (RELAY_BUCKETS, src/relay/buckets.c) is read from the data, so an
+ * operator's outboxctl needs no RELAY_BUCKETS of its own: the B of the live members'
+ * heartbeats (relay_members.buckets), else the B of the newest bucket lease ("relay.<b>/<B>"),
+ * else 1. With B = 1 the relay is the lease "relay" and the checkpoint "outbox"; with B > 1 each
+ * bucket b has the lease "relay.<b>/<B>" and the checkpoint "outbox.<b>/<B>", and the status
+ * lists every bucket's holder and checkpoint age, the oldest checkpoint standing for the
+ * relay's, and a bucket without a live holder is degraded. */
 #include <stdio.h>
 #include <string.h>
 
@@ -12,6 +20,7 @@
 #define OPS_RELAY_LEASE_ID "relay"       /* leases._id of the relay (src/relay/relay_int.h) */
 #define OPS_RELAY_CHECKPOINT_ID "outbox" /* relay_checkpoints._id */
 #define OPS_LAG_DEGRADED_MS 60000        /* relay lag an operator must look at */
+#define OPS_MAX_BUCKETS 4096             /* above any RELAY_BUCKETS a deployment uses (obx_conf.h bounds it) */
 
 
 static void append_age(bson_t *out, const char *at_field, const char *age_field, const bson_t *doc, const char *src,
@@ -44,22 +53,200 @@ static bool count_held_keys(mongoc_collection_t *outbox, int64_t *n, obx_err_t *
   return ok;
 }
 
-static bool status_relay(const obx_ops_t *ops, mongoc_client_t *client, bson_t *relay, obx_err_t *err) {
+/* Copies each document of coll whose _id is `single` or starts with `prefix` into *docs (an array). */
+static bool read_ids(mongoc_collection_t *coll, const char *single, const char *prefix, bson_t *docs, obx_err_t *err) {
+  char regex[64];
+  snprintf(regex, sizeof regex, "^%s\\.", prefix);
+  bson_t *filter = BCON_NEW("$or", "[", "{", "_id", BCON_UTF8(single), "}", "{", "_id", "{", "$regex", BCON_UTF8(regex), "}",
+                            "}", "]");
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(coll, filter, NULL, NULL);
+  const bson_t *doc, *reply = NULL;
+  bson_error_t berr;
+  int n = 0;
+  while (mongoc_cursor_next(cursor, &doc)) ops_array_doc(docs, n++, doc);
+  bool ok = !mongoc_cursor_error_document(cursor, &berr, &reply);
+  if (!ok) obx_err_from_bson(err, &berr, reply);
+  mongoc_cursor_destroy(cursor);
+  bson_destroy(filter);
+  return ok;
+}
+
+/* The bucket and B of a bucket id "<prefix>.<b>/<B>" (false for another id). */
+static bool bucket_of_id(const char *id, const char *prefix, int *b, int *nb) {
+  size_t len = strlen(prefix);
+  char tail;
+  return id && strncmp(id, prefix, len) == 0 && id[len] == '.' && sscanf(id + len + 1, "%d/%d%c", b, nb, &tail) == 2 &&
+         *nb > 1 && *nb <= OPS_MAX_BUCKETS && *b >= 0 && *b < *nb;
+}
+
+static int64_t date_of(const bson_t *doc, const char *field) {
+  bson_iter_t it;
+  return bson_iter_init_find(&it, doc, field) && BSON_ITER_HOLDS_DATE_TIME(&it) ? bson_iter_date_time(&it) : 0;
+}
+
+/* The document of `arr` whose _id is id, into *out (static); false when none. */
+static bool find_in(const bson_t *arr, const char *id, bson_t *out) {
+  bson_iter_t it;
+  bson_iter_init(&it, arr);
+  while (bson_iter_next(&it)) {
+    uint32_t len;
+    const uint8_t *data;
+    if (!BSON_ITER_HOLDS_DOCUMENT(&it)) continue;
+    bson_iter_document(&it, &len, &data);
+    if (!bson_init_static(out, data, len)) continue;
+    const char *have = obx_mongo_doc_str(out, "_id");
+    if (have && strcmp(have, id) == 0) return true;
+  }
+  return false;
+}
+
+/* B, from the live members (members: their documents), else the newest bucket lease. */
+static int relay_buckets_of(const bson_t *members, const bson_t *leases) {
+  bson_iter_t it, f;
+  int nb = 0, b;
+  int64_t newest = -1;
+  bson_iter_init(&it, members);
+  while (!nb && bson_iter_next(&it))
+    if (BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &f) && bson_iter_find(&f, "buckets") &&
+        BSON_ITER_HOLDS_INT32(&f) && bson_iter_int32(&f) >= 1 && bson_iter_int32(&f) <= OPS_MAX_BUCKETS)
+      nb = bson_iter_int32(&f);
+  if (nb) return nb;
+  bson_iter_init(&it, leases);
+  while (bson_iter_next(&it)) {
+    uint32_t len;
+    const uint8_t *data;
+    bson_t lease;
+    int lb;
+    if (!BSON_ITER_HOLDS_DOCUMENT(&it)) continue;
+    bson_iter_document(&it, &len, &data);
+    if (!bson_init_static(&lease, data, len) || !bucket_of_id(obx_mongo_doc_str(&lease, "_id"), OPS_RELAY_LEASE_ID, &b, &lb))
+      continue;
+    if (date_of(&lease, "expiresAt") > newest) {
+      newest = date_of(&lease, "expiresAt");
+      nb = lb;
+    }
+  }
+  return nb ? nb : 1;
+}
+
+/* One lease's holder ({holder|leader: owner or null, epoch, leaseExpiresAt}) and its
+ * checkpoint's age ({checkpointAt, checkpointAgeMs}) into out; *held: a live holder. */
+static void append_holder(bson_t *out, const char *holder_field, const bson_t *lease, bool has_lease, const bson_t *ckpt,
+                          int64_t now, bool *held) {
+  bson_t none = BSON_INITIALIZER;
+  const char *owner = has_lease ? obx_mongo_doc_str(lease, "owner") : NULL;
+  bson_iter_t it;
+  *held = owner && date_of(lease, "expiresAt") > now;
+  if (*held) BSON_APPEND_UTF8(out, holder_field, owner);
+  else bson_append_null(out, holder_field, -1);
+  if (has_lease && bson_iter_init_find(&it, lease, "epoch") && BSON_ITER_HOLDS_NUMBER(&it))
+    BSON_APPEND_INT64(out, "epoch", bson_iter_as_int64(&it));
+  append_age(out, "leaseExpiresAt", NULL, has_lease ? lease : &none, "expiresAt", now);
+  append_age(out, "checkpointAt", "checkpointAgeMs", ckpt ? ckpt : &none, "updatedAt", now);
+}
+
+/* relay.buckets, relay.bucketHolders (B > 1) and the summary fields; *unheld: buckets without a live holder. */
+static void status_buckets(bson_t *relay, int nb, const bson_t *leases, const bson_t *ckpts, int64_t now, int *unheld) {
+  bson_t arr, entry, lease, ckpt;
+  char id[64], idx[16];
+  int64_t oldest_ckpt = INT64_MAX;
+  bool every_ckpt = true;
+  *unheld = 0;
+  BSON_APPEND_INT32(relay, "buckets", nb);
+  if (nb == 1) {
+    bool held, has_ckpt = find_in(ckpts, OPS_RELAY_CHECKPOINT_ID, &ckpt);
+    bool has_lease = find_in(leases, OPS_RELAY_LEASE_ID, &lease);
+    append_holder(relay, "leader", &lease, has_lease, has_ckpt ? &ckpt : NULL, now, &held);
+    *unheld = !held;
+    return;
+  }
+  BSON_APPEND_ARRAY_BEGIN(relay, "bucketHolders", &arr);
+  for (int b = 0; b < nb; b++) {
+    bool held;
+    snprintf(id, sizeof id, "%s.%d/%d", OPS_RELAY_LEASE_ID, b, nb);
+    bool has_lease = find_in(leases, id, &lease);
+    snprintf(id, sizeof id, "%s.%d/%d", OPS_RELAY_CHECKPOINT_ID, b, nb);
+    bool has_ckpt = find_in(ckpts, id, &ckpt);
+    snprintf(idx, sizeof idx, "%d", b);
+    BSON_APPEND_DOCUMENT_BEGIN(&arr, idx, &entry);
+    BSON_APPEND_INT32(&entry, "bucket", b);
+    append_holder(&entry, "holder", &lease, has_lease, has_ckpt ? &ckpt : NULL, now, &held);
+    bson_append_document_end(&arr, &entry);
+    *unheld += !held;
+    int64_t at = has_ckpt ? date_of(&ckpt, "updatedAt") : 0;
+    if (!at) every_ckpt = false;
+    else if (at < oldest_ckpt) oldest_ckpt = at;
+  }
+  bson_append_array_end(relay, &arr);
+  /* the relay's checkpoint: the oldest bucket's (none while a bucket has none) */
+  if (every_ckpt && oldest_ckpt != INT64_MAX) {
+    BSON_APPEND_DATE_TIME(relay, "checkpointAt", oldest_ckpt);
+    BSON_APPEND_INT64(relay, "checkpointAgeMs", now > oldest_ckpt ? now - oldest_ckpt : 0);
+  } else {
+    BSON_APPEND_NULL(relay, "checkpointAt");
+    BSON_APPEND_NULL(relay, "checkpointAgeMs");
+  }
+}
+
+/* relay.members: the live members {owner, buckets, held, expiresAt}, in owner order. */
+static void status_members(bson_t *relay, const bson_t *members) {
+  bson_t arr, entry;
+  bson_iter_t it, f;
+  char idx[16];
+  int n = 0;
+  BSON_APPEND_ARRAY_BEGIN(relay, "members", &arr);
+  bson_iter_init(&it, members);
+  while (bson_iter_next(&it)) {
+    uint32_t len;
+    const uint8_t *data;
+    bson_t member;
+    if (!BSON_ITER_HOLDS_DOCUMENT(&it)) continue;
+    bson_iter_document(&it, &len, &data);
+    if (!bson_init_static(&member, data, len) || !obx_mongo_doc_str(&member, "_id")) continue;
+    snprintf(idx, sizeof idx, "%d", n++);
+    BSON_APPEND_DOCUMENT_BEGIN(&arr, idx, &entry);
+    BSON_APPEND_UTF8(&entry, "owner", obx_mongo_doc_str(&member, "_id"));
+    if (bson_iter_init_find(&f, &member, "buckets") && BSON_ITER_HOLDS_NUMBER(&f))
+      BSON_APPEND_INT32(&entry, "buckets", (int32_t)bson_iter_as_int64(&f));
+    if (bson_iter_init_find(&f, &member, "held") && BSON_ITER_HOLDS_ARRAY(&f)) bson_append_iter(&entry, "held", -1, &f);
+    else {
+      bson_t none;
+      BSON_APPEND_ARRAY_BEGIN(&entry, "held", &none);
+      bson_append_array_end(&entry, &none);
+    }
+    BSON_APPEND_DATE_TIME(&entry, "expiresAt", date_of(&member, "expiresAt"));
+    bson_append_document_end(&arr, &entry);
+  }
+  bson_append_array_end(relay, &arr);
+}
+
+static bool status_relay(const obx_ops_t *ops, mongoc_client_t *client, bson_t *relay, int *unheld, obx_err_t *err) {
   int64_t now = obx_time_now_ms();
-  bson_t lease = BSON_INITIALIZER, ckpt = BSON_INITIALIZER, oldest = BSON_INITIALIZER;
-  bson_t *lease_q = BCON_NEW("_id", BCON_UTF8(OPS_RELAY_LEASE_ID));
-  bson_t *ckpt_q = BCON_NEW("_id", BCON_UTF8(OPS_RELAY_CHECKPOINT_ID));
+  bson_t oldest = BSON_INITIALIZER, leases_arr = BSON_INITIALIZER, ckpts_arr = BSON_INITIALIZER,
+         members_arr = BSON_INITIALIZER;
   bson_t *due_q = BCON_NEW("status", BCON_UTF8("PENDING"), "availableAt", "{", "$lte", BCON_DATE_TIME(now), "}");
   bson_t *pending_q = BCON_NEW("status", BCON_UTF8("PENDING"));
+  bson_t *live_q = BCON_NEW("expiresAt", "{", "$gt", BCON_DATE_TIME(now), "}");
+  bson_t *by_owner = BCON_NEW("sort", "{", "_id", BCON_INT32(1), "}");
   bson_t *sort = BCON_NEW("occurredAt", BCON_INT32(1));
   mongoc_collection_t *leases = obx_mongo_collection(ops->mongo, client, "leases");
   mongoc_collection_t *ckpts = obx_mongo_collection(ops->mongo, client, "relay_checkpoints");
+  mongoc_collection_t *members = obx_mongo_collection(ops->mongo, client, "relay_members");
   mongoc_collection_t *outbox = obx_mongo_collection(ops->mongo, client, "outbox");
-  bool has_lease = false, has_ckpt = false, has_oldest = false;
+  bool has_oldest = false;
   bson_error_t berr;
-  bool ok = obx_mongo_find_one(leases, lease_q, NULL, NULL, &lease, &has_lease, err) &&
-            obx_mongo_find_one(ckpts, ckpt_q, NULL, NULL, &ckpt, &has_ckpt, err) &&
+  bool ok = read_ids(leases, OPS_RELAY_LEASE_ID, OPS_RELAY_LEASE_ID, &leases_arr, err) &&
+            read_ids(ckpts, OPS_RELAY_CHECKPOINT_ID, OPS_RELAY_CHECKPOINT_ID, &ckpts_arr, err) &&
             obx_mongo_find_one(outbox, due_q, sort, NULL, &oldest, &has_oldest, err);
+  if (ok) {
+    mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(members, live_q, by_owner, NULL);
+    const bson_t *doc, *reply = NULL;
+    int n = 0;
+    while (mongoc_cursor_next(cursor, &doc)) ops_array_doc(&members_arr, n++, doc);
+    ok = !mongoc_cursor_error_document(cursor, &berr, &reply);
+    if (!ok) obx_err_from_bson(err, &berr, reply);
+    mongoc_cursor_destroy(cursor);
+  }
   int64_t pending = ok ? mongoc_collection_count_documents(outbox, pending_q, NULL, NULL, NULL, &berr) : 0, held = 0;
   if (ok && pending < 0) {
     obx_err_from_bson(err, &berr, NULL);
@@ -67,16 +254,8 @@ static bool status_relay(const obx_ops_t *ops, mongoc_client_t *client, bson_t *
   }
   ok = ok && count_held_keys(outbox, &held, err);
   if (ok) {
-    const char *owner = has_lease ? obx_mongo_doc_str(&lease, "owner") : NULL;
-    bson_iter_t it;
-    int64_t expires = bson_iter_init_find(&it, &lease, "expiresAt") && BSON_ITER_HOLDS_DATE_TIME(&it)
-                        ? bson_iter_date_time(&it) : 0;
-    if (owner && expires > now) BSON_APPEND_UTF8(relay, "leader", owner);
-    else BSON_APPEND_NULL(relay, "leader");
-    if (bson_iter_init_find(&it, &lease, "epoch") && BSON_ITER_HOLDS_NUMBER(&it))
-      BSON_APPEND_INT64(relay, "epoch", bson_iter_as_int64(&it));
-    append_age(relay, "leaseExpiresAt", NULL, &lease, "expiresAt", now);
-    append_age(relay, "checkpointAt", "checkpointAgeMs", &ckpt, "updatedAt", now);
+    status_buckets(relay, relay_buckets_of(&members_arr, &leases_arr), &leases_arr, &ckpts_arr, now, unheld);
+    status_members(relay, &members_arr);
     BSON_APPEND_INT64(relay, "pending", pending);
     BSON_APPEND_INT64(relay, "heldKeys", held);
     if (has_oldest) {
@@ -87,16 +266,18 @@ static bool status_relay(const obx_ops_t *ops, mongoc_client_t *client, bson_t *
     }
   }
   mongoc_collection_destroy(outbox);
+  mongoc_collection_destroy(members);
   mongoc_collection_destroy(ckpts);
   mongoc_collection_destroy(leases);
   bson_destroy(sort);
+  bson_destroy(by_owner);
+  bson_destroy(live_q);
   bson_destroy(pending_q);
   bson_destroy(due_q);
-  bson_destroy(ckpt_q);
-  bson_destroy(lease_q);
+  bson_destroy(&members_arr);
+  bson_destroy(&ckpts_arr);
+  bson_destroy(&leases_arr);
   bson_destroy(&oldest);
-  bson_destroy(&ckpt);
-  bson_destroy(&lease);
   return ok;
 }
 
@@ -105,9 +286,10 @@ static void degraded_add(bson_t *arr, int *n, const char *reason) { ops_array_ut
 bool obx_ops_status(const obx_ops_t *ops, const char *org, bson_t *out, obx_err_t *err) {
   bson_t relay, outbox, inbox, dlq, dead, degraded;
   int64_t parked = 0, dead_count = 0, dead_oldest = 0;
+  int unheld = 0;
   mongoc_client_t *client = obx_mongo_pop(ops->mongo);
   BSON_APPEND_DOCUMENT_BEGIN(out, "relay", &relay);
-  bool ok = status_relay(ops, client, &relay, err);
+  bool ok = status_relay(ops, client, &relay, &unheld, err);
   bson_append_document_end(out, &relay);
   BSON_APPEND_DOCUMENT_BEGIN(out, "outbox", &outbox);
   ok = ok && ops_counts_with(ops, client, OBX_OPS_OUTBOX, org, &outbox, err);
@@ -154,7 +336,14 @@ bool obx_ops_status(const obx_ops_t *ops, const char *org, bson_t *out, obx_err_
   if (bson_iter_init_find(&it, out, "relay") && BSON_ITER_HOLDS_DOCUMENT(&it)) {
     bson_iter_document(&it, &len, &data);
     if (bson_init_static(&relay_doc, data, len)) {
-      if (!obx_mongo_doc_str(&relay_doc, "leader")) degraded_add(&degraded, &n, "no relay leader");
+      bson_iter_t b;
+      if (!bson_iter_init_find(&b, &relay_doc, "bucketHolders")) {
+        if (unheld) degraded_add(&degraded, &n, "no relay leader");
+      } else if (unheld) {
+        char why[96];
+        snprintf(why, sizeof why, "%d relay bucket%s without a holder", unheld, unheld > 1 ? "s" : "");
+        degraded_add(&degraded, &n, why);
+      }
       if (bson_iter_init_find(&it, &relay_doc, "lagMs") && bson_iter_as_int64(&it) > OPS_LAG_DEGRADED_MS)
         degraded_add(&degraded, &n, "relay lag over a minute");
     }

@@ -10,7 +10,10 @@
  * audit_log).
  * DLQ cells and the replay need RabbitMQ; without AMQP_URL they are skipped with a message (failed
  * under OBX_TEST_STRICT=1, obx_test_have).
- * A reprocessed event goes back to the relay: it is published to Kafka and becomes PUBLISHED. */
+ * A reprocessed event goes back to the relay: it is published to Kafka and becomes PUBLISHED.
+ * outboxctl status with RELAY_BUCKETS > 1 (leases, checkpoints and members of 3 buckets seeded
+ * in a database of their own): every bucket's holder and checkpoint age, the members, and a
+ * bucket without a holder degraded, in --json and in text. */
 #include "obx_test.h"
 #include "obx_test_doc.h"
 #include "obx_test_kafka.h"
@@ -754,6 +757,69 @@ static void test_outboxctl_status(void **state) {
     fail_msg("outboxctl status: exit %d, want 3 with the target, leader, counts and parked keys: %s", rc, out);
 }
 
+/* Seeds `db` with what relays over 3 buckets leave: member relay-a holds buckets 0 and 2 (their
+ * leases live, checkpoints 1.5 s and 4 s old), bucket 1's lease expired (relay-b died) with no
+ * checkpoint. */
+static void seed_buckets(const char *db) {
+  int64_t now = obx_time_now_ms();
+  mongoc_collection_t *members = mongoc_client_get_collection(client, db, "relay_members");
+  mongoc_collection_t *leases = mongoc_client_get_collection(client, db, "leases");
+  mongoc_collection_t *ckpts = mongoc_client_get_collection(client, db, "relay_checkpoints");
+  bson_t *docs[] = {
+    BCON_NEW("_id", "relay-a:1:1", "buckets", BCON_INT32(3), "held", "[", BCON_INT32(0), BCON_INT32(2), "]", "expiresAt",
+             BCON_DATE_TIME(now + 60000)),
+    BCON_NEW("_id", "relay.0/3", "owner", "relay-a:1:1", "epoch", BCON_INT64(4), "bucket", BCON_INT32(0), "buckets",
+             BCON_INT32(3), "expiresAt", BCON_DATE_TIME(now + 60000)),
+    BCON_NEW("_id", "relay.1/3", "owner", "relay-b:2:1", "epoch", BCON_INT64(1), "bucket", BCON_INT32(1), "buckets",
+             BCON_INT32(3), "expiresAt", BCON_DATE_TIME(now - 10000)),
+    BCON_NEW("_id", "relay.2/3", "owner", "relay-a:1:1", "epoch", BCON_INT64(2), "bucket", BCON_INT32(2), "buckets",
+             BCON_INT32(3), "expiresAt", BCON_DATE_TIME(now + 60000)),
+    BCON_NEW("_id", "outbox.0/3", "updatedAt", BCON_DATE_TIME(now - 1500), "epoch", BCON_INT64(4)),
+    BCON_NEW("_id", "outbox.2/3", "updatedAt", BCON_DATE_TIME(now - 4000), "epoch", BCON_INT64(2)),
+  };
+  mongoc_collection_t *into[] = {members, leases, leases, leases, ckpts, ckpts};
+  for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++) {
+    bson_error_t berr;
+    if (!mongoc_collection_insert_one(into[i], docs[i], NULL, NULL, &berr)) fail_msg("seed: %s", berr.message);
+    bson_destroy(docs[i]);
+  }
+  mongoc_collection_destroy(ckpts);
+  mongoc_collection_destroy(leases);
+  mongoc_collection_destroy(members);
+}
+
+static void test_outboxctl_status_buckets(void **state) {
+  (void)state;
+  char out[16384];
+  seed_buckets("ops_status_buckets");
+  int rc = outboxctl("status --json -X mongo.db=ops_status_buckets", out, sizeof out);
+  bson_error_t berr;
+  bson_t *doc = bson_new_from_json((const uint8_t *)out, -1, &berr);
+  if (rc != 3 || !doc) fail_msg("status --json over 3 buckets: exit %d (want 3), %s: %s", rc, doc ? "JSON" : berr.message, out);
+  const char *h0 = obx_test_doc_str(doc, "relay.bucketHolders.0.holder");
+  const char *h2 = obx_test_doc_str(doc, "relay.bucketHolders.2.holder");
+  const char *m0 = obx_test_doc_str(doc, "relay.members.0.owner");
+  bson_iter_t it;
+  bool h1_null = bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, "relay.bucketHolders.1.holder", &it) &&
+                 BSON_ITER_HOLDS_NULL(&it);
+  bool age1_null = bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, "relay.bucketHolders.1.checkpointAgeMs", &it) &&
+                   BSON_ITER_HOLDS_NULL(&it);
+  if (obx_test_doc_int(doc, "relay.buckets") != 3 || !h0 || strcmp(h0, "relay-a:1:1") || !h2 || strcmp(h2, "relay-a:1:1") ||
+      !h1_null || !age1_null || obx_test_doc_int(doc, "relay.bucketHolders.0.epoch") != 4 ||
+      obx_test_doc_int(doc, "relay.bucketHolders.0.checkpointAgeMs") < 1500 ||
+      obx_test_doc_int(doc, "relay.bucketHolders.2.checkpointAgeMs") < 4000 || !m0 || strcmp(m0, "relay-a:1:1") ||
+      obx_test_doc_int(doc, "relay.members.0.held.1") != 2 || !strstr(out, "1 relay bucket without a holder"))
+    fail_msg("status --json over 3 buckets: want buckets 3, holders relay-a/null/relay-a (epoch 4; checkpoints >= 1.5 s, "
+             "none, >= 4 s), member relay-a holding 0 2, degraded naming the bucket without a holder: %s", out);
+  bson_destroy(doc);
+  rc = outboxctl("status -X mongo.db=ops_status_buckets", out, sizeof out);
+  if (rc != 3 || !strstr(out, "3 buckets") || !strstr(out, "bucket 0    held by relay-a:1:1 (epoch 4") ||
+      !strstr(out, "bucket 1    no holder, no checkpoint") || !strstr(out, "member relay-a:1:1 holds 0 2 (") ||
+      !strstr(out, "no checkpoint (a bucket has none yet)") || !strstr(out, "1 relay bucket without a holder"))
+    fail_msg("status over 3 buckets: exit %d (want 3), want each bucket's holder and checkpoint, the member and the "
+             "degraded bucket: %s", rc, out);
+}
+
 /* The listing commands print JSON of every org: inbox list over obx_ops_list (as GET
  * /api/inbox), pipelines list --json; a bad status is a usage error. */
 static void test_outboxctl_lists(void **state) {
@@ -951,6 +1017,7 @@ int main(void) {
     cmocka_unit_test(test_dry_runs),
     cmocka_unit_test(test_outboxctl_reprocess),
     cmocka_unit_test(test_outboxctl_status),
+    cmocka_unit_test(test_outboxctl_status_buckets),
     cmocka_unit_test(test_db_keys),
     cmocka_unit_test(test_db_keys_rate_limit),
     cmocka_unit_test(test_outboxctl_lists),
