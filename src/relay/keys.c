@@ -331,9 +331,11 @@ static bool keys_load_from(obx_relay_t *relay, bson_t *filter, bson_t *sort, con
 
 bool relay_keys_load(obx_relay_t *relay) {
   /* FAILED heads oldest first (index {status, occurredAt, _id}); then PENDING ones being retried
-   * (one per key at most: a key has one event in flight); then PENDING ones an earlier leader
-   * claimed (the stream must not publish their keys' later events first; oldest first, index
-   * {status, availableAt, _id}) */
+   * (one per key at most: a key has one event in flight; partial index outbox_pending_retried);
+   * then PENDING ones an earlier leader claimed (the stream must not publish their keys' later
+   * events first; oldest first, partial index outbox_pending_claimed). The two PENDING filters
+   * repeat those indexes' partialFilterExpression (src/lib/schema.c), so a server may use them:
+   * a takeover reads what matches, not the PENDING backlog. */
   return keys_load_from(relay, BCON_NEW("status", "FAILED"), BCON_NEW("occurredAt", BCON_INT32(1), "_id", BCON_INT32(1)),
                         "a failed publish") &&
          keys_load_from(relay, BCON_NEW("status", "PENDING", "attempts", "{", "$gt", BCON_INT32(0), "}"), NULL,

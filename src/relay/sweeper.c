@@ -275,6 +275,7 @@ int relay_sweep(obx_relay_t *relay, int64_t bound_ms) {
 }
 
 bool relay_claims_release(obx_relay_t *relay) {
+  /* the filter of partial index outbox_pending_claimed (src/lib/schema.c): O(claims), not O(backlog) */
   bson_t *filter = BCON_NEW("status", "PENDING", "claimedUntil", "{", "$exists", BCON_BOOL(true), "}");
   relay_bucket_filter(relay, filter, OBX_BUCKET_FIELD); /* its bucket's (claims write the bucket) */
   bson_t *update = BCON_NEW("$unset", "{", "claimedBy", "", "claimedUntil", "", "}");
