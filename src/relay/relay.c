@@ -481,8 +481,13 @@ static void relay_hand_over(obx_relay_t *relay) {
   relay_lease_release(relay);
 }
 
-/* Renews the lease held, takes it while the group allows it, hands it over when it does not. */
-static void relay_lease_tick(obx_relay_t *relay) {
+/* Renews the lease held, hands it over when the group does not allow it, and (may_take: only at
+ * the top of the loop) takes it while the group allows it. A lease is never taken from inside a
+ * sweep, a stream step or a report wait (relay_serve): a relay that stepped down there would
+ * lead again in the middle of its earlier leadership's work, without relay_lead_begin (its
+ * keys' queues dropped, their claimed events left for 30 s, their later events published
+ * first). */
+static void relay_lease_tick(obx_relay_t *relay, bool may_take) {
   int64_t now = obx_time_now_ms(), lease = relay->conf->relay_lease;
   bool allowed = atomic_load(&relay->allowed);
   if (relay->leader && relay->lease_lapsed) relay_lease_step_down(relay, "its lease ran out before it was renewed");
@@ -498,7 +503,7 @@ static void relay_lease_tick(obx_relay_t *relay) {
     atomic_store(&relay->take_at_ms, 0); /* a standby tries when the holder's lease ends, not a poll later */
     relay->next_lease_ms = 0;
   }
-  if (now < relay->next_lease_ms) return;
+  if (now < relay->next_lease_ms || (!relay->leader && !may_take)) return;
   if (relay->leader) relay_lease_renew(relay);
   else relay_lease_acquire(relay);
   relay->next_lease_ms = now + (relay->leader ? lease / 3 : lease / 10);
@@ -579,6 +584,16 @@ void relay_publish(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg) 
     msg->attempts = (int32_t)bson_iter_as_int64(&it);
   msg->occurred_ms = obx_time_now_ms();
 
+  if (!relay->producer) {
+    /* stepped down meanwhile (a bucket not led has no producer): nothing leaves, the event stays
+     * PENDING (no attempt) for the next leadership */
+    snprintf(msg->error, sizeof msg->error, "the bucket is not led (no producer)");
+    msg->purged = true;
+    if (!relay->reported.n) relay->first_report_ms = obx_time_now_ms();
+    relay_list_push(&relay->reported, msg);
+    relay_keys_acked(relay, msg);
+    goto done;
+  }
   if (msg->occurred_ms >= relay->lease_until_ms - relay->conf->relay_lease / 10) {
     /* its own view of the lease ran out (the thread stalled past a renewal): another relay may
      * hold the bucket by now, so nothing leaves; the event stays PENDING (no attempt), the relay
@@ -620,7 +635,7 @@ done:
 }
 
 void relay_serve(obx_relay_t *relay, int timeout_ms, bool force) {
-  relay_lease_tick(relay); /* first: a thread that stalled renews (or steps down) before it produces more */
+  relay_lease_tick(relay, false); /* first: a thread that stalled renews (or steps down) before it produces more */
   if (relay->producer) obx_relay_producer_poll(relay->producer, timeout_ms);
   else if (timeout_ms > 0) relay_sleep_ms(timeout_ms); /* a standby's pace */
   int64_t now = obx_time_now_ms();
@@ -628,7 +643,7 @@ void relay_serve(obx_relay_t *relay, int timeout_ms, bool force) {
   if (relay->reported.n && (force || all_in || relay->reported.n >= RELAY_REPORT_BATCH ||
                             now - relay->first_report_ms >= RELAY_REPORT_DELAY_MS))
     relay_write_reports(relay);
-  relay_lease_tick(relay);
+  relay_lease_tick(relay, false);
   relay_metrics_gauges(relay);
 }
 
@@ -754,7 +769,7 @@ static void *relay_main(void *arg) {
   while (!relay->stopping) {
     obx_health_stamp(relay->leader ? "renewing the lease" : "standby: taking the lease");
     if (obx_relay_producer_fatal(relay->producer)) relay_producer_renew(relay);
-    relay_lease_tick(relay);
+    relay_lease_tick(relay, true);
     if (!relay->leader) {
       relay_serve(relay, 50, true); /* reports of what was in flight when we stepped down */
       continue;
@@ -785,7 +800,7 @@ static void *relay_main(void *arg) {
 
     int64_t now = obx_time_now_ms();
     bool stream_behind = relay->stream && !relay->caught_up;
-    if (now >= relay->next_sweep_ms && !stream_behind && relay_pending(relay) < conf->relay_max_inflight) {
+    if (relay->led && now >= relay->next_sweep_ms && !stream_behind && relay_pending(relay) < conf->relay_max_inflight) {
       obx_health_stamp("sweeping PENDING events");
       relay_keys_check(relay);
       int found = relay_sweep(relay, relay_sweep_bound(relay));

@@ -11,6 +11,13 @@
  *     and reach Kafka exactly once (the scan took them too before its bound).
  *   - test_dead_leaders_claims_keep_key_order: a leader died with an event claimed; the next
  *     leader publishes it at once and before its key's later event (not when the claim expires).
+ *   - test_lease_lapse_in_first_scan_keeps_key_order: a relay in its first full scan (no
+ *     checkpoint) stalls past its lease in a claim (devmongod blocks the batch's find 2.6 s):
+ *     its next publishes find the lease run out, it steps down with the batch claimed, and it
+ *     leads again only from the top of its loop (keys of its own claims held, claims released),
+ *     so a key whose earlier events it had claimed and dropped is published in order. Before,
+ *     it took its lease again inside the scan and went on with the next batch: the key's later
+ *     events first, the claimed ones 30 s later when the claims expired.
  *   - test_writes_carry_the_shard_key: with the profiler on, every outbox update the relay sends
  *     (claims, PUBLISHED marks) and the read-back of its claims filter on partitionKey, the
  *     shard key of a sharded outbox, so mongos would send each to the shards of those keys. */
@@ -331,6 +338,39 @@ static void test_dead_leaders_claims_keep_key_order(void **state) {
   free(ctx);
 }
 
+static void test_lease_lapse_in_first_scan_keeps_key_order(void **state) {
+  (void)state;
+  ctx_t *ctx = calloc(1, sizeof *ctx);
+  ctx_init(ctx, "lapse");
+  const char *small[] = {"outbox.batch_size", "20", "relay.max_inflight", "40", NULL};
+  obx_err_t err = OBX_ERR_INIT;
+  for (int i = 0; small[i]; i += 2)
+    if (!obx_conf_set(&ctx->conf, small[i], small[i + 1], &err)) fail_msg("conf: %s", err.msg);
+  char key[16], fp[512];
+  for (int i = 0; i < 90; i++) { /* 30 consecutive events per key: a key spans two batches of 20 */
+    snprintf(key, sizeof key, "K-%d", i / 30);
+    insert_event(ctx, key, 0);
+  }
+  /* the leader's outbox finds: relay_keys_load's three, then the first batch's, blocked past the lease */
+  snprintf(fp, sizeof fp,
+           "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"skip\": 3, \"times\": 1}, \"data\": {\"appName\": "
+           "\"outboxd\", \"failCommands\": [\"find\"], \"namespace\": \"%s.outbox\", \"blockConnection\": true, "
+           "\"blockTimeMS\": 2600}}", ctx->db);
+  obx_test_fail_point(g_client, fp);
+  obx_relay_t *relay = relay_group_bucket(obx_relay_start(&ctx->conf, NULL, &err), 0);
+  if (!relay) fail_msg("relay: %s", err.msg);
+  wait_published(ctx, 0, ctx->n, 20000); /* before: the claimed ones only after their claims' 30 s */
+  int64_t fired = obx_test_fail_point(g_client, "{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}");
+  if (fired != 1) fail_msg("the claim's find was blocked %lld times, want 1", (long long)fired);
+  read_t *r = calloc(1, sizeof *r);
+  read_topic(ctx, r); /* fails on a record out of its key's order */
+  printf("stalled past the lease in the first scan: %d records for %d events, in key order\n", r->records, ctx->n);
+  free(r);
+  obx_relay_stop(relay->group);
+  ctx_cleanup(ctx);
+  free(ctx);
+}
+
 /* How many of the relay's profiled operations `op` on outbox (with `must` in the filter, NULL:
  * any) there are, and how many of them lack partitionKey in their filter. Not counted: the
  * release of an earlier leadership's claims when the lease is taken (relay_claims_release,
@@ -409,6 +449,7 @@ int main(void) {
     cmocka_unit_test(test_sweep_leaves_newer_events_to_the_stream),
     cmocka_unit_test(test_first_scan_leaves_new_events_to_the_stream),
     cmocka_unit_test(test_dead_leaders_claims_keep_key_order),
+    cmocka_unit_test(test_lease_lapse_in_first_scan_keeps_key_order),
     cmocka_unit_test(test_writes_carry_the_shard_key),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
