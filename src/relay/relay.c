@@ -745,7 +745,7 @@ static void relay_producer_renew(obx_relay_t *relay) {
   }
   relay_producer_drop(relay);
   relay_write_reports(relay);
-  obx_info("Kafka producer dropped after a fatal error (a new one is created when the bucket is led again)");
+  obx_info("Kafka producer replaced after a fatal error (the new one is created when the bucket is led again)");
 }
 
 static void *relay_main(void *arg) {

@@ -3,7 +3,7 @@
  * DESIGN: one devmongod for the file, the run's shared broker (scripts/kafka.sh, started by
  * scripts/test.sh); each test has its own database and topic. The relay runs in this process.
  *   - test_sweep_leaves_newer_events_to_the_stream: while the change stream cannot read
- *     (getMore fails), the sweeper publishes an event older than the checkpoint's cluster time
+ *     (getMore and the reopening aggregate fail), the sweeper publishes an event older than the checkpoint's cluster time
  *     and leaves the events committed after the checkpoint PENDING; once the stream reads
  *     again they reach Kafka once each, in their key's order.
  *   - test_first_scan_leaves_new_events_to_the_stream: without a checkpoint the relay opens
@@ -218,10 +218,12 @@ static void test_sweep_leaves_newer_events_to_the_stream(void **state) {
   insert_event(ctx, "K-0", 0);
   wait_published(ctx, 0, 1, 10000); /* by the stream; the checkpoint passes it */
 
-  /* the stream cannot read from here on (every getMore of the relay fails; it reopens every
-   * second and restarts from now only after 10 failures in a row) */
+  /* the stream cannot read from here on (every getMore and every reopen of the relay fails: a
+   * reopen's first batch would read events 1 and 2; it reopens every second and restarts from
+   * now only after 10 failures in a row) */
   obx_test_fail_point(g_client, "{\"configureFailPoint\": \"failCommand\", \"mode\": \"alwaysOn\", \"data\": "
-                                "{\"appName\": \"outboxd\", \"failCommands\": [\"getMore\"], \"errorCode\": 2}}");
+                                "{\"appName\": \"outboxd\", \"failCommands\": [\"getMore\", \"aggregate\"], "
+                                "\"errorCode\": 2}}");
   if (!obx_test_wait_for(stream_down, relay, 5000, 5)) fail_msg("the stream kept reading through the fail point");
   int64_t t0 = obx_test_now_ms();
   insert_event(ctx, "K-1", 0); /* 1, 2: one key, after the checkpoint */
