@@ -694,7 +694,8 @@ bool relay_ready(obx_relay_t *relay, bool check_producer, obx_err_t *err) {
  * not be mistaken for an unreadable one). */
 static bool relay_lead_begin(obx_relay_t *relay) {
   obx_err_t err = OBX_ERR_INIT;
-  if (!relay->producer) {
+  bool fresh = !relay->producer;
+  if (fresh) {
     obx_relay_producer_t *producer = relay_producer_new(relay, &err);
     if (!producer) {
       obx_error("creating the Kafka producer of bucket %d: %s (retrying)", relay->bucket, err.msg);
@@ -707,8 +708,10 @@ static bool relay_lead_begin(obx_relay_t *relay) {
     pthread_mutex_unlock(&relay->ready_mu);
   }
   /* short, well within the stall bound: init_transactions goes on in the background and the
-   * next turn resumes it */
-  if (!obx_relay_producer_fence(relay->producer, RELAY_FENCE_MS, &err)) {
+   * next turn resumes it; a producer just created first finds its coordinator, so it is given
+   * up to a third of the lease (the renewal is due then), not a turn of the loop a second later */
+  int fence_ms = fresh && relay->conf->relay_lease / 3 > RELAY_FENCE_MS ? (int)(relay->conf->relay_lease / 3) : RELAY_FENCE_MS;
+  if (!obx_relay_producer_fence(relay->producer, fence_ms, &err)) {
     obx_warn("fencing earlier producers of the transactional.id: %s (retrying)", err.msg);
     return false;
   }
