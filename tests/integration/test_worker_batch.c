@@ -11,9 +11,10 @@
  * run while the peer's lease is live, run once after it); a group commit in which one event's
  * claim was taken over while its call ran (nothing of it recorded, the others recorded); and a
  * group commit that fails (one run's set-status finds no order), after which each event is
- * recorded alone and no pipeline runs twice. The last two hold the first group commit
- * (failCommand blockConnection on its inbox update) so that the other events' outcomes are
- * written together. Every wait polls with a deadline. */
+ * recorded alone and no pipeline runs twice, and one whose commitTransaction MongoDB refuses
+ * (failCommand), the same. The last three hold the first group commit (failCommand
+ * blockConnection on its inbox update, or a transaction of the test's on its entry) so that the
+ * other events' outcomes are written together. Every wait polls with a deadline. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -356,6 +357,55 @@ static void test_failed_group_commit_records_each_alone(void **state) {
   for (int i = 0; i < GROUP; i++) obx_event_cleanup(&ev[i]);
 }
 
+/* A group commit whose commitTransaction MongoDB refuses (failCommand, not retriable): each of
+ * its events is recorded alone, DONE with one execution, and no pipeline ran twice. The first
+ * group commit (ev[0]'s, whose call ends first) is held by a transaction of the test's that
+ * wrote ev[0]'s entry first (WriteConflict: it is tried again until that transaction ends), so
+ * the other events' outcomes queue behind it; the test lets it go once all of them are waiting
+ * to be recorded, and the fail point skips that commit and refuses the next one: the others'. */
+static void test_refused_group_commit_records_each_alone(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  wt_conf_set(fx, "worker.lease", "60s");
+  obx_event_t ev[GROUP];
+  char nums[GROUP][16];
+  group_events(fx, ev, nums, "RC");
+  double recording = moves("running", "recording");
+  double batches = series("outboxd_worker_batches_total", "recordings");
+  double batched = series("outboxd_worker_batched_events_total", "recordings");
+  wt_start_worker(fx);
+  for (int i = 0; i < GROUP; i++) wt_produce(fx, &ev[i]);
+  wait_claimed(fx, ev, GROUP);
+  bson_error_t berr;
+  mongoc_client_session_t *session = mongoc_client_start_session(fx->client, NULL, &berr);
+  if (!session || !mongoc_client_session_start_transaction(session, NULL, &berr)) fail_msg("session: %s", berr.message);
+  bson_t opts = BSON_INITIALIZER;
+  if (!mongoc_client_session_append(session, &opts, &berr)) fail_msg("session: %s", berr.message);
+  bson_t *filter = BCON_NEW("_id.consumer", BCON_UTF8(fx->group), "_id.eventId", BCON_UTF8(ev[0].id));
+  bson_t *update = BCON_NEW("$set", "{", "heldByTest", BCON_BOOL(true), "}");
+  mongoc_collection_t *inbox = mongoc_client_get_collection(fx->client, obx_mongo_db_name(fx->mongo), "inbox");
+  if (!mongoc_collection_update_one(inbox, filter, update, &opts, NULL, &berr)) fail_msg("hold: %s", berr.message);
+  obx_test_fail_point(fx->client, "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"skip\": 1, \"times\": 1}, "
+                                  "\"data\": {\"failCommands\": [\"commitTransaction\"], \"errorCode\": 2}}");
+  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS; /* every run finished, waiting for its recording */
+  while (moves("running", "recording") < recording + GROUP && obx_test_now_ms() < deadline) usleep(20000);
+  assert_int_equal(moves("running", "recording") - recording, GROUP);
+  if (!mongoc_client_session_abort_transaction(session, &berr)) fail_msg("abort: %s", berr.message);
+  mongoc_collection_destroy(inbox);
+  bson_destroy(update);
+  bson_destroy(filter);
+  bson_destroy(&opts);
+  mongoc_client_session_destroy(session);
+  for (int i = 0; i < GROUP; i++) wt_wait_status(fx, ev[i].id, "DONE");
+  assert_int_equal(obx_test_fail_point(fx->client, "{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}"), 1);
+  for (int i = 0; i < GROUP; i++) {
+    if (wt_erp_calls(fx, nums[i]) != 1) fail_msg("%s: the pipeline ran %d times, want 1", nums[i], wt_erp_calls(fx, nums[i]));
+    assert_int_equal(wt_executions(fx, ev[i].id), 1);
+  }
+  want_grouped(batches, batched);
+  for (int i = 0; i < GROUP; i++) obx_event_cleanup(&ev[i]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_claim_many_maps_each_insert_to_its_event, setup, teardown),
@@ -363,6 +413,7 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_batch_claim_with_a_duplicate_and_a_peers_live_claim, setup, teardown),
     cmocka_unit_test_setup_teardown(test_group_commit_records_the_others_when_one_claim_is_lost, setup, teardown),
     cmocka_unit_test_setup_teardown(test_failed_group_commit_records_each_alone, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_refused_group_commit_records_each_alone, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
