@@ -16,7 +16,6 @@
 #include "obx/obx_inbox.h"
 #include "obx/obx_log.h"
 #include "obx/obx_mongo.h"
-#include "obx/obx_schema.h"
 #include "worker_int.h"
 
 void worker_wq_settle(obx_worker_t *w) {
@@ -56,7 +55,7 @@ static void *wq_main(void *arg) {
       if (obx_inbox_count_parked(client, w->db, w->consumer, &n, &err)) worker_set_parked(w, n);
       obx_mongo_push(w->mongo, client);
     }
-    if (obx_time_now_ms() - last_sweep >= sweep_every && obx_schema_guard_wait(w->schema, 0)) {
+    if (obx_time_now_ms() - last_sweep >= sweep_every && worker_schema_ready(w)) {
       last_sweep = obx_time_now_ms();
       worker_retry_sweep(w);
     }
