@@ -14,7 +14,8 @@
 #  3. latency: RATE and then HIGH_RATE events/s, one insert each, for SECONDS, through the stream
 #     relay, RATE through RELAY_MODE=poll with the seed's 2000 ms / batch 50, and RATE and
 #     HIGH_RATE with RELAY_FENCING=transactions (the transactional producer); p50/p99 of
-#     publishedAt - occurredAt (commit to acknowledged-and-recorded; the target is p99 <= 20 ms).
+#     publishedAt - occurredAt (commit to acknowledged-and-recorded; the target is p99 <= 20 ms),
+#     next to a raw idempotent producer's produce -> report at HIGH_RATE (the broker's share).
 # Prints one table with the ratios. Builds into $OBX_BUILD_DIR (default build/). Everything
 # started here is stopped on exit.
 set -euo pipefail
@@ -30,7 +31,7 @@ bench_build obx outboxd devmongod
 BENCH="$WORK/relay_bench"
 bench_cc "$BENCH" scripts/bench/relay/relay_bench.c
 bench_start_mongo mongo --oplog-size $((EVENTS * 2 + HIGH_RATE * SECONDS_LOAD * 2 + 100000))
-bench_start_broker relay:6 raw:6 stream:6 stream_high:6 poll:6 txn:6 txn_high:6
+bench_start_broker relay:6 raw:6 raw_steady:6 stream:6 stream_high:6 poll:6 txn:6 txn_high:6
 
 # Runs outboxd --roles relay on database $1, topic $2, extra environment after; waits until it
 # leads (and, in stream mode, finished its first scan). Sets RELAY_PID.
@@ -58,7 +59,7 @@ relay_start drain relay
 RATE_PID=$!
 T_RELAY=$("$BENCH" wait "$MONGO_URI" drain "$EVENTS" 600)
 wait "$RATE_PID"
-R_RELAY=$(cat "$WORK/rate")
+read -r R_RELAY _ <"$WORK/rate" # events/s (then the seconds from the lease to the first event)
 T_RELAY=$(echo "$T_RELAY $(date +%s.%N) $T0" | awk '{print $2 - $3}') # includes process start
 kill -TERM "$RELAY_PID"; wait "$RELAY_PID" || true
 
@@ -73,6 +74,7 @@ steady() { # db topic rate [env...]: prints p50 p99 n
 }
 read -r S50 S99 SN <<<"$(steady steady_stream stream "$RATE")"
 read -r H50 H99 HN <<<"$(steady steady_high stream_high "$HIGH_RATE")"
+read -r K50 K99 KN <<<"$("$BENCH" produce-steady "$BOOTSTRAP" raw_steady "$HIGH_RATE" "$SECONDS_LOAD" 50)"
 read -r P50 P99 PN <<<"$(steady steady_poll poll "$RATE" RELAY_MODE=poll OUTBOX_POLL_INTERVAL_MS=2000 OUTBOX_BATCH_SIZE=50)"
 read -r X50 X99 XN <<<"$(steady steady_txn txn "$RATE" RELAY_FENCING=transactions)"
 read -r Y50 Y99 YN <<<"$(steady steady_txn_high txn_high "$HIGH_RATE" RELAY_FENCING=transactions)"
@@ -80,7 +82,8 @@ read -r Y50 Y99 YN <<<"$(steady steady_txn_high txn_high "$HIGH_RATE" RELAY_FENC
 awk -v n="$EVENTS" -v ts="$T_STREAM" -v tp="$T_PRODUCE" -v tr="$T_RELAY" -v rr="$R_RELAY" \
     -v s50="$S50" -v s99="$S99" -v sn="$SN" -v h50="$H50" -v h99="$H99" -v hn="$HN" \
     -v p50="$P50" -v p99="$P99" -v pn="$PN" -v x50="$X50" -v x99="$X99" -v xn="$XN" \
-    -v y50="$Y50" -v y99="$Y99" -v yn="$YN" -v rate="$RATE" -v high="$HIGH_RATE" -v secs="$SECONDS_LOAD" 'BEGIN {
+    -v y50="$Y50" -v y99="$Y99" -v yn="$YN" -v k50="$K50" -v k99="$K99" -v kn="$KN" \
+    -v rate="$RATE" -v high="$HIGH_RATE" -v secs="$SECONDS_LOAD" 'BEGIN {
   printf "\ndrain of %d preloaded events                 seconds    events/s   relay / this\n", n
   printf "  (a) raw change-stream reader (libmongoc)  %8.3f  %10.0f   %6.2f\n", ts, n / ts, ts / tr
   printf "  (b) raw idempotent producer (rdkafka)     %8.3f  %10.0f   %6.2f\n", tp, n / tp, tp / tr
@@ -92,6 +95,7 @@ awk -v n="$EVENTS" -v ts="$T_STREAM" -v tp="$T_PRODUCE" -v tr="$T_RELAY" -v rr="
   printf "  mode                                   events/s  events   p50 ms   p99 ms\n"
   printf "  stream (change stream)                 %8d  %6d   %6d   %6d\n", rate, sn, s50, s99
   printf "  stream (change stream)                 %8d  %6d   %6d   %6d\n", high, hn, h50, h99
+  printf "  raw idempotent producer: produce->ack  %8d  %6d   %6d   %6d\n", high, kn, k50, k99
   printf "  poll (2000 ms, batch 50)               %8d  %6d   %6d   %6d\n", rate, pn, p50, p99
   printf "  stream, RELAY_FENCING=transactions     %8d  %6d   %6d   %6d\n", rate, xn, x50, x99
   printf "  stream, RELAY_FENCING=transactions     %8d  %6d   %6d   %6d\n", high, yn, y50, y99

@@ -26,6 +26,11 @@
  *                                                events/s published from then on, and the seconds
  *                                                from the lease taken to that first event (the
  *                                                takeover: held keys loaded, claims released)
+ *   relay_bench produce-steady BROKERS TOPIC RATE SECONDS KEYS  raw idempotent producer at a steady
+ *                                                load (linger.ms=1, as the relay): RATE records/s
+ *                                                of ~300 bytes over KEYS keys for SECONDS, after
+ *                                                one warm-up record; prints p50 and p99 of
+ *                                                produce -> delivery report in ms and the count
  *   relay_bench steady   URI DB RATE SECONDS KEYS after one warm-up event, inserts RATE events/s
  *                                                for SECONDS, waits for them to be PUBLISHED,
  *                                                prints p50 and p99 of publishedAt - occurredAt
@@ -132,6 +137,21 @@ static void on_dr(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque) {
   (*(int *)opaque)++;
 }
 
+/* produce-steady: each record's opaque is its send time; the report adds its latency. */
+typedef struct {
+  int64_t *lat;
+  int n;
+} steady_lat_t;
+
+static void on_dr_lat(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque) {
+  (void)rk;
+  if (msg->err) die("delivery", rd_kafka_err2str(msg->err));
+  steady_lat_t *l = opaque;
+  double sent = *(double *)msg->_private;
+  free(msg->_private);
+  l->lat[l->n++] = (int64_t)((now_s() - sent) * 1000.0);
+}
+
 int main(int argc, char **argv) {
   if (argc < 4) {
     fprintf(stderr, "usage: see the top of relay_bench.c\n");
@@ -139,6 +159,51 @@ int main(int argc, char **argv) {
   }
   mongoc_init();
   const char *cmd = argv[1];
+  if (strcmp(cmd, "produce-steady") == 0 && argc >= 7) { /* no MongoDB */
+    int rate = atoi(argv[4]), secs = atoi(argv[5]), keys = atoi(argv[6]), total = rate / 10 * secs * 10;
+    char why[256];
+    rd_kafka_conf_t *kconf = rd_kafka_conf_new();
+    const char *props[][2] = {{"bootstrap.servers", argv[2]}, {"enable.idempotence", "true"}, {"acks", "all"},
+                              {"partitioner", "murmur2_random"}, {"linger.ms", "1"}};
+    for (size_t i = 0; i < 5; i++)
+      if (rd_kafka_conf_set(kconf, props[i][0], props[i][1], why, sizeof why) != RD_KAFKA_CONF_OK) die(props[i][0], why);
+    steady_lat_t l = {calloc((size_t)total + 1, sizeof(int64_t)), 0};
+    rd_kafka_conf_set_dr_msg_cb(kconf, on_dr_lat);
+    rd_kafka_conf_set_opaque(kconf, &l);
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, kconf, why, sizeof why);
+    if (!rk) die("producer", why);
+    char value[300];
+    memset(value, 'x', sizeof value);
+    double t0 = 0;
+    for (int i = 0; i <= total; i++) { /* record 0: the warm-up, left out */
+      char key[32];
+      snprintf(key, sizeof key, "ORD-%06d", i % keys);
+      double *sent = malloc(sizeof *sent);
+      *sent = now_s();
+      if (rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(argv[3]), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                            RD_KAFKA_V_KEY(key, strlen(key)), RD_KAFKA_V_VALUE(value, sizeof value),
+                            RD_KAFKA_V_OPAQUE(sent), RD_KAFKA_V_END) != RD_KAFKA_RESP_ERR_NO_ERROR)
+        die("produce", "refused");
+      if (i == 0) {
+        while (l.n < 1) rd_kafka_poll(rk, 10);
+        l.n = 0;
+        continue;
+      }
+      /* rate/10 records per 100 ms, as `steady` inserts them */
+      if (i == 1) t0 = now_s();
+      if (i % (rate / 10) == 0) {
+        double next = t0 + (double)(i / (rate / 10)) * 0.1;
+        while (now_s() < next) rd_kafka_poll(rk, 1);
+      }
+      rd_kafka_poll(rk, 0);
+    }
+    while (l.n < total) rd_kafka_poll(rk, 10);
+    qsort(l.lat, (size_t)l.n, sizeof *l.lat, cmp_i64);
+    printf("%lld %lld %d\n", (long long)l.lat[l.n / 2], (long long)l.lat[(l.n * 99) / 100], l.n);
+    free(l.lat);
+    rd_kafka_destroy(rk);
+    return 0;
+  }
   bool produce = strcmp(cmd, "produce") == 0;
   const char *uri = argv[produce ? 4 : 2], *db = argv[produce ? 5 : 3];
   mongoc_client_t *client = mongoc_client_new(uri);
