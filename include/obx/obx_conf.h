@@ -109,6 +109,9 @@ typedef struct {
     "fixed per deployment, the same for every writer and relay")                                 \
   X(relay_max_inflight, INT, "relay.max_inflight", "RELAY_MAX_INFLIGHT", "1000", 1, 100000, NULL, 0, \
     "Events produced and not yet acknowledged by Kafka; the stream is not read beyond it")      \
+  X(relay_key_window, INT, "relay.key_window", "RELAY_KEY_WINDOW", "1", 1, 64, NULL, 0,            \
+    "Events of one partition key in flight at once while the producer has the gap-less guarantee " \
+    "(idempotent, no kafka.message.timeout.ms); else 1")                                         \
   X(relay_fencing, ENUM, "relay.fencing", "RELAY_FENCING", "lease", 0, 0, "lease|transactions", 0, \
     "lease: a deposed leader stops at its next lease check; transactions: Kafka fences it (README: zombie fencing)") \
   X(relay_transactional_id, STR, "relay.transactional_id", "RELAY_TRANSACTIONAL_ID", "", 0, 0, NULL, 0, \

@@ -16,6 +16,7 @@
 #     HIGH_RATE with RELAY_FENCING=transactions (the transactional producer); p50/p99 of
 #     publishedAt - occurredAt (commit to acknowledged-and-recorded; the target is p99 <= 20 ms),
 #     next to a raw idempotent producer's produce -> report at HIGH_RATE (the broker's share).
+# The relay's settings from the environment reach it (e.g. RELAY_KEY_WINDOW=16).
 # Prints one table with the ratios. Builds into $OBX_BUILD_DIR (default build/). Everything
 # started here is stopped on exit.
 set -euo pipefail

@@ -2,8 +2,9 @@
  *
  * DESIGN: every event the relay publishes goes through relay_keys_submit. A key has at most
  * key_window events in flight, in order (the producer keeps a partition's order):
- * RELAY_KEY_WINDOW when the producer has the gap-less guarantee (obx_relay_producer_gapless:
- * the idempotent producer without a message timeout), else 1 (the transactional producer, or a
+ * relay.key_window (default 1) when the producer has the gap-less guarantee
+ * (obx_relay_producer_gapless: the idempotent producer without a message timeout), else 1
+ * (the transactional producer, or a
  * kafka.message.timeout.ms: the next event is produced only after Kafka acknowledged the
  * previous). Either way an event Kafka refuses never has a later event of its key written
  * after it: with one in flight there is none on its way; with several, the refusal makes the
@@ -11,11 +12,11 @@
  * later ones: purged, or out of order at the broker), the relay replaces it and leads again
  * from the checkpoint, and the refused event's report (the broker's code, after the fatal
  * error: obx_relay_producer_refused) is its attempt. A refused event (any failed delivery
- * report but a purge) holds its key: it is the head, recorded
- * FAILED at once with the broker's reason when the error is not retriable, else PENDING with
- * a backoff, retried by the sweeper. A later event of a held key that comes back failed too (the
- * same refused batch) is not an attempt: it stays PENDING behind the head. While a key is held, its later events are not published:
- * they stay PENDING in the outbox (the queue behind the head is dropped, its stream slots
+ * report but a purge) holds its key: it is the head, recorded FAILED at once with the broker's
+ * reason when the error is not retriable, else PENDING with a backoff, retried by the sweeper.
+ * A later event of a held key that comes back failed too (the same refused batch) is not an
+ * attempt: it stays PENDING behind the head. While a key is held, its later events are not
+ * published: they stay PENDING in the outbox (the queue behind the head is dropped, its stream slots
  * done) and the sweeper leaves them alone; only the head may be published. The hold ends when
  * the head is published (its retry succeeded, or an operator reprocessed or fixed it) or is no
  * longer there to publish (an operator skipped it: SKIPPED, or deleted it; relay_keys_check
@@ -48,9 +49,6 @@
 
 #define KEYS_BUCKETS 4096
 #define KEYS_LOAD_MAX 10000
-/* Events of one key in flight at once with the gap-less guarantee (a round of delivery reports
- * moves a key this many events on instead of one). */
-#define RELAY_KEY_WINDOW 16
 
 typedef struct relay_queued {
   bson_t *doc;
@@ -149,7 +147,7 @@ static void key_unhold(obx_relay_t *relay, relay_key_t *k) {
 }
 
 static int key_window(const obx_relay_t *relay) {
-  return obx_relay_producer_gapless(relay->producer) ? RELAY_KEY_WINDOW : 1;
+  return obx_relay_producer_gapless(relay->producer) ? (int)relay->conf->relay_key_window : 1;
 }
 
 void relay_keys_submit(obx_relay_t *relay, const bson_t *doc, obx_relay_msg_t *msg) {

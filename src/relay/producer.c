@@ -9,9 +9,10 @@
  * per partition with up to 5 requests in flight, so per-key order in Kafka is the order of
  * obx_relay_producer_send calls; without a message timeout it also has the gap-less guarantee
  * (enable.gapless.guarantee): a record the broker refuses makes it fatal before a later record
- * of its partition is written (obx_relay_producer_gapless, keys.c's window). Delivery reports are served on the thread that calls
- * obx_relay_producer_poll (the relay thread); everything here is only touched there, so it
- * needs no lock (obx_relay_producer_check excepted: a metadata request). Each record gets a
+ * of its partition is written (obx_relay_producer_gapless, keys.c's window). Delivery reports
+ * are served on the thread that calls obx_relay_producer_poll (the relay thread); everything
+ * here is only touched there, so it needs no lock (obx_relay_producer_check excepted: a
+ * metadata request; obx_relay_producer_wake: a queue yield, from any thread). Each record gets a
  * producer span (messaging semconv, messaging.system=kafka) from send to its delivery report,
  * a child of the event's ce_traceparent (or a new trace); its context is the record's
  * ce_traceparent, so the consumer continues the trace.
@@ -567,7 +568,7 @@ bool obx_relay_producer_fatal(const obx_relay_producer_t *producer) {
 }
 
 bool obx_relay_producer_gapless(const obx_relay_producer_t *producer) {
-  return producer->gapless;
+  return producer && producer->gapless;
 }
 
 bool obx_relay_producer_refused(const obx_relay_producer_t *producer, const obx_relay_ack_t *ack) {
@@ -583,7 +584,7 @@ bool obx_relay_producer_refused(const obx_relay_producer_t *producer, const obx_
   };
   int code = ack->err.code;
   if (ack->ok || code == RD_KAFKA_RESP_ERR__PURGE_QUEUE || code == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT) return false;
-  if (!producer->fatal) return true;
+  if (!obx_relay_producer_fatal(producer)) return true;
   for (size_t i = 0; i < sizeof record_errors / sizeof record_errors[0]; i++)
     if (code == (int)record_errors[i]) return true;
   return false;

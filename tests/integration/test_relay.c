@@ -1167,7 +1167,7 @@ static void test_fatal_producer_is_replaced(void **state) {
  * again by the next leadership does not publish it from its insert) and holds its key, its
  * later events stay PENDING and are not in the topic; skipping it publishes them, in order. */
 static void test_refused_event_in_a_key_window(void **state) {
-  const char *settings[] = {"kafka.batch.size", "16384", NULL};
+  const char *settings[] = {"kafka.batch.size", "16384", "relay.key_window", "16", NULL};
   const char *topic[] = {"max.message.bytes", "40000", NULL};
   ctx_t ctx;
   ctx_init_on(&ctx, "window", &g_mongo, settings, false, topic);
