@@ -8,8 +8,9 @@
  * n + 1 may come to one while event n is unread, queued or running on the other. So event n + 1
  * runs only once the inbox holds event n DONE, SKIPPED, BLOCKED, RETRYING or DEAD (the last three
  * park the key, whose parked_keys document then orders what follows), one index-bounded lookup
- * (obx_inbox_seq_settled), or when its own inbox entry exists (a redelivery: it was admitted
- * before, its wait is not made twice; one lookup by _id); else the job is deferred in its key's queue (worker_sched_defer): no
+ * (obx_inbox_seq_settled; none when this process settled event n last: the key's steady
+ * state, remembered per key hash slot), or when its own inbox entry exists (a redelivery: it was
+ * admitted before, its wait is not made twice; one lookup by _id); else the job is deferred in its key's queue (worker_sched_defer): no
  * runner is held, the key's later events stay behind it, other keys run. It is looked at again
  * when an earlier event of its key is queued in this process (sched.c runs that first, and this
  * one after it), else after a backoff (50 ms doubling to 1 s: the predecessor settles in a peer),
@@ -22,6 +23,7 @@
  * wait would spend; it delivers again after it) never do. Never claims, runs or records an
  * event (lifecycle.c does). */
 #include <inttypes.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "obx/obx_inbox.h"
@@ -31,6 +33,34 @@
 #define GAP_BACKOFF_MIN_MS 50
 #define GAP_BACKOFF_MAX_MS 1000
 
+static uint64_t key_hash(const char *key, size_t len) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a, 64 bits */
+  for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)key[i]) * 1099511628211ull;
+  return h;
+}
+
+void worker_keyseq_settled(obx_worker_t *w, const job_t *job, worker_outcome_t outcome) {
+  if (job->key_seq <= 0 || !(outcome == WORKER_DONE || outcome == WORKER_SKIPPED || outcome == WORKER_BLOCKED ||
+                             outcome == WORKER_RETRYING || outcome == WORKER_DEAD))
+    return;
+  size_t klen;
+  const char *key = obx_envelope_partition_key(&job->msg, &klen);
+  uint64_t h = key_hash(key, klen);
+  pthread_mutex_lock(&w->settled_mu);
+  w->settled[h % KEYSEQ_SETTLED_SLOTS].key_hash = h;
+  w->settled[h % KEYSEQ_SETTLED_SLOTS].seq = job->key_seq;
+  pthread_mutex_unlock(&w->settled_mu);
+}
+
+/* Whether this process settled the key's keySeq `seq` last (its slot may have gone to another key). */
+static bool settled_here(obx_worker_t *w, const char *key, size_t len, int64_t seq) {
+  uint64_t h = key_hash(key, len);
+  pthread_mutex_lock(&w->settled_mu);
+  bool here = w->settled[h % KEYSEQ_SETTLED_SLOTS].key_hash == h && w->settled[h % KEYSEQ_SETTLED_SLOTS].seq == seq;
+  pthread_mutex_unlock(&w->settled_mu);
+  return here;
+}
+
 bool worker_keyseq_admit(obx_worker_t *w, job_t *job) {
   if (job->key_seq <= 1 || job->source != WORKER_SOURCE_KAFKA || w->gap_wait_ms <= 0) return true;
   size_t klen;
@@ -39,17 +69,19 @@ bool worker_keyseq_admit(obx_worker_t *w, job_t *job) {
   if (klen == 0 || strnlen(key, klen) != klen || !bson_utf8_validate(key, klen, false)) return true;
   const char *id = job->msg.message_id ? job->msg.message_id : obx_envelope_header(&job->msg, "ce_id");
   int64_t missing = job->key_seq - 1, now = obx_time_now_ms();
-  bool settled = false;
+  bool settled = settled_here(w, key, klen, missing), ok = true, known = false;
   obx_err_t err = OBX_ERR_INIT;
-  mongoc_client_t *client = obx_mongo_pop(w->mongo);
-  bool ok = obx_inbox_seq_settled(client, w->db, w->consumer, key, missing, &settled, &err);
-  bool known = false; /* its own entry exists: a redelivery, admitted before (its order was decided then) */
-  if (ok && !settled && !job->gap_since && id && bson_utf8_validate(id, strlen(id), false)) {
-    bson_t doc = BSON_INITIALIZER;
-    ok = obx_inbox_get(client, w->db, NULL, w->consumer, id, &doc, &known, &err);
-    bson_destroy(&doc);
+  if (!settled) { /* not by this process: the inbox says */
+    mongoc_client_t *client = obx_mongo_pop(w->mongo);
+    ok = obx_inbox_seq_settled(client, w->db, w->consumer, key, missing, &settled, &err);
+    /* its own entry exists: a redelivery, admitted before (its order was decided then) */
+    if (ok && !settled && !job->gap_since && id && bson_utf8_validate(id, strlen(id), false)) {
+      bson_t doc = BSON_INITIALIZER;
+      ok = obx_inbox_get(client, w->db, NULL, w->consumer, id, &doc, &known, &err);
+      bson_destroy(&doc);
+    }
+    obx_mongo_push(w->mongo, client);
   }
-  obx_mongo_push(w->mongo, client);
   if (known) return true;
   if (!ok) /* MongoDB cannot say now: look again after the backoff, within the same bound */
     obx_log_event(OBX_LOG_DEBUG, id, NULL, "keySeq %" PRId64 " of key %s: cannot look it up: %s", missing, key,

@@ -136,6 +136,7 @@ bool worker_run_job(void *ctx, job_t *job) {
   free(e);
   job->event = NULL;
   worker_count_outcome(w, job->outcome);
+  worker_keyseq_settled(w, job, job->outcome);
 done:
   worker_job_complete(w, job);
   return true;

@@ -56,6 +56,7 @@ obx_worker_t *obx_worker_new(const obx_conf_t *conf, obx_http_t *http, obx_err_t
   snprintf(w->owner, sizeof w->owner, "%s:%d:%s", host, (int)getpid(), uuid);
   w->member = conf->worker_instance_id[0] ? conf->worker_instance_id : NULL;
   pthread_mutex_init(&w->claims_mu, NULL);
+  pthread_mutex_init(&w->settled_mu, NULL);
   pthread_mutex_init(&w->renew_mu, NULL);
   pthread_cond_init(&w->renew_cv, NULL);
   w->nrunners = (int)conf->order_post_concurrency;
@@ -151,6 +152,7 @@ void obx_worker_destroy(obx_worker_t *w) {
   obx_mongo_destroy(w->mongo);
   pthread_mutex_destroy(&w->done_mu);
   pthread_mutex_destroy(&w->claims_mu);
+  pthread_mutex_destroy(&w->settled_mu);
   pthread_mutex_destroy(&w->renew_mu);
   pthread_cond_destroy(&w->renew_cv);
   free(w->claims);

@@ -40,6 +40,7 @@
 #define INFRA_BACKOFF_MIN_MS 100
 #define INFRA_BACKOFF_MAX_MS 5000
 #define LOST_KEYS 64 /* keys remembered after their claim was taken over (worker_run_job) */
+#define KEYSEQ_SETTLED_SLOTS 4096 /* keys whose last settled keySeq this process remembers (keyseq.c) */
 #define CLAIM_BATCH_MAX 500 /* fresh events claimed in one insertMany (batch.c) */
 #define RECORD_BATCH_MAX 64 /* finished runs recorded in one transaction (batch.c) */
 
@@ -246,6 +247,11 @@ struct obx_worker {
   const char *member;       /* WORKER_INSTANCE_ID when set (recorded on its claims) */
   int64_t lease_ms;         /* WORKER_LEASE */
   int64_t gap_wait_ms;      /* WORKER_GAP_WAIT: longest wait for a key's missing earlier keySeq; 0: none */
+  pthread_mutex_t settled_mu; /* keyseq.c: the keySeq last settled by this process, per key hash slot */
+  struct {
+    uint64_t key_hash;
+    int64_t seq;
+  } settled[KEYSEQ_SETTLED_SLOTS];
   pthread_mutex_t claims_mu; /* the events this process runs now (their leases are renewed) */
   worker_claim_t *claims;
   pthread_t renew_thread;   /* the claims' lease renewal (claims.c) */
@@ -321,6 +327,10 @@ worker_state_t worker_job_state(const job_t *job);
  * outboxd_worker_keyseq_gaps_total{outcome="timeout"}); false when it waits: deferred in its key's
  * queue (worker_sched_defer), the caller returns false to the scheduler. */
 bool worker_keyseq_admit(obx_worker_t *w, job_t *job);
+/* After a job's run ended in `outcome`: when that is one its key's next keySeq may follow (DONE,
+ * SKIPPED, BLOCKED, RETRYING, DEAD: recorded in the inbox), remembers (key, keySeq) so the next
+ * one's admission needs no lookup. */
+void worker_keyseq_settled(obx_worker_t *w, const job_t *job, worker_outcome_t outcome);
 
 /* ---- the lifecycle (lifecycle.c) ------------------------------------------------------------ */
 typedef enum {

@@ -298,16 +298,19 @@ static void test_stop_gives_queued_events_back(void **state) {
 /* The waiting_gap moves (keyseq.c): an event of keySeq 2 whose keySeq 1 has not settled waits
  * (queued -> waiting_gap) holding no runner; keySeq 1 comes to the same process and runs first,
  * then keySeq 2 at once (waiting_gap -> queued, outboxd_worker_keyseq_gaps_total{outcome="filled"}),
- * long before WORKER_GAP_WAIT; keySeq 4 of the key (3 missing) waits, the worker stops, and the
- * waiting event is given back (waiting_gap -> given_back): no inbox entry, read again later. */
+ * long before WORKER_GAP_WAIT. keySeq 3 follows keySeq 2, which this process settled, without a
+ * wait and without asking the inbox (its entry is set back to RECEIVED first: a lookup would
+ * wait). keySeq 5 of the key (4 missing) waits, the worker stops, and the waiting event is given
+ * back (waiting_gap -> given_back): no inbox entry, read again later. */
 static void test_keyseq_gap_waits_then_runs_or_is_given_back(void **state) {
   WT_NEED_BROKER();
   wt_fx_t *fx = *state;
   wt_conf_set(fx, "worker.gap_wait", "60s");
-  obx_event_t ev[3];
-  static const int seqs[] = {2, 1, 4};
-  char num[3][16];
-  for (int i = 0; i < 3; i++) {
+  enum { N = 4 };
+  obx_event_t ev[N];
+  static const int seqs[N] = {2, 1, 3, 5};
+  char num[N][16];
+  for (int i = 0; i < N; i++) {
     snprintf(num[i], sizeof num[i], "KG-%d", seqs[i]);
     wt_event(&ev[i], "OrderConfirmed", "KG", num[i]);
     ev[i].key_seq = seqs[i];
@@ -333,17 +336,22 @@ static void test_keyseq_gap_waits_then_runs_or_is_given_back(void **state) {
   double now_filled = wt_metric("outboxd_worker_keyseq_gaps_total{outcome=\"filled\"}");
   if (now_filled < (filled < 0 ? 0 : filled) + 1) fail_msg("keyseq_gaps_total{filled}: got %.0f, want %.0f", now_filled, (filled < 0 ? 0 : filled) + 1);
 
-  wt_produce(fx, &ev[2]); /* keySeq 3 never comes */
+  update_entry(fx, ev[0].id, "{\"$set\": {\"status\": \"RECEIVED\"}}");
+  wt_produce(fx, &ev[2]);
+  wt_wait_status(fx, ev[2].id, "DONE");
+  if (moves("queued", "waiting_gap") != waits + 1) fail_msg("keySeq 3 waited though this process settled keySeq 2");
+
+  wt_produce(fx, &ev[3]); /* keySeq 4 never comes */
   wait_moves("queued", "waiting_gap", waits + 2);
   obx_worker_destroy(fx->worker);
   fx->worker = NULL;
   if (moves("waiting_gap", "given_back") < given_back + 1)
     fail_msg("waiting_gap -> given_back: got %.0f, want 1", moves("waiting_gap", "given_back") - given_back);
   bson_t doc;
-  if (wt_inbox(fx, ev[2].id, &doc)) fail_msg("the waiting keySeq 4 has an inbox entry");
+  if (wt_inbox(fx, ev[3].id, &doc)) fail_msg("the waiting keySeq 5 has an inbox entry");
   bson_destroy(&doc);
-  if (wt_erp_calls(fx, num[2]) != 0) fail_msg("keySeq 4 ran");
-  for (int i = 0; i < 3; i++) obx_event_cleanup(&ev[i]);
+  if (wt_erp_calls(fx, num[3]) != 0) fail_msg("keySeq 5 ran");
+  for (int i = 0; i < N; i++) obx_event_cleanup(&ev[i]);
 }
 
 static int teardown(void **state) {
