@@ -8,10 +8,11 @@
  * n + 1 may come to one while event n is unread, queued or running on the other. So event n + 1
  * runs only once the inbox holds event n DONE, SKIPPED, BLOCKED, RETRYING or DEAD (the last three
  * park the key, whose parked_keys document then orders what follows), one index-bounded lookup
- * (obx_inbox_seq_settled; none when this process settled event n last: the key's steady
- * state, remembered per key hash slot), or when its own inbox entry exists (a redelivery: it was
- * admitted before, its wait is not made twice; one lookup by _id); else the job is deferred in its key's queue (worker_sched_defer): no
- * runner is held, the key's later events stay behind it, other keys run. It is looked at again
+ * (obx_inbox_seq_settled; none when this process settled event n last: the key's steady state,
+ * remembered per key hash slot), or when its own inbox entry exists (a redelivery: it was
+ * admitted before, its wait is not made twice; one lookup by _id); else the job is deferred in
+ * its key's queue (worker_sched_defer): no runner is held, the key's later events stay behind
+ * it, other keys run. It is looked at again
  * when an earlier event of its key is queued in this process (sched.c runs that first, and this
  * one after it), else after a backoff (50 ms doubling to 1 s: the predecessor settles in a peer),
  * and runs anyway once WORKER_GAP_WAIT has passed since its wait began, with a warning naming the
