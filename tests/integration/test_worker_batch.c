@@ -66,15 +66,6 @@ static void store(wt_fx_t *fx, const obx_inbox_entry_t *entry, obx_inbox_status_
     fail_msg("storing %s: %s", entry->event->id, err.msg[0] ? err.msg : "already there");
 }
 
-static const char *entry_str(wt_fx_t *fx, const char *id, const char *field, char *out, size_t len) {
-  bson_t doc;
-  bool found = wt_inbox(fx, id, &doc);
-  const char *v = found ? obx_mongo_doc_str(&doc, field) : NULL;
-  snprintf(out, len, "%s", v ? v : "(none)");
-  bson_destroy(&doc);
-  return out;
-}
-
 /* One insertMany for four events: the first and last go in claimed; the second (its entry is
  * there already) and the third (a header name libmongoc refuses: empty) are left out, each for
  * the single claim, which says why. */
@@ -103,16 +94,16 @@ static void test_claim_many_maps_each_insert_to_its_event(void **state) {
   assert_false(inserted[2]);
   assert_true(inserted[3]);
   char got[64];
-  assert_string_equal(entry_str(fx, ev[0].id, "status", got, sizeof got), "RECEIVED");
-  assert_string_equal(entry_str(fx, ev[0].id, "owner", got, sizeof got), OWNER);
+  assert_string_equal(wt_inbox_str(fx, ev[0].id, "status", got, sizeof got), "RECEIVED");
+  assert_string_equal(wt_inbox_str(fx, ev[0].id, "owner", got, sizeof got), OWNER);
   bson_t doc;
   bson_iter_t it;
   assert_true(wt_inbox(fx, ev[3].id, &doc));
   assert_true(bson_iter_init_find(&it, &doc, "leaseUntil") && BSON_ITER_HOLDS_DATE_TIME(&it));
   assert_true(bson_iter_date_time(&it) > obx_time_now_ms());
   bson_destroy(&doc);
-  assert_string_equal(entry_str(fx, ev[1].id, "status", got, sizeof got), "DONE"); /* untouched */
-  assert_string_equal(entry_str(fx, ev[2].id, "status", got, sizeof got), "(none)");
+  assert_string_equal(wt_inbox_str(fx, ev[1].id, "status", got, sizeof got), "DONE"); /* untouched */
+  assert_string_equal(wt_inbox_str(fx, ev[2].id, "status", got, sizeof got), "(none)");
   /* the single claim says why each was left out */
   bool in = true;
   obx_inbox_status_t existing = OBX_INBOX_RECEIVED;
@@ -167,12 +158,12 @@ static void test_owned_many_writes_the_claims_that_hold(void **state) {
   assert_true(written[2]);
   char got[64];
   for (int i = 0; i < 3; i += 2) {
-    assert_string_equal(entry_str(fx, ev[i].id, "status", got, sizeof got), "DONE");
+    assert_string_equal(wt_inbox_str(fx, ev[i].id, "status", got, sizeof got), "DONE");
     assert_int_equal(wt_inbox_int(fx, ev[i].id, "attempts"), 1);
-    assert_string_equal(entry_str(fx, ev[i].id, "executionIds.0", got, sizeof got), exec_ids[i]);
+    assert_string_equal(wt_inbox_str(fx, ev[i].id, "executionIds.0", got, sizeof got), exec_ids[i]);
   }
-  assert_string_equal(entry_str(fx, ev[1].id, "status", got, sizeof got), "RECEIVED");
-  assert_string_equal(entry_str(fx, ev[1].id, "owner", got, sizeof got), PEER);
+  assert_string_equal(wt_inbox_str(fx, ev[1].id, "status", got, sizeof got), "RECEIVED");
+  assert_string_equal(wt_inbox_str(fx, ev[1].id, "owner", got, sizeof got), PEER);
   assert_int_equal(wt_inbox_int(fx, ev[1].id, "attempts"), 0);
   for (int i = 0; i < 3; i++) obx_event_cleanup(&ev[i]);
 }
@@ -217,7 +208,7 @@ static void test_batch_claim_with_a_duplicate_and_a_peers_live_claim(void **stat
   if (req.start_ms < peer_until) fail_msg("the peer's event ran %lld ms before its lease passed", (long long)(peer_until - req.start_ms));
   obx_test_httpd_request_cleanup(&req);
   char got[64];
-  assert_string_not_equal(entry_str(fx, ev[1].id, "owner", got, sizeof got), PEER); /* taken over */
+  assert_string_not_equal(wt_inbox_str(fx, ev[1].id, "owner", got, sizeof got), PEER); /* taken over */
   double nb = series("outboxd_worker_batches_total", "claims") - batches;
   double ne = series("outboxd_worker_batched_events_total", "claims") - batched;
   print_message("claims: %.0f events in %.0f batches\n", ne, nb);
@@ -303,8 +294,8 @@ static void test_group_commit_records_the_others_when_one_claim_is_lost(void **s
   assert_int_equal(moves("running", "lost") - lost_running, 0); /* the group commit's compare-and-set saw it */
   assert_int_equal(obx_test_fail_point(fx->client, "{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}"), 1);
   char got[64];
-  assert_string_equal(entry_str(fx, ev[3].id, "owner", got, sizeof got), PEER);
-  assert_string_equal(entry_str(fx, ev[3].id, "status", got, sizeof got), "PROCESSING");
+  assert_string_equal(wt_inbox_str(fx, ev[3].id, "owner", got, sizeof got), PEER);
+  assert_string_equal(wt_inbox_str(fx, ev[3].id, "status", got, sizeof got), "PROCESSING");
   assert_int_equal(wt_executions(fx, ev[3].id), 0);
   for (int i = 0; i < GROUP; i++) {
     assert_int_equal(wt_erp_calls(fx, nums[i]), 1);
@@ -347,7 +338,7 @@ static void test_failed_group_commit_records_each_alone(void **state) {
   wt_wait_status(fx, ev[GROUP - 1].id, "DEAD");
   assert_int_equal(obx_test_fail_point(fx->client, "{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}"), 1);
   char got[512];
-  entry_str(fx, ev[GROUP - 1].id, "lastError", got, sizeof got);
+  wt_inbox_str(fx, ev[GROUP - 1].id, "lastError", got, sizeof got);
   if (!strstr(got, "recording the outcome (DONE) failed") || !strstr(got, "not found")) fail_msg("lastError: %s", got);
   for (int i = 0; i < GROUP; i++) {
     if (wt_erp_calls(fx, nums[i]) != 1) fail_msg("%s: the pipeline ran %d times, want 1", nums[i], wt_erp_calls(fx, nums[i]));

@@ -92,15 +92,6 @@ static void start_with_event(wt_fx_t *fx, obx_event_t *ev, const char *num) {
   wt_route(fx, num, 200);
 }
 
-static const char *entry_str(wt_fx_t *fx, const char *id, const char *field, char *out, size_t len) {
-  bson_t doc;
-  bool found = wt_inbox(fx, id, &doc);
-  const char *v = found ? obx_mongo_doc_str(&doc, field) : NULL;
-  snprintf(out, len, "%s", v ? v : "(none)");
-  bson_destroy(&doc);
-  return out;
-}
-
 /* #10: a live peer's claim on a work-queue copy: never run here; the copy goes round the first
  * retry tier until the peer's lease passes, then it is taken over (#9) and runs once, its ERP
  * call on the IO thread (#17a, #17b). */
@@ -149,7 +140,7 @@ static void test_stale_tier_copy_never_runs(void **state) {
   wt_wait_depth(fx, obx_ladder_work_queue(fx->ladder), 0); /* acked */
   if (wt_erp_calls(fx, "ST-1") != 0) fail_msg("ERP calls: got %d, want 0", wt_erp_calls(fx, "ST-1"));
   char status[32];
-  if (strcmp(entry_str(fx, ev.id, "status", status, sizeof status), "RETRYING") != 0 ||
+  if (strcmp(wt_inbox_str(fx, ev.id, "status", status, sizeof status), "RETRYING") != 0 ||
       wt_inbox_int(fx, ev.id, "attempts") != 2)
     fail_msg("the entry: got %s at attempt %lld, want RETRYING at attempt 2", status,
              (long long)wt_inbox_int(fx, ev.id, "attempts"));
@@ -211,7 +202,7 @@ static void test_undecodable_blocked_entry_is_dead_lettered(void **state) {
   wait_moves("releasing", "done", released + 1);
   if (wt_erp_calls(fx, "UB-1") != 0) fail_msg("the undecodable entry ran: %d ERP calls", wt_erp_calls(fx, "UB-1"));
   char reason[256];
-  if (!strstr(entry_str(fx, next.id, "lastError", reason, sizeof reason), "does not decode"))
+  if (!strstr(wt_inbox_str(fx, next.id, "lastError", reason, sizeof reason), "does not decode"))
     fail_msg("lastError: got %s, want it to say the entry does not decode", reason);
   wt_dlq_seen_t seen = {0};
   obx_err_t err = OBX_ERR_INIT;
@@ -406,7 +397,7 @@ static void test_http_live_claim_is_503(void **state) {
   if (wt_erp_calls(fx, "HL-1") != 0) fail_msg("ERP calls: got %d, want 0", wt_erp_calls(fx, "HL-1"));
   if (moves("decoded", "given_back") < backs + 1) fail_msg("decoded -> given_back was not counted");
   char owner[160];
-  if (strcmp(entry_str(fx, ev.id, "owner", owner, sizeof owner), PEER) != 0) fail_msg("owner: got %s", owner);
+  if (strcmp(wt_inbox_str(fx, ev.id, "owner", owner, sizeof owner), PEER) != 0) fail_msg("owner: got %s", owner);
   obx_event_cleanup(&ev);
 }
 
@@ -434,8 +425,8 @@ static void test_http_claim_lost_mid_run(void **state) {
     fail_msg("a run whose claim was taken over: got %ld (%s), want 200 {\"status\":\"duplicate\"}", p.status, p.body);
   if (moves("recording", "lost") + moves("running", "lost") < lost + 1) fail_msg("the move to lost was not counted");
   char status[32], owner[160];
-  if (strcmp(entry_str(fx, ev.id, "status", status, sizeof status), "RECEIVED") != 0 ||
-      strcmp(entry_str(fx, ev.id, "owner", owner, sizeof owner), PEER) != 0)
+  if (strcmp(wt_inbox_str(fx, ev.id, "status", status, sizeof status), "RECEIVED") != 0 ||
+      strcmp(wt_inbox_str(fx, ev.id, "owner", owner, sizeof owner), PEER) != 0)
     fail_msg("the entry: got %s claimed by %s, want RECEIVED claimed by the peer (nothing recorded by the lost run)",
              status, owner);
   if (wt_executions(fx, ev.id) != 0) fail_msg("executions recorded by the lost run: %lld", (long long)wt_executions(fx, ev.id));

@@ -442,6 +442,16 @@ static inline int64_t wt_inbox_int(wt_fx_t *fx, const char *id, const char *fiel
   return v;
 }
 
+/* A string field of an event's inbox entry into out; "(none)" when the entry or field is absent. */
+static inline const char *wt_inbox_str(wt_fx_t *fx, const char *id, const char *field, char *out, size_t len) {
+  bson_t doc;
+  bool found = wt_inbox(fx, id, &doc);
+  const char *v = found ? obx_mongo_doc_str(&doc, field) : NULL;
+  snprintf(out, len, "%s", v ? v : "(none)");
+  bson_destroy(&doc);
+  return out;
+}
+
 static inline int64_t wt_count(wt_fx_t *fx, const char *collection, const bson_t *filter) {
   mongoc_collection_t *c = mongoc_client_get_collection(fx->client, obx_mongo_db_name(fx->mongo), collection);
   bson_error_t berr;
