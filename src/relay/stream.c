@@ -373,8 +373,13 @@ bool relay_stream_open(obx_relay_t *relay) {
   if (relay->start_after) BSON_APPEND_DOCUMENT(opts, "startAfter", relay->start_after);
   else if (relay->read_token) BSON_APPEND_DOCUMENT(opts, "resumeAfter", relay->read_token);
   relay_stream_close(relay);
-  relay->stream_opened_ms = obx_time_now_ms();
   relay->stream = mongoc_collection_watch(relay->reader->outbox, pipeline, opts); /* the reader reads it */
+  /* the full sweep's bound: taken once the aggregate is answered, so at or after the stream's
+   * start. Taken before it was sent, an event written while the aggregate was on its way (the
+   * reader's client connecting, a loaded server) was neither the sweep's (written after the
+   * bound) nor the stream's (committed before its start), and went out with a later sweep,
+   * after the key's later events */
+  relay->stream_opened_ms = obx_time_now_ms();
   bson_destroy(opts);
   bson_destroy(pipeline);
 

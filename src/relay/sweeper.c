@@ -36,9 +36,11 @@
  *                  key's earlier events. The grace covers a writer's clock (availableAt is
  *                  written before the commit) and the length of its transaction. The sweeper
  *                  also runs only while the stream is caught up or down.
- *   full sweep     the time the open of the stream was sent (first start without a checkpoint,
- *                  a restart from now): what is committed after it is the stream's, so an event
- *                  written during the scan is published once, by the stream. */
+ *   full sweep     the time the open of the stream was answered (first start without a
+ *                  checkpoint, a restart from now), at or after the stream's start: what is
+ *                  committed after it is the stream's, so an event written during the scan is
+ *                  published once, by the stream; one written while the open was on its way
+ *                  may be published by both. */
 #include "relay/relay_int.h"
 
 #include <stdlib.h>
@@ -295,7 +297,7 @@ bool relay_claims_release(obx_relay_t *relay) {
 }
 
 bool relay_sweep_all(obx_relay_t *relay) {
-  int64_t bound = relay->stream_opened_ms; /* what is committed after the open is the stream's */
+  int64_t bound = relay->stream_opened_ms; /* what is committed after the open's answer is the stream's */
   int64_t total = 0;
   relay->sweep_from_ms = 0;
   for (;;) {

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <mongoc/mongoc.h>
 
@@ -373,6 +374,48 @@ static void test_lease_lapse_in_first_scan_keeps_key_order(void **state) {
   free(ctx);
 }
 
+/* A stream open that takes a while (the reader's client connecting, a loaded server): events of
+ * one key written while the aggregate is on its way are the full sweep's, published before the
+ * key's later events that the stream carries. The sweep's bound was taken before the aggregate
+ * was sent: those events were neither the sweep's nor the stream's, and a later sweep published
+ * them after the key's later ones. */
+static void test_slow_stream_open_keeps_key_order(void **state) {
+  (void)state;
+  ctx_t *ctx = calloc(1, sizeof *ctx);
+  ctx_init(ctx, "slowopen");
+  char fp[512];
+  snprintf(fp, sizeof fp,
+           "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"appName\": "
+           "\"outboxd\", \"failCommands\": [\"aggregate\"], \"namespace\": \"%s.outbox\", \"blockConnection\": true, "
+           "\"blockTimeMS\": 1500}}", ctx->db);
+  obx_test_fail_point(g_client, fp);
+  obx_err_t err = OBX_ERR_INIT;
+  obx_relay_t *relay = relay_group_bucket(obx_relay_start(&ctx->conf, NULL, &err), 0);
+  if (!relay) fail_msg("relay: %s", err.msg);
+  /* one key's events every 20 ms until the stream is open: some before the aggregate is sent,
+   * some while it is held */
+  int64_t deadline = obx_test_now_ms() + 20000;
+  while (!atomic_load(&relay->counters.stream_up) && obx_test_now_ms() < deadline && ctx->n < MAX_EVENTS - 5) {
+    insert_event(ctx, "K-open", 0);
+    usleep(20000); /* a writer's pace, not a wait for a condition */
+  }
+  if (!atomic_load(&relay->counters.stream_up)) fail_msg("the stream never opened");
+  int during = ctx->n;
+  for (int i = 0; i < 5; i++) insert_event(ctx, "K-open", 0); /* the stream's */
+  int64_t fired = obx_test_fail_point(g_client, "{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}");
+  if (fired != 1) fail_msg("the stream's aggregate was held %lld times, want 1", (long long)fired);
+  if (during < 40) fail_msg("only %d events were written before the stream opened (want the open held 1.5 s)", during);
+  wait_published(ctx, 0, ctx->n, 30000);
+  read_t *r = calloc(1, sizeof *r);
+  read_topic(ctx, r); /* fails on a record out of its key's order */
+  printf("stream open held 1.5 s: %d events written meanwhile, %d records for %d events, in key order\n", during,
+         r->records, ctx->n);
+  free(r);
+  obx_relay_stop(relay->group);
+  ctx_cleanup(ctx);
+  free(ctx);
+}
+
 /* How many of the relay's profiled operations `op` on outbox (with `must` in the filter, NULL:
  * any) there are, and how many of them lack partitionKey in their filter. Not counted: the
  * release of an earlier leadership's claims when the lease is taken (relay_claims_release,
@@ -452,6 +495,7 @@ int main(void) {
     cmocka_unit_test(test_first_scan_leaves_new_events_to_the_stream),
     cmocka_unit_test(test_dead_leaders_claims_keep_key_order),
     cmocka_unit_test(test_lease_lapse_in_first_scan_keeps_key_order),
+    cmocka_unit_test(test_slow_stream_open_keeps_key_order),
     cmocka_unit_test(test_writes_carry_the_shard_key),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
