@@ -8,19 +8,18 @@
  * operator's outboxctl needs no RELAY_BUCKETS of its own: the B of the live members'
  * heartbeats (relay_members.buckets), else the B of the newest bucket lease ("relay.<b>/<B>"),
  * else 1. With B = 1 the relay is the lease "relay" and the checkpoint "outbox"; with B > 1 each
- * bucket b has the lease "relay.<b>/<B>" and the checkpoint "outbox.<b>/<B>", and the status
- * lists every bucket's holder and checkpoint age, the oldest checkpoint standing for the
- * relay's, and a bucket without a live holder is degraded. */
+ * bucket b has the lease "relay.<b>/<B>" and the checkpoint "outbox.<b>/<B>" (the ids of
+ * obx_bucket.h), and the status lists every bucket's holder and checkpoint age, the oldest
+ * checkpoint standing for the relay's, and a bucket without a live holder is degraded. */
 #include <stdio.h>
 #include <string.h>
 
+#include "obx/obx_bucket.h"
 #include "obx/obx_inbox.h"
 #include "ops/ops_int.h"
 
-#define OPS_RELAY_LEASE_ID "relay"       /* leases._id of the relay (src/relay/relay_int.h) */
-#define OPS_RELAY_CHECKPOINT_ID "outbox" /* relay_checkpoints._id */
-#define OPS_LAG_DEGRADED_MS 60000        /* relay lag an operator must look at */
-#define OPS_MAX_BUCKETS 4096             /* above any RELAY_BUCKETS a deployment uses (obx_conf.h bounds it) */
+#define OPS_LAG_DEGRADED_MS 60000 /* relay lag an operator must look at */
+#define OPS_MAX_BUCKETS 4096      /* above any RELAY_BUCKETS a deployment uses (obx_conf.h bounds it) */
 
 
 static void append_age(bson_t *out, const char *at_field, const char *age_field, const bson_t *doc, const char *src,
@@ -53,11 +52,12 @@ static bool count_held_keys(mongoc_collection_t *outbox, int64_t *n, obx_err_t *
   return ok;
 }
 
-/* Copies each document of coll whose _id is `single` or starts with `prefix` into *docs (an array). */
-static bool read_ids(mongoc_collection_t *coll, const char *single, const char *prefix, bson_t *docs, obx_err_t *err) {
+/* Copies each document of coll whose _id is a bucket's id of that base (obx_bucket_id: the base
+ * itself, or "<base>." followed by anything) into *docs (an array). */
+static bool read_ids(mongoc_collection_t *coll, const char *base, bson_t *docs, obx_err_t *err) {
   char regex[64];
-  snprintf(regex, sizeof regex, "^%s\\.", prefix);
-  bson_t *filter = BCON_NEW("$or", "[", "{", "_id", BCON_UTF8(single), "}", "{", "_id", "{", "$regex", BCON_UTF8(regex), "}",
+  snprintf(regex, sizeof regex, "^%s\\.", base);
+  bson_t *filter = BCON_NEW("$or", "[", "{", "_id", BCON_UTF8(base), "}", "{", "_id", "{", "$regex", BCON_UTF8(regex), "}",
                             "}", "]");
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(coll, filter, NULL, NULL);
   const bson_t *doc, *reply = NULL;
@@ -69,14 +69,6 @@ static bool read_ids(mongoc_collection_t *coll, const char *single, const char *
   mongoc_cursor_destroy(cursor);
   bson_destroy(filter);
   return ok;
-}
-
-/* The bucket and B of a bucket id "<prefix>.<b>/<B>" (false for another id). */
-static bool bucket_of_id(const char *id, const char *prefix, int *b, int *nb) {
-  size_t len = strlen(prefix);
-  char tail;
-  return id && strncmp(id, prefix, len) == 0 && id[len] == '.' && sscanf(id + len + 1, "%d/%d%c", b, nb, &tail) == 2 &&
-         *nb > 1 && *nb <= OPS_MAX_BUCKETS && *b >= 0 && *b < *nb;
 }
 
 static int64_t date_of(const bson_t *doc, const char *field) {
@@ -103,7 +95,7 @@ static bool find_in(const bson_t *arr, const char *id, bson_t *out) {
 /* B, from the live members (members: their documents), else the newest bucket lease. */
 static int relay_buckets_of(const bson_t *members, const bson_t *leases) {
   bson_iter_t it, f;
-  int nb = 0, b;
+  int nb = 0;
   int64_t newest = -1;
   bson_iter_init(&it, members);
   while (!nb && bson_iter_next(&it))
@@ -116,10 +108,11 @@ static int relay_buckets_of(const bson_t *members, const bson_t *leases) {
     uint32_t len;
     const uint8_t *data;
     bson_t lease;
-    int lb;
+    int32_t b, lb;
     if (!BSON_ITER_HOLDS_DOCUMENT(&it)) continue;
     bson_iter_document(&it, &len, &data);
-    if (!bson_init_static(&lease, data, len) || !bucket_of_id(obx_mongo_doc_str(&lease, "_id"), OPS_RELAY_LEASE_ID, &b, &lb))
+    if (!bson_init_static(&lease, data, len) ||
+        !obx_bucket_id_parse(obx_mongo_doc_str(&lease, "_id"), OBX_BUCKET_LEASE_ID, &b, &lb) || lb > OPS_MAX_BUCKETS)
       continue;
     if (date_of(&lease, "expiresAt") > newest) {
       newest = date_of(&lease, "expiresAt");
@@ -148,14 +141,14 @@ static void append_holder(bson_t *out, const char *holder_field, const bson_t *l
 /* relay.buckets, relay.bucketHolders (B > 1) and the summary fields; *unheld: buckets without a live holder. */
 static void status_buckets(bson_t *relay, int nb, const bson_t *leases, const bson_t *ckpts, int64_t now, int *unheld) {
   bson_t arr, entry, lease, ckpt;
-  char id[64], idx[16];
+  char id[OBX_BUCKET_ID_LEN], idx[16];
   int64_t oldest_ckpt = INT64_MAX;
   bool every_ckpt = true;
   *unheld = 0;
   BSON_APPEND_INT32(relay, "buckets", nb);
   if (nb == 1) {
-    bool held, has_ckpt = find_in(ckpts, OPS_RELAY_CHECKPOINT_ID, &ckpt);
-    bool has_lease = find_in(leases, OPS_RELAY_LEASE_ID, &lease);
+    bool held, has_ckpt = find_in(ckpts, OBX_BUCKET_CHECKPOINT_ID, &ckpt);
+    bool has_lease = find_in(leases, OBX_BUCKET_LEASE_ID, &lease);
     append_holder(relay, "leader", &lease, has_lease, has_ckpt ? &ckpt : NULL, now, &held);
     *unheld = !held;
     return;
@@ -163,9 +156,9 @@ static void status_buckets(bson_t *relay, int nb, const bson_t *leases, const bs
   BSON_APPEND_ARRAY_BEGIN(relay, "bucketHolders", &arr);
   for (int b = 0; b < nb; b++) {
     bool held;
-    snprintf(id, sizeof id, "%s.%d/%d", OPS_RELAY_LEASE_ID, b, nb);
+    obx_bucket_id(id, sizeof id, OBX_BUCKET_LEASE_ID, b, nb);
     bool has_lease = find_in(leases, id, &lease);
-    snprintf(id, sizeof id, "%s.%d/%d", OPS_RELAY_CHECKPOINT_ID, b, nb);
+    obx_bucket_id(id, sizeof id, OBX_BUCKET_CHECKPOINT_ID, b, nb);
     bool has_ckpt = find_in(ckpts, id, &ckpt);
     snprintf(idx, sizeof idx, "%d", b);
     BSON_APPEND_DOCUMENT_BEGIN(&arr, idx, &entry);
@@ -235,8 +228,8 @@ static bool status_relay(const obx_ops_t *ops, mongoc_client_t *client, bson_t *
   mongoc_collection_t *outbox = obx_mongo_collection(ops->mongo, client, "outbox");
   bool has_oldest = false;
   bson_error_t berr;
-  bool ok = read_ids(leases, OPS_RELAY_LEASE_ID, OPS_RELAY_LEASE_ID, &leases_arr, err) &&
-            read_ids(ckpts, OPS_RELAY_CHECKPOINT_ID, OPS_RELAY_CHECKPOINT_ID, &ckpts_arr, err) &&
+  bool ok = read_ids(leases, OBX_BUCKET_LEASE_ID, &leases_arr, err) &&
+            read_ids(ckpts, OBX_BUCKET_CHECKPOINT_ID, &ckpts_arr, err) &&
             obx_mongo_find_one(outbox, due_q, sort, NULL, &oldest, &has_oldest, err);
   if (ok) {
     mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(members, live_q, by_owner, NULL);

@@ -867,13 +867,8 @@ obx_relay_t *relay_new(const obx_conf_t *conf, obx_mongo_t *mongo, const char *o
   snprintf(relay->owner, sizeof relay->owner, "%s", owner);
   relay->bucket = bucket;
   relay->nbuckets = (int32_t)conf->relay_buckets;
-  if (relay->nbuckets > 1) {
-    snprintf(relay->lease_id, sizeof relay->lease_id, "%s.%d/%d", RELAY_LEASE_ID, bucket, relay->nbuckets);
-    snprintf(relay->ckpt_id, sizeof relay->ckpt_id, "%s.%d/%d", RELAY_CHECKPOINT_ID, bucket, relay->nbuckets);
-  } else {
-    snprintf(relay->lease_id, sizeof relay->lease_id, "%s", RELAY_LEASE_ID);
-    snprintf(relay->ckpt_id, sizeof relay->ckpt_id, "%s", RELAY_CHECKPOINT_ID);
-  }
+  obx_bucket_id(relay->lease_id, sizeof relay->lease_id, OBX_BUCKET_LEASE_ID, bucket, relay->nbuckets);
+  obx_bucket_id(relay->ckpt_id, sizeof relay->ckpt_id, OBX_BUCKET_CHECKPOINT_ID, bucket, relay->nbuckets);
   relay_window_init(&relay->window, (size_t)conf->relay_max_inflight * 4 + 8);
   return relay; /* its producer is created when it leads the bucket (relay_lead_begin) */
 }

@@ -19,18 +19,13 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "obx/obx_bucket.h"
 #include "obx/obx_conf.h"
 #include "obx/obx_event.h"
 #include "obx/obx_http.h"
 #include "obx/obx_mongo.h"
 #include "obx/obx_relay.h"
 #include "obx/obx_trace.h"
-
-/* With one bucket (the default) the lease and checkpoint keep the ids of a relay before buckets;
- * with B buckets, bucket b's are "relay.<b>/<B>" and "outbox.<b>/<B>" (buckets.c). */
-#define RELAY_LEASE_ID "relay"
-#define RELAY_CHECKPOINT_ID "outbox"
-#define RELAY_ID_LEN 48
 
 typedef struct relay_group relay_group_t; /* buckets.c */
 
@@ -110,8 +105,8 @@ typedef struct obx_relay {
   bool poll_mode;
   relay_group_t *group; /* the group it belongs to (NULL: a relay a test builds by itself) */
   int32_t bucket, nbuckets;    /* this relay's bucket among RELAY_BUCKETS */
-  char lease_id[RELAY_ID_LEN]; /* leases._id of its bucket */
-  char ckpt_id[RELAY_ID_LEN];  /* relay_checkpoints._id of its bucket */
+  char lease_id[OBX_BUCKET_ID_LEN]; /* leases._id of its bucket (obx_bucket_id) */
+  char ckpt_id[OBX_BUCKET_ID_LEN];  /* relay_checkpoints._id of its bucket */
   atomic_bool allowed;  /* the group lets it hold its bucket (take the lease, or keep it) */
   atomic_int_fast64_t take_at_ms; /* the group saw another relay's lease of it expire then: try at once */
 

@@ -55,6 +55,33 @@ static void append_id(bson_t *doc, const char *field, const char *consumer, cons
   bson_append_document_end(doc, &id);
 }
 
+/* {field: {$in: [...]}} built in doc: in_begin, in_add for each value, in_end. */
+typedef struct {
+  bson_t *doc, cond, arr;
+  uint32_t n;
+} in_list_t;
+
+static void in_begin(in_list_t *in, bson_t *doc, const char *field) {
+  in->doc = doc;
+  in->n = 0;
+  BSON_APPEND_DOCUMENT_BEGIN(doc, field, &in->cond);
+  BSON_APPEND_ARRAY_BEGIN(&in->cond, "$in", &in->arr);
+}
+
+/* Appends the string v, or with a consumer the _id {consumer, <id_field>: v} (append_id). */
+static void in_add(in_list_t *in, const char *consumer, const char *id_field, const char *v) {
+  char idx[16];
+  const char *k;
+  bson_uint32_to_string(in->n++, &k, idx, sizeof idx);
+  if (consumer) append_id(&in->arr, k, consumer, id_field, v);
+  else BSON_APPEND_UTF8(&in->arr, k, v);
+}
+
+static void in_end(in_list_t *in) {
+  bson_append_array_end(&in->cond, &in->arr);
+  bson_append_document_end(in->doc, &in->cond);
+}
+
 static bool read_status(const bson_t *doc, obx_inbox_status_t *status) {
   bson_iter_t it;
   return bson_iter_init_find(&it, doc, "status") && BSON_ITER_HOLDS_UTF8(&it) &&
@@ -234,17 +261,10 @@ bool obx_inbox_claim_many(mongoc_client_t *client, const char *db, const obx_inb
 }
 
 static void append_status_in(bson_t *doc, const char *field, const obx_inbox_status_t *statuses, int n) {
-  bson_t in, arr;
-  BSON_APPEND_DOCUMENT_BEGIN(doc, field, &in);
-  BSON_APPEND_ARRAY_BEGIN(&in, "$in", &arr);
-  for (int i = 0; i < n; i++) {
-    char idx[16];
-    const char *k;
-    bson_uint32_to_string((uint32_t)i, &k, idx, sizeof idx);
-    BSON_APPEND_UTF8(&arr, k, obx_inbox_status_name(statuses[i]));
-  }
-  bson_append_array_end(&in, &arr);
-  bson_append_document_end(doc, &in);
+  in_list_t in;
+  in_begin(&in, doc, field);
+  for (int i = 0; i < n; i++) in_add(&in, NULL, NULL, obx_inbox_status_name(statuses[i]));
+  in_end(&in);
 }
 
 /* The claim condition of an owned status write (obx_inbox.h): {owner, $or: [{status: running,
@@ -364,17 +384,11 @@ bool obx_inbox_set_status_owned_many(mongoc_client_t *client, const char *db, mo
   if (ok && matched == n) {
     for (int i = 0; i < n; i++) written[i] = true;
   } else if (ok) { /* some compare-and-set did not hold: which, read back in the same transaction */
-    bson_t filter = BSON_INITIALIZER, in, arr;
-    BSON_APPEND_DOCUMENT_BEGIN(&filter, "_id", &in);
-    BSON_APPEND_ARRAY_BEGIN(&in, "$in", &arr);
-    for (int i = 0; i < n; i++) {
-      char idx[16];
-      const char *k;
-      bson_uint32_to_string((uint32_t)i, &k, idx, sizeof idx);
-      append_id(&arr, k, consumer, "eventId", outcomes[i].event_id);
-    }
-    bson_append_array_end(&in, &arr);
-    bson_append_document_end(&filter, &in);
+    bson_t filter = BSON_INITIALIZER;
+    in_list_t in;
+    in_begin(&in, &filter, "_id");
+    for (int i = 0; i < n; i++) in_add(&in, consumer, "eventId", outcomes[i].event_id);
+    in_end(&in);
     bson_t find_opts;
     ok = opts_with_session(&find_opts, session, err);
     mongoc_cursor_t *cursor = ok ? mongoc_collection_find_with_opts(c, &filter, &find_opts, NULL) : NULL;
@@ -527,18 +541,12 @@ static int id_cmp(const void *a, const void *b) { return strcmp(a, b); }
 bool obx_inbox_renew(mongoc_client_t *client, const char *db, const char *consumer, const char *owner,
                      const char (*event_ids)[OBX_UUID_LEN + 1], int n, int64_t lease_ms, bool *held, obx_err_t *err) {
   if (n == 0) return true;
-  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child, in, arr;
+  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child;
+  in_list_t in;
   BSON_APPEND_UTF8(&filter, "_id.consumer", consumer);
-  BSON_APPEND_DOCUMENT_BEGIN(&filter, "_id.eventId", &in);
-  BSON_APPEND_ARRAY_BEGIN(&in, "$in", &arr);
-  for (int i = 0; i < n; i++) {
-    char idx[16];
-    const char *k;
-    bson_uint32_to_string((uint32_t)i, &k, idx, sizeof idx);
-    BSON_APPEND_UTF8(&arr, k, event_ids[i]);
-  }
-  bson_append_array_end(&in, &arr);
-  bson_append_document_end(&filter, &in);
+  in_begin(&in, &filter, "_id.eventId");
+  for (int i = 0; i < n; i++) in_add(&in, NULL, NULL, event_ids[i]);
+  in_end(&in);
   BSON_APPEND_UTF8(&filter, "owner", owner);
   static const obx_inbox_status_t running[] = {OBX_INBOX_RECEIVED, OBX_INBOX_PROCESSING};
   append_status_in(&filter, "status", running, 2);
@@ -648,17 +656,11 @@ bool obx_inbox_keys_parked(mongoc_client_t *client, const char *db, const char *
                            int n, bool *parked, obx_err_t *err) {
   for (int i = 0; i < n; i++) parked[i] = false;
   if (n == 0) return true;
-  bson_t filter = BSON_INITIALIZER, in, arr;
-  BSON_APPEND_DOCUMENT_BEGIN(&filter, "_id", &in);
-  BSON_APPEND_ARRAY_BEGIN(&in, "$in", &arr);
-  for (int i = 0; i < n; i++) {
-    char idx[16];
-    const char *k;
-    bson_uint32_to_string((uint32_t)i, &k, idx, sizeof idx);
-    append_id(&arr, k, consumer, "key", keys[i]);
-  }
-  bson_append_array_end(&in, &arr);
-  bson_append_document_end(&filter, &in);
+  bson_t filter = BSON_INITIALIZER;
+  in_list_t in;
+  in_begin(&in, &filter, "_id");
+  for (int i = 0; i < n; i++) in_add(&in, consumer, "key", keys[i]);
+  in_end(&in);
   bson_t *opts = BCON_NEW("projection", "{", "_id", BCON_INT32(1), "}");
   mongoc_collection_t *c = coll(client, db, "parked_keys");
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(c, &filter, opts, NULL);
