@@ -100,6 +100,8 @@ bool obx_event_from_ce_json(obx_event_t *ev, const char *json, size_t len, obx_e
 void obx_time_format_rfc3339(int64_t ms, char out[32]);
 bool obx_time_parse_rfc3339(const char *s, int64_t *ms);
 int64_t obx_time_now_ms(void);
+/* Milliseconds of CLOCK_MONOTONIC: for intervals and deadlines, never a wall-clock time. */
+int64_t obx_time_mono_ms(void);
 /* The moment ms milliseconds from now on `clock` (CLOCK_REALTIME, or CLOCK_MONOTONIC for a
  * condition variable set to it), for pthread_cond_timedwait. */
 struct timespec obx_time_deadline(clockid_t clock, int64_t ms);

@@ -14,6 +14,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "obx/obx_event.h"
+
 typedef struct obx_health_loop obx_health_loop_t;
 struct obx_health_loop {
   char role[32], loop[48];
@@ -26,18 +28,12 @@ static pthread_mutex_t health_mu = PTHREAD_MUTEX_INITIALIZER;
 static obx_health_loop_t *health_loops;
 static __thread obx_health_loop_t *health_self; /* the calling thread's loop */
 
-static int64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 void obx_health_register(const char *role, const char *loop) {
   obx_health_loop_t *l = calloc(1, sizeof *l);
   if (!l) abort();
   snprintf(l->role, sizeof l->role, "%s", role);
   snprintf(l->loop, sizeof l->loop, "%s", loop);
-  atomic_store(&l->stamp_ms, mono_ms());
+  atomic_store(&l->stamp_ms, obx_time_mono_ms());
   atomic_store(&l->doing, "starting");
   pthread_mutex_lock(&health_mu);
   l->next = health_loops;
@@ -51,7 +47,7 @@ void obx_health_stamp(const char *doing) {
   obx_health_loop_t *l = health_self;
   if (!l) return;
   atomic_store(&l->doing, doing);
-  atomic_store(&l->stamp_ms, mono_ms());
+  atomic_store(&l->stamp_ms, obx_time_mono_ms());
 }
 
 void obx_health_idle(void) {
@@ -74,7 +70,7 @@ void obx_health_unregister(void) {
 }
 
 int obx_health_stalls(int64_t bound_ms, obx_health_stall_t *out, int max) {
-  int64_t now = mono_ms();
+  int64_t now = obx_time_mono_ms();
   int n = 0;
   pthread_mutex_lock(&health_mu);
   for (obx_health_loop_t *l = health_loops; l; l = l->next) {

@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "obx/obx_event.h"
 #include "obx/obx_log.h"
 #include "obx/obx_metrics.h"
 
@@ -54,12 +55,6 @@ struct obx_mongo {
   int64_t request_ms;         /* the request deadline of a request pool; 0: none */
   obx_counter_t *txns, *txn_reruns; /* process-wide, registered in obx_mongo_new */
 };
-
-static int64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* Sets a timeout option of uri to at most max_ms (a smaller value in the URI stays). */
 static void uri_cap(mongoc_uri_t *uri, const char *option, int64_t max_ms, int32_t fallback_ms) {
@@ -178,11 +173,11 @@ const char *obx_mongo_doc_str(const bson_t *doc, const char *path) {
 }
 
 int64_t obx_mongo_deadline(const obx_mongo_t *mongo) {
-  return mono_ms() + (mongo->request_ms ? mongo->request_ms : OBX_MONGO_TXN_LIMIT_MS);
+  return obx_time_mono_ms() + (mongo->request_ms ? mongo->request_ms : OBX_MONGO_TXN_LIMIT_MS);
 }
 
 void obx_mongo_append_max_time(bson_t *opts, int64_t deadline_ms) {
-  int64_t left = deadline_ms - mono_ms();
+  int64_t left = deadline_ms - obx_time_mono_ms();
   BSON_APPEND_INT64(opts, "maxTimeMS", left > 1 ? left : 1);
 }
 
@@ -213,13 +208,13 @@ bool obx_mongo_transaction_by(obx_mongo_t *mongo, int64_t deadline_ms, obx_mongo
   }
   for (bool again = true; again;) {
     again = false;
-    if (mono_ms() >= deadline_ms) {
+    if (obx_time_mono_ms() >= deadline_ms) {
       if (runs == 0) txn_past_deadline(&failure, mongo, "before it started");
       break; /* failure holds the last run's error */
     }
     runs++;
     /* maxCommitTimeMS: mongo.commit_timeout, or the time left when that is less */
-    int64_t left = deadline_ms - mono_ms();
+    int64_t left = deadline_ms - obx_time_mono_ms();
     mongoc_transaction_opts_set_max_commit_time_ms(topts, left < mongo->commit_timeout_ms ? left : mongo->commit_timeout_ms);
     if (!mongoc_client_session_start_transaction(session, topts, &berr)) {
       obx_err_from_bson(&failure, &berr, NULL);
@@ -233,7 +228,7 @@ bool obx_mongo_transaction_by(obx_mongo_t *mongo, int64_t deadline_ms, obx_mongo
       continue;
     }
     for (;;) { /* commit */
-      if (mono_ms() >= deadline_ms) {
+      if (obx_time_mono_ms() >= deadline_ms) {
         mongoc_client_session_abort_transaction(session, NULL);
         txn_past_deadline(&failure, mongo, "before its commit");
         break;
@@ -246,7 +241,7 @@ bool obx_mongo_transaction_by(obx_mongo_t *mongo, int64_t deadline_ms, obx_mongo
       again = !ok && !unknown && mongoc_error_has_label(&reply, "TransientTransactionError");
       bson_destroy(&reply);
       if (ok || !unknown) break;
-      if (mono_ms() >= deadline_ms) { /* sent, outcome unknown: an Idempotency-Key makes the retry safe */
+      if (obx_time_mono_ms() >= deadline_ms) { /* sent, outcome unknown: an Idempotency-Key makes the retry safe */
         obx_err_set(&failure, OBX_ERR_MONGO, OBX_MONGO_MAX_TIME_EXPIRED, true,
                     "commit outcome unknown at the deadline (retry with the same Idempotency-Key): %s", berr.message);
         break;

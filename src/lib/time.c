@@ -16,6 +16,12 @@ int64_t obx_time_now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+int64_t obx_time_mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 struct timespec obx_time_deadline(clockid_t clock, int64_t ms) {
   struct timespec ts;
   clock_gettime(clock, &ts);

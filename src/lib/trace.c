@@ -633,12 +633,6 @@ void obx_span_end(obx_span_t *span) {
 
 #define EXPORT_PROBE_MS 1000
 
-static int64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static size_t discard_body(char *ptr, size_t size, size_t nmemb, void *userdata) { return size * nmemb; }
 
 /* POSTs one batch; true when the collector answered 2xx. */
@@ -681,7 +675,7 @@ static void *exporter_main(void *arg) {
       struct timespec ts = obx_time_deadline(CLOCK_MONOTONIC, g_exp.opts.schedule_delay_ms);
       pthread_cond_timedwait(&g_exp.cond, &g_exp.mutex, &ts);
     }
-    if (g_exp.stopping && !final_deadline) final_deadline = mono_ms() + g_exp.opts.timeout_ms;
+    if (g_exp.stopping && !final_deadline) final_deadline = obx_time_mono_ms() + g_exp.opts.timeout_ms;
     int n = 0;
     while (g_exp.head && n < g_exp.opts.max_batch) {
       batch[n++] = g_exp.head;
@@ -694,7 +688,7 @@ static void *exporter_main(void *arg) {
 
     if (n) {
       char why[256] = "";
-      int64_t now = mono_ms();
+      int64_t now = obx_time_mono_ms();
       bool late = final_deadline && now > final_deadline, skip = late || (away && now < next_probe);
       if (late) snprintf(why, sizeof why, "stopping: out of time");
       if (!skip && export_batch(curl, batch, n, why, sizeof why)) {
@@ -705,7 +699,7 @@ static void *exporter_main(void *arg) {
       } else {
         count_dropped("export_failed", n);
         if (!away) obx_warn("trace export to %s failed (%s): spans are dropped until it answers", g_exp.url, why);
-        if (!skip) next_probe = mono_ms() + EXPORT_PROBE_MS;
+        if (!skip) next_probe = obx_time_mono_ms() + EXPORT_PROBE_MS;
         away = true;
       }
       for (int i = 0; i < n; i++) span_free(batch[i]);

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "obx/obx_event.h"
 #include "obx/obx_amqp.h"
 #include "obx/obx_health.h"
 #include "obx/obx_log.h"
@@ -60,16 +61,10 @@ static void metrics_register(void) {
                                        "Parking-lot messages written to dead_letters", NULL);
 }
 
-static int64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Sleeps up to ms unless stopping; false when stopping. */
 static bool nap(obx_ops_drain_t *d, int64_t ms) {
-  for (int64_t end = mono_ms() + ms; !atomic_load(&d->stop);) {
-    int64_t left = end - mono_ms();
+  for (int64_t end = obx_time_mono_ms() + ms; !atomic_load(&d->stop);) {
+    int64_t left = end - obx_time_mono_ms();
     if (left <= 0) return true;
     struct timespec ts = {0, (left > 50 ? 50 : left) * 1000000};
     nanosleep(&ts, NULL);
@@ -182,10 +177,10 @@ static void *drain_main(void *p) {
   obx_health_register("worker", "dlq drain"); /* /healthz: the loop goes round (obx_health.h) */
   while (!atomic_load(&d->stop)) {
     obx_health_stamp("receiving dead letters");
-    if (mono_ms() >= next_gauges) {
+    if (obx_time_mono_ms() >= next_gauges) {
       obx_ladder_tick(d->ladder);
       refresh_gauges(d);
-      next_gauges = mono_ms() + DRAIN_GAUGE_MS;
+      next_gauges = obx_time_mono_ms() + DRAIN_GAUGE_MS;
     }
     obx_envelope_t msg;
     obx_envelope_init(&msg);

@@ -25,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "obx/obx_event.h"
 #include "obx/obx_metrics.h"
 #include "obx/obx_trace.h"
 
@@ -93,12 +94,6 @@ const char *obx_failure_class_name(obx_failure_class_t fclass) {
   return NULL;
 }
 
-static int64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static obx_failure_class_t class_of(const obx_err_t *err) {
   return err->retriable ? OBX_FAILURE_TRANSIENT : OBX_FAILURE_TERMINAL;
 }
@@ -161,7 +156,7 @@ static const char *step_end(obx_pipeline_run_t *run, int n, bool ok, const char 
   else obx_span_set_error(run->step_span, err->msg);
   obx_span_end(run->step_span);
   run->step_span = NULL;
-  int64_t duration = mono_ms() - run->step_t0;
+  int64_t duration = obx_time_mono_ms() - run->step_t0;
   assert(!ok || outcome); /* a node type that succeeds names its outcome */
 
   char key[16];
@@ -204,7 +199,7 @@ static const char *step_begin(obx_pipeline_run_t *run, int n, obx_err_t *err) {
   run->ctx.node = node;
   run->step_node = n;
   run->step_started_at = obx_time_now_ms();
-  run->step_t0 = mono_ms();
+  run->step_t0 = obx_time_mono_ms();
   bson_t rendered = BSON_INITIALIZER, output = BSON_INITIALIZER;
   const char *outcome = NULL;
   obx_err_clear(err);
@@ -274,7 +269,7 @@ static void run_end(obx_pipeline_run_t *run) {
   append_str_or_null(doc, "failureClass", obx_failure_class_name(run->failure_class));
   append_str_or_null(doc, "error", run->status == OBX_PIPELINE_FAILED ? run->err.msg : NULL);
   BSON_APPEND_DATE_TIME(doc, "startedAt", run->started_at);
-  int64_t duration = mono_ms() - run->t0;
+  int64_t duration = obx_time_mono_ms() - run->t0;
   BSON_APPEND_DATE_TIME(doc, "finishedAt", obx_time_now_ms());
   BSON_APPEND_INT64(doc, "durationMs", duration);
   BSON_APPEND_ARRAY(doc, "steps", &run->steps);
@@ -334,7 +329,7 @@ obx_pipeline_run_t *obx_pipeline_start(const obx_pipeline_t *pipeline, const obx
   run->ctx = (obx_node_ctx_t){.pipeline = pipeline, .input = &run->input, .egress = egress, .run = run,
                               .steps = &run->outputs};
   run->started_at = obx_time_now_ms();
-  run->t0 = mono_ms();
+  run->t0 = obx_time_mono_ms();
 
   char span_name[200];
   snprintf(span_name, sizeof span_name, "pipeline %s", run->trigger ? run->trigger : "none");

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "obx/obx_event.h"
 #include "obx/obx_mongo.h"
 
 /* Bumped after every write of a pipeline by this process: cache entries of older generations are stale. */
@@ -382,12 +383,6 @@ struct obx_pipeline_cache {
   int n;
 };
 
-static int64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 obx_pipeline_cache_t *obx_pipeline_cache_new(int64_t ttl_ms) {
   obx_pipeline_cache_t *cache = calloc(1, sizeof *cache);
   cache->ttl_ms = ttl_ms;
@@ -446,7 +441,7 @@ bool obx_pipeline_cache_find_enabled(obx_pipeline_cache_t *cache, mongoc_client_
                                      const char *org_id, const char *trigger, obx_pipeline_t **out, obx_err_t *err) {
   if (cache->ttl_ms <= 0) return obx_pipeline_store_find_enabled(client, db, NULL, org_id, trigger, out, err);
   uint_fast64_t generation = atomic_load(&store_generation); /* before the query: see the DESIGN note */
-  int64_t now = mono_ms();
+  int64_t now = obx_time_mono_ms();
   pthread_mutex_lock(&cache->mu);
   cache_entry_t *e = cache_find(cache, org_id, trigger);
   bool hit = e && e->generation == generation && now < e->expires_ms;

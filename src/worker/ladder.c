@@ -135,9 +135,9 @@ bool ladder_publish_confirmed(conn_t *c, const names_t *n, const char *exchange,
 
   /* Await basic.ack/nack for seq; a basic.return (unroutable) precedes the ack. */
   bool returned = false;
-  int64_t deadline = ladder_mono_ms() + n->confirm_timeout_ms;
+  int64_t deadline = obx_time_mono_ms() + n->confirm_timeout_ms;
   for (;;) {
-    int64_t left = deadline - ladder_mono_ms();
+    int64_t left = deadline - obx_time_mono_ms();
     if (left <= 0) {
       obx_err_set(err, OBX_ERR_AMQP, AMQP_STATUS_TIMEOUT, true, "no publisher confirm from RabbitMQ within %d ms",
                   n->confirm_timeout_ms);
@@ -247,9 +247,9 @@ void obx_ladder_tick(obx_ladder_t *ladder) {
   pthread_mutex_lock(&ladder->mu);
   if (!ladder->c.conn) {
     obx_err_t err = OBX_ERR_INIT;
-    if (ladder_mono_ms() >= ladder->c.next_try_ms && !ladder_open(ladder, &err) &&
-        ladder_mono_ms() - ladder->last_warn_ms >= 30000) {
-      ladder->last_warn_ms = ladder_mono_ms();
+    if (obx_time_mono_ms() >= ladder->c.next_try_ms && !ladder_open(ladder, &err) &&
+        obx_time_mono_ms() - ladder->last_warn_ms >= 30000) {
+      ladder->last_warn_ms = obx_time_mono_ms();
       obx_warn("RabbitMQ unavailable (%s); retrying in the background", err.msg);
     }
   } else {

@@ -19,12 +19,6 @@
 #include "obx/obx_log.h"
 #include "ladder_int.h"
 
-int64_t ladder_mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static char *fmt_name(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static char *fmt_name(const char *fmt, ...) {
   va_list ap;
@@ -81,7 +75,7 @@ bool ladder_rpc_ok(amqp_connection_state_t conn, const char *what, obx_err_t *er
 
 /* The next connection attempt waits backoff_ms, which doubles up to BACKOFF_MAX_MS. */
 static void arm_backoff(conn_t *c) {
-  c->next_try_ms = ladder_mono_ms() + c->backoff_ms;
+  c->next_try_ms = obx_time_mono_ms() + c->backoff_ms;
   c->backoff_ms = c->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : c->backoff_ms * 2;
 }
 
@@ -184,7 +178,7 @@ static bool declare_topology(amqp_connection_state_t conn, const names_t *n, obx
 /* Opens the connection, channel 1, and declares the topology. Respects the backoff. */
 bool ladder_conn_open(conn_t *c, const names_t *n, const char *name, obx_err_t *err) {
   if (c->conn) return true;
-  int64_t now = ladder_mono_ms();
+  int64_t now = obx_time_mono_ms();
   if (now < c->next_try_ms) {
     obx_err_set(err, OBX_ERR_AMQP, AMQP_STATUS_SOCKET_ERROR, true, "RabbitMQ unavailable, next attempt in %" PRId64 " ms",
                 c->next_try_ms - now);

@@ -45,7 +45,6 @@ struct obx_ladder {
 };
 
 /* ---- connections (ladder_conn.c) ------------------------------------------------------------ */
-int64_t ladder_mono_ms(void);
 bool ladder_names_init(names_t *n, const obx_ladder_opts_t *opts, obx_err_t *err);
 void ladder_names_cleanup(names_t *n);
 /* True when the last RPC on conn succeeded; else err from its reply. */

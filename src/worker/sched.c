@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "obx/obx_event.h"
 #include "obx/obx_health.h"
 #include "obx/obx_log.h"
 #include "worker_int.h"
@@ -83,12 +84,6 @@ static keyq_t *find(worker_sched_t *s, const char *key, size_t len, bool create)
   return q;
 }
 
-static int64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Takes q off the deferred list (its head may run as soon as a runner is free). */
 static void undefer(worker_sched_t *s, keyq_t *q) {
   if (!q->wake_at) return;
@@ -120,7 +115,7 @@ static void make_ready(worker_sched_t *s, keyq_t *q) {
 /* The next job for a runner: a continuation first (its key is running already), then the head of
  * a ready key (not once stopping: queued jobs are left). NULL when there is none. */
 static worker_job_t *next_job(worker_sched_t *s) {
-  for (int64_t now = mono_ms(); s->deferred && s->deferred->wake_at <= now;) { /* their wait is up */
+  for (int64_t now = obx_time_mono_ms(); s->deferred && s->deferred->wake_at <= now;) { /* their wait is up */
     keyq_t *d = s->deferred;
     undefer(s, d);
     make_ready(s, d);
@@ -261,7 +256,7 @@ void worker_sched_defer(worker_sched_t *s, worker_job_t *job, int64_t wait_ms) {
   if (!q->tail) q->tail = job;
   q->n++;
   q->running = false;
-  q->wake_at = mono_ms() + (wait_ms > 0 ? wait_ms : 0);
+  q->wake_at = obx_time_mono_ms() + (wait_ms > 0 ? wait_ms : 0);
   keyq_t **link = &s->deferred; /* soonest first */
   while (*link && (*link)->wake_at <= q->wake_at) link = &(*link)->next_deferred;
   q->next_deferred = *link;
