@@ -73,10 +73,11 @@ static void kafka_commit_done(obx_worker_t *w, bool sync) {
  * record waiting is held. A held partition is simply not read: what librdkafka prefetched for it
  * stays in its queue (fetching stops once the queue holds queued.max.messages.kbytes or
  * queued.min.messages), nothing is dropped or fetched again, and reading goes on the moment the
- * key is half drained and the worker under three quarters of the bound (the runners' completions
- * wake the thread, worker_kafka_wake). Never rd_kafka_pause_partitions: a pause drops the
- * prefetched records and the resume fetches them again (about 1 s against kafka-mockd, about
- * fetch.wait.max.ms against a broker). Polls, rebalances and commits go on meanwhile. */
+ * key is half drained and the worker under the bound (the runners' completions wake the thread,
+ * worker_kafka_wake; reading a held partition again costs nothing, so each free slot is filled).
+ * Never rd_kafka_pause_partitions: a pause drops the prefetched records and the resume fetches
+ * them again (about 1 s against kafka-mockd, about fetch.wait.max.ms against a broker). Polls,
+ * rebalances and commits go on meanwhile. */
 
 #define READ_TURN 64 /* records read from one partition before the next one's turn */
 
@@ -97,12 +98,11 @@ static void intake_hold(obx_worker_t *w, intake_part_t *p, intake_hold_t why, co
   worker_set_paused_gauge(w);
 }
 
-/* Reads the held partitions again whose key is half drained, once the worker is under three
- * quarters of the bound. */
+/* Reads the held partitions again whose key is half drained, once the worker is under the bound. */
 static void intake_release(obx_worker_t *w) {
   if (!w->nheld && w->intake_inflight < w->max_inflight) return;
   int inflight = w->intake_inflight = worker_sched_inflight(w->sched);
-  if (inflight > w->max_inflight * 3 / 4) return;
+  if (inflight >= w->max_inflight) return;
   for (int i = 0; i < w->nparts; i++) {
     intake_part_t *p = &w->parts[i];
     if (p->hold == INTAKE_READING) continue;

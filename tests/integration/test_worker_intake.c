@@ -234,10 +234,64 @@ static void test_bound_holds_the_partitions_with_records_waiting(void **state) {
   for (int i = 0; i < NBOUND; i++) obx_event_cleanup(&ev[i]);
 }
 
+/* A partition held at the bound is read again as soon as the worker is under it: with
+ * WORKER_MAX_INFLIGHT 20, 20 events in flight (one call of 1.5 s, 19 of 6 s) and 20 more
+ * events held, the short call's end lets exactly one held event in while the 19 still run
+ * (before, the intake waited for three quarters of the bound, here 5 more ends, and the 20th
+ * slot stayed empty until the slow calls ended). */
+#define REFILL_SHORT_MS 1500
+#define REFILL_SLOW_MS 6000
+
+static void test_bound_refills_as_each_event_ends(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  char bound[16];
+  snprintf(bound, sizeof bound, "%d", BOUND);
+  wt_conf_set(fx, "worker.max_inflight", bound);
+  wt_conf_set(fx, "kafka.statistics.interval.ms", "100");
+  wt_conf_set(fx, "egress.timeout", "20s"); /* above the slow calls */
+  int before = obx_test_httpd_nrequests(fx->httpd);
+  wt_start_worker(fx);
+  obx_event_t ev[NBOUND];
+  char num[32];
+  for (int i = 0; i < NBOUND; i++) {
+    snprintf(num, sizeof num, "R-%d", i);
+    wt_event(&ev[i], "OrderConfirmed", num, num);
+    wt_route_delay(fx, num, 200, i == 0 ? REFILL_SHORT_MS : REFILL_SLOW_MS);
+  }
+  for (int i = 0; i < BOUND; i++) produce_async(fx, &ev[i]); /* the bound's first 20, R-0 among them */
+  if (rd_kafka_flush(fx->producer, 20000)) fail_msg("produce: flush timed out");
+  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
+  while (obx_test_httpd_nrequests(fx->httpd) - before < BOUND && obx_test_now_ms() < deadline) usleep(10000);
+  for (int i = BOUND; i < NBOUND; i++) produce_async(fx, &ev[i]);
+  if (rd_kafka_flush(fx->producer, 20000)) fail_msg("produce: flush timed out");
+  obx_worker_stats_t s;
+  fresh_kafka_stats(fx, &s);
+  int calls = obx_test_httpd_nrequests(fx->httpd) - before;
+  print_message("before R-0 ends: calls %d, in flight %lld, partitions held %lld, prefetched %lld\n", calls,
+                (long long)s.in_flight, (long long)s.paused_partitions, (long long)s.prefetched_records);
+  if (calls != BOUND || s.paused_partitions < 1 || s.prefetched_records != NBOUND - BOUND)
+    fail_msg("R-0 ended before the other 20 events were held (calls %d): the machine was too slow for this test",
+             calls);
+  wt_wait_status(fx, ev[0].id, "DONE");
+  int64_t ended = obx_test_now_ms();
+  deadline = ended + 2000; /* the slow calls end more than 4 s after R-0 */
+  while (obx_test_httpd_nrequests(fx->httpd) - before < BOUND + 1 && obx_test_now_ms() < deadline) usleep(10000);
+  calls = obx_test_httpd_nrequests(fx->httpd) - before;
+  obx_worker_stats(fx->worker, &s);
+  print_message("%d calls started %lld ms after R-0 ended (19 slow ones still running); in flight %lld\n", calls,
+                (long long)(obx_test_now_ms() - ended), (long long)s.in_flight);
+  assert_int_equal(calls, BOUND + 1);
+  assert_int_equal(s.in_flight, BOUND);
+  for (int i = 0; i < NBOUND; i++) wt_wait_status(fx, ev[i].id, "DONE");
+  for (int i = 0; i < NBOUND; i++) obx_event_cleanup(&ev[i]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_hung_key_holds_only_its_partition, setup, teardown),
     cmocka_unit_test_setup_teardown(test_bound_holds_the_partitions_with_records_waiting, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_bound_refills_as_each_event_ends, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
