@@ -1,4 +1,4 @@
-/* obx_mongo.h - the MongoDB client pool, transactions and readiness ping
+/* obx_mongo.h - the MongoDB client pool, transactions, readiness ping and cursor endings
  *
  * DESIGN: one obx_mongo_t per role (or per process) wraps a mongoc_client_pool_t built from
  * MONGO_URI (appname "outboxd", driver logs routed into ours, serverSelectionTimeoutMS 5000
@@ -21,7 +21,8 @@
  * Idempotency-Key turns into a safe retry. The wrapper counts transactions in
  * /metrics: outboxd_mongo_transactions_total{result="committed"|"conflict"|"failed"} (conflict:
  * the transaction failed on a duplicate key, the expected loser of a race on a unique index) and
- * outboxd_mongo_transaction_retries_total (extra runs of the body). Thread-safe. */
+ * outboxd_mongo_transaction_retries_total (extra runs of the body). Every read through a cursor
+ * ends in obx_mongo_cursor_end (its error, if any, wrapped once). Thread-safe. */
 #ifndef OBX_MONGO_H
 #define OBX_MONGO_H
 
@@ -75,6 +76,12 @@ mongoc_collection_t *obx_mongo_collection(obx_mongo_t *mongo, mongoc_client_t *c
  * obx_err_from_bson. */
 bool obx_mongo_find_one(mongoc_collection_t *collection, const bson_t *filter, const bson_t *sort,
                         mongoc_client_session_t *session, bson_t *out, bool *found, obx_err_t *err);
+
+/* Ends the reading of a cursor, after its mongoc_cursor_next loop: destroys it and returns false
+ * when it failed, with err set by obx_err_from_bson from its error and the server's reply (whose
+ * error labels make it retriable); err may be NULL (the error is dropped: the caller already
+ * holds one). A NULL cursor is no read at all: true. */
+bool obx_mongo_cursor_end(mongoc_cursor_t *cursor, obx_err_t *err);
 
 /* The string at a dotted path of doc ("_id.eventId"); NULL when absent or not a string.
  * Borrowed from doc. */

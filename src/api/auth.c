@@ -288,10 +288,8 @@ static bool auth_refresh(obx_auth_t *auth, obx_err_t *err) {
     entries[n] = (obx_auth_entry_t){strdup(hash), strdup(org), perms[n], name ? strdup(name) : NULL};
     n++;
   }
-  bson_error_t berr;
-  bool ok = !mongoc_cursor_error(cursor, &berr);
+  bool ok = obx_mongo_cursor_end(cursor, err);
   if (ok) obx_auth_set_db_keys(auth, entries, n);
-  else obx_err_from_bson(err, &berr, NULL);
   for (int i = 0; i < n; i++) {
     free((char *)entries[i].hash);
     free((char *)entries[i].org_id);
@@ -300,7 +298,6 @@ static bool auth_refresh(obx_auth_t *auth, obx_err_t *err) {
   }
   free(entries);
   free(perms);
-  mongoc_cursor_destroy(cursor);
   bson_destroy(filter);
   mongoc_collection_destroy(coll);
   obx_mongo_push(auth->mongo, client);

@@ -530,12 +530,9 @@ static bool find_by_idempotency_key(obx_api_t *api, const char *org, const char 
   mongoc_read_prefs_t *prefs = mongoc_read_prefs_new(MONGOC_READ_PRIMARY);
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(orders, &filter, &opts, prefs);
   const bson_t *doc;
-  bson_error_t berr;
   *found = mongoc_cursor_next(cursor, &doc);
   if (*found) bson_copy_to(doc, order);
-  bool ok = !mongoc_cursor_error(cursor, &berr);
-  if (!ok) obx_err_from_bson(err, &berr, NULL);
-  mongoc_cursor_destroy(cursor);
+  bool ok = obx_mongo_cursor_end(cursor, err);
   mongoc_read_prefs_destroy(prefs);
   bson_destroy(&opts);
   bson_destroy(&filter);
@@ -754,22 +751,19 @@ static void orders_get(obx_http_req_t *req, obx_http_resp_t *resp, void *ctx) {
   obx_mongo_append_max_time(&opts, obx_mongo_deadline(api->mongo));
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(orders, &filter, &opts, NULL);
   const bson_t *doc;
-  bson_error_t berr;
   obx_err_t err = OBX_ERR_INIT;
-  if (mongoc_cursor_next(cursor, &doc)) {
+  bool found = mongoc_cursor_next(cursor, &doc);
+  if (found) {
     bson_t view = BSON_INITIALIZER;
     bson_iter_t it;
     bson_iter_init(&it, doc);
     while (bson_iter_next(&it)) append_view(&view, strcmp(bson_iter_key(&it), "_id") ? bson_iter_key(&it) : "id", &it);
     obx_http_reply_bson(resp, 200, &view);
     bson_destroy(&view);
-  } else if (mongoc_cursor_error(cursor, &berr)) {
-    obx_err_from_bson(&err, &berr, NULL);
-    obx_http_reply_err(resp, &err);
-  } else {
-    obx_http_reply_problem(resp, 404, "Not found", "no such order", NULL);
   }
-  mongoc_cursor_destroy(cursor);
+  bool read = obx_mongo_cursor_end(cursor, &err);
+  if (!found && !read) obx_http_reply_err(resp, &err);
+  else if (!found) obx_http_reply_problem(resp, 404, "Not found", "no such order", NULL);
   bson_destroy(&opts);
   bson_destroy(&filter);
   mongoc_collection_destroy(orders);

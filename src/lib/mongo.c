@@ -1,4 +1,4 @@
-/* mongo.c - the MongoDB client pool, transactions and readiness ping
+/* mongo.c - the MongoDB client pool, transactions, readiness ping and cursor endings
  *
  * DESIGN: a thin layer over mongoc_client_pool_t (see obx_mongo.h). mongoc_init runs once per
  * process (pthread_once); driver logs go through obx_log_route_mongoc. The pool connects
@@ -153,16 +153,25 @@ bool obx_mongo_find_one(mongoc_collection_t *collection, const bson_t *filter, c
   if (sort) BSON_APPEND_DOCUMENT(&opts, "sort", sort);
   bool ok = !session || mongoc_client_session_append(session, &opts, &berr);
   mongoc_cursor_t *cursor = ok ? mongoc_collection_find_with_opts(collection, filter, &opts, NULL) : NULL;
-  const bson_t *doc, *reply = NULL;
+  const bson_t *doc;
   *found = false;
   if (ok && mongoc_cursor_next(cursor, &doc)) {
     bson_concat(out, doc);
     *found = true;
   }
-  if (cursor && mongoc_cursor_error_document(cursor, &berr, &reply)) ok = false;
-  if (!ok) obx_err_from_bson(err, &berr, reply);
-  mongoc_cursor_destroy(cursor);
+  if (!ok) obx_err_from_bson(err, &berr, NULL);
+  ok = obx_mongo_cursor_end(cursor, err) && ok;
   bson_destroy(&opts);
+  return ok;
+}
+
+bool obx_mongo_cursor_end(mongoc_cursor_t *cursor, obx_err_t *err) {
+  if (!cursor) return true;
+  bson_error_t berr;
+  const bson_t *reply = NULL;
+  bool ok = !mongoc_cursor_error_document(cursor, &berr, &reply);
+  if (!ok) obx_err_from_bson(err, &berr, reply); /* reply is the cursor's: read before it goes */
+  mongoc_cursor_destroy(cursor);
   return ok;
 }
 

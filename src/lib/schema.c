@@ -247,20 +247,15 @@ static bool ensure_collection(mongoc_database_t *db, const char *name, obx_err_t
 /* Copies the existing index definitions of `coll` into *have (an array document). */
 static bool list_indexes(mongoc_collection_t *coll, bson_t *have, obx_err_t *err) {
   mongoc_cursor_t *cursor = mongoc_collection_find_indexes_with_opts(coll, NULL);
-  const bson_t *index, *reply = NULL;
-  bson_error_t berr;
+  const bson_t *index;
   char key[16];
   int i = 0;
   while (mongoc_cursor_next(cursor, &index)) {
     snprintf(key, sizeof key, "%d", i++);
     BSON_APPEND_DOCUMENT(have, key, index);
   }
-  bool ok = !mongoc_cursor_error_document(cursor, &berr, &reply);
-  if (!ok) {
-    obx_err_from_bson(err, &berr, reply);
-    obx_err_prefix(err, "listIndexes %s", mongoc_collection_get_name(coll));
-  }
-  mongoc_cursor_destroy(cursor);
+  bool ok = obx_mongo_cursor_end(cursor, err);
+  if (!ok) obx_err_prefix(err, "listIndexes %s", mongoc_collection_get_name(coll));
   return ok;
 }
 

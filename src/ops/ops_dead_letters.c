@@ -242,11 +242,7 @@ static bool dl_snapshot(const obx_ops_t *ops, const bson_t *filter, const bson_t
     const char *id = obx_mongo_doc_str(doc, "_id");
     if (id) ids_add(ids, id);
   }
-  bson_error_t berr;
-  const bson_t *reply = NULL;
-  bool ok = !mongoc_cursor_error_document(cursor, &berr, &reply);
-  if (!ok) obx_err_from_bson(err, &berr, reply);
-  mongoc_cursor_destroy(cursor);
+  bool ok = obx_mongo_cursor_end(cursor, err);
   mongoc_collection_destroy(c);
   obx_mongo_push(ops->mongo, client);
   bson_destroy(opts);
@@ -573,13 +569,7 @@ bool obx_ops_dl_export(const obx_ops_t *ops, const obx_ops_dl_filter_t *f, obx_o
       ok = false;
     }
   }
-  bson_error_t berr;
-  const bson_t *reply = NULL;
-  if (ok && mongoc_cursor_error_document(cursor, &berr, &reply)) {
-    obx_err_from_bson(err, &berr, reply);
-    ok = false;
-  }
-  mongoc_cursor_destroy(cursor);
+  ok = obx_mongo_cursor_end(cursor, ok ? err : NULL) && ok; /* a failed export keeps its own error */
   mongoc_collection_destroy(c);
   obx_mongo_push(ops->mongo, client);
   *count = ids.n;

@@ -57,13 +57,7 @@ bool obx_ops_inbox_get(const obx_ops_t *ops, const char *org, const char *event_
     BSON_APPEND_ARRAY_BEGIN(out, "executions", &execs);
     while (mongoc_cursor_next(cursor, &exec)) ops_array_doc(&execs, n++, exec);
     bson_append_array_end(out, &execs);
-    bson_error_t berr;
-    const bson_t *reply = NULL;
-    if (mongoc_cursor_error_document(cursor, &berr, &reply)) {
-      obx_err_from_bson(err, &berr, reply);
-      ok = false;
-    }
-    mongoc_cursor_destroy(cursor);
+    ok = obx_mongo_cursor_end(cursor, err);
     mongoc_collection_destroy(c);
     bson_destroy(opts);
     bson_destroy(filter);
@@ -143,14 +137,9 @@ bool obx_ops_inbox_replay(const obx_ops_t *ops, const obx_ops_replay_filter_t *f
     done++;
     if (progress) progress(ctx, done, total > done ? total : done);
   }
-  const bson_t *reply = NULL;
-  if (ok && cursor && mongoc_cursor_error_document(cursor, &berr, &reply)) {
-    obx_err_from_bson(err, &berr, reply);
-    ok = false;
-  }
+  ok = obx_mongo_cursor_end(cursor, ok ? err : NULL) && ok; /* a failed publish keeps its own error */
   bson_append_array_end(out, &events);
   bson_append_array_end(&details, &ids);
-  mongoc_cursor_destroy(cursor);
   mongoc_collection_destroy(c);
   obx_mongo_push(ops->mongo, client);
   BSON_APPEND_UTF8(out, "replayId", replay_id);

@@ -75,12 +75,8 @@ bool ops_counts_with(const obx_ops_t *ops, mongoc_client_t *client, obx_ops_stor
     for (int i = 0; i < store_nstatuses(store); i++)
       if (strcmp(bson_iter_utf8(&id, NULL), store_status(store, i)) == 0) n[i] = bson_iter_as_int64(&cnt);
   }
-  bson_error_t berr;
-  const bson_t *reply = NULL;
-  bool ok = !mongoc_cursor_error_document(cursor, &berr, &reply);
-  if (!ok) obx_err_from_bson(err, &berr, reply);
+  bool ok = obx_mongo_cursor_end(cursor, err);
   for (int i = 0; ok && i < store_nstatuses(store); i++) BSON_APPEND_INT64(out, store_status(store, i), n[i]);
-  mongoc_cursor_destroy(cursor);
   mongoc_collection_destroy(c);
   bson_destroy(pipeline);
   bson_destroy(&match);

@@ -106,11 +106,7 @@ bool ops_find_page(const obx_ops_t *ops, const char *collection, const bson_t *f
   BSON_APPEND_INT32(out, "count", n);
   if (more) BSON_APPEND_UTF8(out, "next", next);
   else BSON_APPEND_NULL(out, "next");
-  bson_error_t berr;
-  const bson_t *reply = NULL;
-  bool ok = !mongoc_cursor_error_document(cursor, &berr, &reply);
-  if (!ok) obx_err_from_bson(err, &berr, reply);
-  mongoc_cursor_destroy(cursor);
+  bool ok = obx_mongo_cursor_end(cursor, err);
   mongoc_collection_destroy(c);
   obx_mongo_push(ops->mongo, client);
   bson_destroy(&opts);

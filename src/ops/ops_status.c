@@ -52,6 +52,15 @@ static bool count_held_keys(mongoc_collection_t *outbox, int64_t *n, obx_err_t *
   return ok;
 }
 
+/* Copies each document of coll that filter matches (with opts, NULL for none) into *docs (an array). */
+static bool read_docs(mongoc_collection_t *coll, const bson_t *filter, const bson_t *opts, bson_t *docs, obx_err_t *err) {
+  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(coll, filter, opts, NULL);
+  const bson_t *doc;
+  int n = 0;
+  while (mongoc_cursor_next(cursor, &doc)) ops_array_doc(docs, n++, doc);
+  return obx_mongo_cursor_end(cursor, err);
+}
+
 /* Copies each document of coll whose _id is a bucket's id of that base (obx_bucket_id: the base
  * itself, or "<base>." followed by anything) into *docs (an array). */
 static bool read_ids(mongoc_collection_t *coll, const char *base, bson_t *docs, obx_err_t *err) {
@@ -59,14 +68,7 @@ static bool read_ids(mongoc_collection_t *coll, const char *base, bson_t *docs, 
   snprintf(regex, sizeof regex, "^%s\\.", base);
   bson_t *filter = BCON_NEW("$or", "[", "{", "_id", BCON_UTF8(base), "}", "{", "_id", "{", "$regex", BCON_UTF8(regex), "}",
                             "}", "]");
-  mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(coll, filter, NULL, NULL);
-  const bson_t *doc, *reply = NULL;
-  bson_error_t berr;
-  int n = 0;
-  while (mongoc_cursor_next(cursor, &doc)) ops_array_doc(docs, n++, doc);
-  bool ok = !mongoc_cursor_error_document(cursor, &berr, &reply);
-  if (!ok) obx_err_from_bson(err, &berr, reply);
-  mongoc_cursor_destroy(cursor);
+  bool ok = read_docs(coll, filter, NULL, docs, err);
   bson_destroy(filter);
   return ok;
 }
@@ -230,16 +232,8 @@ static bool status_relay(const obx_ops_t *ops, mongoc_client_t *client, bson_t *
   bson_error_t berr;
   bool ok = read_ids(leases, OBX_BUCKET_LEASE_ID, &leases_arr, err) &&
             read_ids(ckpts, OBX_BUCKET_CHECKPOINT_ID, &ckpts_arr, err) &&
-            obx_mongo_find_one(outbox, due_q, sort, NULL, &oldest, &has_oldest, err);
-  if (ok) {
-    mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(members, live_q, by_owner, NULL);
-    const bson_t *doc, *reply = NULL;
-    int n = 0;
-    while (mongoc_cursor_next(cursor, &doc)) ops_array_doc(&members_arr, n++, doc);
-    ok = !mongoc_cursor_error_document(cursor, &berr, &reply);
-    if (!ok) obx_err_from_bson(err, &berr, reply);
-    mongoc_cursor_destroy(cursor);
-  }
+            obx_mongo_find_one(outbox, due_q, sort, NULL, &oldest, &has_oldest, err) &&
+            read_docs(members, live_q, by_owner, &members_arr, err);
   int64_t pending = ok ? mongoc_collection_count_documents(outbox, pending_q, NULL, NULL, NULL, &berr) : 0, held = 0;
   if (ok && pending < 0) {
     obx_err_from_bson(err, &berr, NULL);

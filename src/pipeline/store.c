@@ -86,7 +86,6 @@ static bool check_unique_enabled(mongoc_collection_t *coll, const bson_t *doc, o
   bson_t *opts = BCON_NEW("limit", BCON_INT64(1), "projection", "{", "name", BCON_INT32(1), "}");
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(coll, filter, opts, NULL);
   const bson_t *found;
-  bson_error_t berr;
   bool ok = true;
   if (mongoc_cursor_next(cursor, &found)) {
     const char *other = bson_iter_init_find(&it, found, "_id") ? bson_iter_utf8(&it, NULL) : "?";
@@ -94,11 +93,8 @@ static bool check_unique_enabled(mongoc_collection_t *coll, const bson_t *doc, o
                 "pipeline %s is already enabled for trigger %s; disable it first (one enabled pipeline per trigger)",
                 other, trigger);
     ok = false;
-  } else if (mongoc_cursor_error_document(cursor, &berr, &found)) {
-    obx_err_from_bson(err, &berr, found);
-    ok = false;
   }
-  mongoc_cursor_destroy(cursor);
+  ok = obx_mongo_cursor_end(cursor, ok ? err : NULL) && ok;
   bson_destroy(opts);
   bson_destroy(filter);
   return ok;
@@ -252,9 +248,9 @@ done:
   return ok;
 }
 
+/* Appends the documents of cursor to out as the array `key` and ends the cursor (obx_mongo_cursor_end). */
 static bool collect(mongoc_cursor_t *cursor, const char *key, bson_t *out, obx_err_t *err) {
   const bson_t *doc;
-  bson_error_t berr;
   bson_t arr;
   uint32_t i = 0;
   BSON_APPEND_ARRAY_BEGIN(out, key, &arr);
@@ -265,11 +261,7 @@ static bool collect(mongoc_cursor_t *cursor, const char *key, bson_t *out, obx_e
     BSON_APPEND_DOCUMENT(&arr, idxp, doc);
   }
   bson_append_array_end(out, &arr);
-  if (mongoc_cursor_error_document(cursor, &berr, &doc)) {
-    obx_err_from_bson(err, &berr, doc);
-    return false;
-  }
-  return true;
+  return obx_mongo_cursor_end(cursor, err);
 }
 
 bool obx_pipeline_store_list(mongoc_client_t *client, const char *db, const char *org_id, bson_t *out,
@@ -279,7 +271,6 @@ bool obx_pipeline_store_list(mongoc_client_t *client, const char *db, const char
   bson_t *opts = BCON_NEW("sort", "{", "orgId", BCON_INT32(1), "name", BCON_INT32(1), "}");
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(coll, filter, opts, NULL);
   bool ok = collect(cursor, "pipelines", out, err);
-  mongoc_cursor_destroy(cursor);
   bson_destroy(opts);
   bson_destroy(filter);
   mongoc_collection_destroy(coll);
@@ -332,10 +323,8 @@ bool obx_pipeline_store_executions(mongoc_client_t *client, const char *db, cons
   bson_t **page = bson_malloc0((size_t)limit * sizeof *page);
   int n = 0;
   const bson_t *doc;
-  bson_error_t berr;
   while (n < limit && mongoc_cursor_next(cursor, &doc)) page[n++] = bson_copy(doc);
-  bool ok = !mongoc_cursor_error_document(cursor, &berr, &doc);
-  if (!ok) obx_err_from_bson(err, &berr, doc);
+  bool ok = obx_mongo_cursor_end(cursor, err);
   if (ok) {
     bson_t arr;
     bson_iter_t it;
@@ -360,7 +349,6 @@ bool obx_pipeline_store_executions(mongoc_client_t *client, const char *db, cons
   }
   for (int i = 0; i < n; i++) bson_destroy(page[i]);
   bson_free(page);
-  mongoc_cursor_destroy(cursor);
   mongoc_collection_destroy(coll);
   bson_destroy(opts);
   bson_destroy(&filter);

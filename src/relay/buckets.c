@@ -180,7 +180,6 @@ static bool group_members(relay_group_t *group, mongoc_collection_t *members, in
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(members, filter, NULL, NULL);
   const bson_t *doc;
   bson_iter_t it;
-  bson_error_t berr;
   int cap = 0;
   while (mongoc_cursor_next(cursor, &doc)) {
     const char *owner = obx_mongo_doc_str(doc, "_id");
@@ -203,9 +202,9 @@ static bool group_members(relay_group_t *group, mongoc_collection_t *members, in
         BSON_ITER_HOLDS_DATE_TIME(&it) && bson_iter_date_time(&it) < m->next_expiry_ms)
       m->next_expiry_ms = bson_iter_date_time(&it);
   }
-  bool ok = !mongoc_cursor_error(cursor, &berr);
-  if (!ok) obx_warn("relay membership: %s", berr.message);
-  mongoc_cursor_destroy(cursor);
+  obx_err_t err = OBX_ERR_INIT;
+  bool ok = obx_mongo_cursor_end(cursor, &err);
+  if (!ok) obx_warn("relay membership: %s", err.msg);
   bson_destroy(filter);
   if (ok) qsort(m->owners, (size_t)m->n, sizeof *m->owners, owner_cmp);
   else members_cleanup(m);
@@ -234,7 +233,6 @@ static bool group_leases(relay_group_t *group, mongoc_collection_t *leases, int6
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(leases, filter, NULL, NULL);
   const bson_t *doc;
   bson_iter_t it;
-  bson_error_t berr;
   while (mongoc_cursor_next(cursor, &doc)) {
     const char *lid = obx_mongo_doc_str(doc, "_id"), *owner = obx_mongo_doc_str(doc, "owner");
     int64_t expires = bson_iter_init_find(&it, doc, "expiresAt") && BSON_ITER_HOLDS_DATE_TIME(&it) ? bson_iter_date_time(&it) : 0;
@@ -246,9 +244,9 @@ static bool group_leases(relay_group_t *group, mongoc_collection_t *leases, int6
         expiry[b] = expires;
       }
   }
-  bool ok = !mongoc_cursor_error(cursor, &berr);
-  if (!ok) obx_warn("relay leases: %s", berr.message);
-  mongoc_cursor_destroy(cursor);
+  obx_err_t err = OBX_ERR_INIT;
+  bool ok = obx_mongo_cursor_end(cursor, &err);
+  if (!ok) obx_warn("relay leases: %s", err.msg);
   bson_destroy(filter);
   return ok;
 }

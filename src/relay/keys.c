@@ -228,7 +228,6 @@ static bool key_release(obx_relay_t *relay, relay_key_t *k) {
                           "limit", BCON_INT64(relay->conf->relay_max_inflight));
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(relay->outbox, filter, opts, NULL);
   const bson_t *doc;
-  bson_error_t berr;
   int n = 0;
   char *key = strdup(k->key); /* k may be freed by a submit's gc */
   while (mongoc_cursor_next(cursor, &doc)) {
@@ -239,11 +238,11 @@ static bool key_release(obx_relay_t *relay, relay_key_t *k) {
     relay_keys_submit(relay, doc, msg);
     n++;
   }
-  bool ok = !mongoc_cursor_error(cursor, &berr);
-  if (!ok) obx_warn("releasing key %s: %s (will retry)", key, berr.message);
+  obx_err_t err = OBX_ERR_INIT;
+  bool ok = obx_mongo_cursor_end(cursor, &err);
+  if (!ok) obx_warn("releasing key %s: %s (will retry)", key, err.msg);
   else obx_info("key %s released: publishing its %d waiting events in order", key, n);
   free(key);
-  mongoc_cursor_destroy(cursor);
   bson_destroy(opts);
   bson_destroy(filter);
   return ok;
@@ -302,7 +301,6 @@ static bool keys_load_from(obx_relay_t *relay, bson_t *filter, bson_t *sort, con
   relay_bucket_filter(relay, filter, OBX_BUCKET_FIELD); /* the keys of this relay's bucket */
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(relay->outbox, filter, opts, NULL);
   const bson_t *doc;
-  bson_error_t berr;
   while (mongoc_cursor_next(cursor, &doc)) {
     const char *key = relay_doc_key(doc);
     if (!key || !relay_doc_mine(relay, doc)) continue;
@@ -318,9 +316,9 @@ static bool keys_load_from(obx_relay_t *relay, bson_t *filter, bson_t *sort, con
     free(msg.shard_key);
     if (msg.idv.value_type) bson_value_destroy(&msg.idv);
   }
-  bool ok = !mongoc_cursor_error(cursor, &berr);
-  if (!ok) obx_warn("loading held keys: %s", berr.message);
-  mongoc_cursor_destroy(cursor);
+  obx_err_t err = OBX_ERR_INIT;
+  bool ok = obx_mongo_cursor_end(cursor, &err);
+  if (!ok) obx_warn("loading held keys: %s", err.msg);
   bson_destroy(opts);
   bson_destroy(sort);
   bson_destroy(filter);

@@ -517,7 +517,6 @@ static bool relay_checkpoint_load(obx_relay_t *relay) {
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(relay->checkpoints, filter, NULL, NULL);
   const bson_t *doc;
   bson_iter_t it;
-  bson_error_t berr;
   bson_destroy(relay->ckpt_token);
   relay->ckpt_token = NULL;
   if (mongoc_cursor_next(cursor, &doc)) {
@@ -530,9 +529,9 @@ static bool relay_checkpoint_load(obx_relay_t *relay) {
     if (bson_iter_init_find(&it, doc, "clusterTime") && BSON_ITER_HOLDS_NUMBER(&it))
       relay->ckpt_cluster_s = bson_iter_as_int64(&it);
   }
-  bool ok = !mongoc_cursor_error(cursor, &berr);
-  if (!ok) obx_warn("checkpoint: %s", berr.message);
-  mongoc_cursor_destroy(cursor);
+  obx_err_t err = OBX_ERR_INIT;
+  bool ok = obx_mongo_cursor_end(cursor, &err);
+  if (!ok) obx_warn("checkpoint: %s", err.msg);
   bson_destroy(filter);
   return ok;
 }

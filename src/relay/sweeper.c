@@ -132,7 +132,6 @@ static int claim_candidates(obx_relay_t *relay, int64_t bound_ms, int64_t now, i
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(relay->outbox, query, opts, NULL);
   const bson_t *doc;
   bson_iter_t it;
-  bson_error_t berr;
   int found = 0;
   b->n = 0;
   while (found < want && mongoc_cursor_next(cursor, &doc)) {
@@ -150,12 +149,7 @@ static int claim_candidates(obx_relay_t *relay, int64_t bound_ms, int64_t now, i
                       ? strdup(bson_iter_utf8(&it, NULL)) : NULL;
     b->n++;
   }
-  int n = found;
-  if (mongoc_cursor_error(cursor, &berr)) {
-    obx_err_from_bson(err, &berr, NULL);
-    n = -1;
-  }
-  mongoc_cursor_destroy(cursor);
+  int n = obx_mongo_cursor_end(cursor, err) ? found : -1;
   bson_destroy(opts);
   bson_destroy(query);
   return n;
@@ -207,16 +201,13 @@ static bool claim_fetch(obx_relay_t *relay, const claim_batch_t *b, int64_t unti
   bson_t *opts = BCON_NEW("batchSize", BCON_INT64(n));
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(relay->outbox, query, opts, NULL);
   const bson_t *doc;
-  bson_error_t berr;
   while (mongoc_cursor_next(cursor, &doc)) {
     claim_pos_t probe = {relay_id_key(doc), 0};
     const claim_pos_t *hit = probe.key ? bsearch(&probe, pos, (size_t)n, sizeof *pos, claim_pos_cmp) : NULL;
     if (hit && bson_empty(&docs[hit->pos])) bson_copy_to_excluding_noinit(doc, &docs[hit->pos], "", NULL);
     free(probe.key);
   }
-  bool ok = !mongoc_cursor_error(cursor, &berr);
-  if (!ok) obx_err_from_bson(err, &berr, NULL);
-  mongoc_cursor_destroy(cursor);
+  bool ok = obx_mongo_cursor_end(cursor, err);
   bson_destroy(opts);
   bson_destroy(query);
   for (int i = 0; i < n; i++) free(pos[i].key);

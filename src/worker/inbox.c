@@ -398,11 +398,7 @@ bool obx_inbox_set_status_owned_many(mongoc_client_t *client, const char *db, mo
       for (int i = 0; id && i < n; i++)
         if (strcmp(outcomes[i].event_id, id) == 0) written[i] = outcome_written(doc, &outcomes[i]);
     }
-    if (cursor && mongoc_cursor_error(cursor, &berr)) {
-      obx_err_from_bson(err, &berr, NULL);
-      ok = false;
-    }
-    mongoc_cursor_destroy(cursor);
+    ok = obx_mongo_cursor_end(cursor, err) && ok;
     if (cursor) bson_destroy(&find_opts);
     bson_destroy(&filter);
   }
@@ -571,11 +567,7 @@ bool obx_inbox_renew(mongoc_client_t *client, const char *db, const char *consum
       const char(*found)[OBX_UUID_LEN + 1] = bsearch(bson_iter_utf8(&d, NULL), event_ids, (size_t)n, sizeof *event_ids, id_cmp);
       if (found) held[found - event_ids] = true;
     }
-    if (mongoc_cursor_error(cursor, &berr)) {
-      obx_err_from_bson(err, &berr, NULL);
-      ok = false;
-    }
-    mongoc_cursor_destroy(cursor);
+    ok = obx_mongo_cursor_end(cursor, err);
     bson_destroy(opts);
   }
   mongoc_collection_destroy(c);
@@ -670,10 +662,7 @@ bool obx_inbox_keys_parked(mongoc_client_t *client, const char *db, const char *
     for (int i = 0; key && i < n; i++)
       if (strcmp(keys[i], key) == 0) parked[i] = true;
   }
-  bson_error_t berr;
-  bool ok = !mongoc_cursor_error(cursor, &berr);
-  if (!ok) obx_err_from_bson(err, &berr, NULL);
-  mongoc_cursor_destroy(cursor);
+  bool ok = obx_mongo_cursor_end(cursor, err);
   mongoc_collection_destroy(c);
   bson_destroy(opts);
   bson_destroy(&filter);
@@ -846,13 +835,7 @@ bool obx_inbox_list_parked(mongoc_client_t *client, const char *db, const char *
     bson_append_document_end(&arr, &item);
   }
   bson_append_array_end(out, &arr);
-  bson_error_t berr;
-  const bson_t *reply = NULL;
-  if (ok && mongoc_cursor_error_document(cursor, &berr, &reply)) {
-    obx_err_from_bson(err, &berr, reply);
-    ok = false;
-  }
-  mongoc_cursor_destroy(cursor);
+  ok = obx_mongo_cursor_end(cursor, ok ? err : NULL) && ok; /* a failed count keeps its own error */
   mongoc_collection_destroy(c);
   bson_destroy(&opts);
   bson_destroy(&filter);
@@ -884,11 +867,7 @@ bool obx_inbox_retry_overdue(mongoc_client_t *client, const char *db, const char
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(c, filter, opts, NULL);
   const bson_t *doc;
   while (mongoc_cursor_next(cursor, &doc) && visit(ctx, doc)) continue;
-  bson_error_t berr;
-  const bson_t *reply = NULL;
-  bool ok = !mongoc_cursor_error_document(cursor, &berr, &reply);
-  if (!ok) obx_err_from_bson(err, &berr, reply);
-  mongoc_cursor_destroy(cursor);
+  bool ok = obx_mongo_cursor_end(cursor, err);
   mongoc_collection_destroy(c);
   bson_destroy(opts);
   bson_destroy(filter);
@@ -931,14 +910,8 @@ bool obx_inbox_seq_settled(mongoc_client_t *client, const char *db, const char *
   mongoc_cursor_t *cursor = mongoc_collection_find_with_opts(c, &filter, &opts, NULL);
   const bson_t *doc;
   *settled = mongoc_cursor_next(cursor, &doc);
-  bson_error_t berr;
-  const bson_t *reply = NULL;
-  bool ok = !mongoc_cursor_error_document(cursor, &berr, &reply);
-  if (!ok) {
-    obx_err_from_bson(err, &berr, reply);
-    *settled = false;
-  }
-  mongoc_cursor_destroy(cursor);
+  bool ok = obx_mongo_cursor_end(cursor, err);
+  if (!ok) *settled = false;
   mongoc_collection_destroy(c);
   bson_destroy(&opts);
   bson_destroy(&filter);
