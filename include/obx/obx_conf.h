@@ -132,8 +132,8 @@ typedef struct {
     "Pipeline attempts per event before it is parked in the DLQ")                                \
   X(order_post_concurrency, INT, "worker.concurrency", "ORDER_POST_CONCURRENCY", "4", 1, 256, NULL, 0, \
     "Runner threads of one worker: events of different keys in parallel (an event waiting for an http-request call holds none)") \
-  X(worker_max_inflight, INT, "worker.max_inflight", "WORKER_MAX_INFLIGHT", "500", 1, 1000000, NULL, 0, \
-    "Events one worker holds at most (queued, running or waiting for an http-request call; all keys); past it the Kafka partitions are held (not read)") \
+  X(worker_max_inflight, INT, "worker.max_inflight", "WORKER_MAX_INFLIGHT", "200", 1, 1000000, NULL, 0, \
+    "Events one worker holds at most (queued, running or waiting for an http-request call; all keys); past it the Kafka partitions are held (not read). Events whose outcome is being written count apart, up to as many again") \
   X(worker_lease, DURATION, "worker.lease", "WORKER_LEASE", "10s", 1000, 3600000, NULL, 0, \
     "Lease of an inbox claim; renewed every third of it while the event runs, taken over by a peer once expired") \
   X(worker_gap_wait, DURATION, "worker.gap_wait", "WORKER_GAP_WAIT", "30s", 0, 3600000, NULL, 0, \

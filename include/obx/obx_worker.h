@@ -72,7 +72,7 @@ typedef struct {
    * records), records fetched and not read yet (a held partition's among them), reports read. */
   int64_t fetched_records, prefetched_records;
   uint64_t kafka_stats_reports;
-  int64_t in_flight;        /* events queued or running */
+  int64_t in_flight;        /* events queued or running (not those whose outcome is being written) */
   uint64_t revocations;     /* Kafka partition revocations (rebalances that took partitions away) */
 } obx_worker_stats_t;
 

@@ -127,6 +127,10 @@ bool worker_run_job(void *ctx, job_t *job) {
     return false;
   }
   if (job->outcome == WORKER_DECODED || job->outcome == WORKER_RECORDING) { /* a batch write's now */
+    /* a run whose outcome is being written frees its in-flight slot: the intake may go on */
+    if (job->outcome == WORKER_RECORDING && worker_sched_recording(w->sched, job, w->max_inflight) &&
+        job->source == WORKER_SOURCE_KAFKA)
+      worker_kafka_wake(w);
     worker_batcher_submit(job->outcome == WORKER_DECODED ? w->claimer : w->recorder, job);
     return false;
   }

@@ -38,6 +38,7 @@ typedef struct keyq {
   bool running;      /* a runner holds its head, or its run waits for a call */
   bool ready;        /* on the ready list */
   worker_job_t *cont; /* the running job, its call ended: on the continuation list */
+  bool recording;    /* its running job's outcome is being written: counted in recording, not inflight */
   int64_t wake_at;   /* deferred (its head may not run yet) until then, monotonic ms; 0: not deferred */
   struct keyq *chain, *next_ready, *next_cont, *next_deferred;
 } keyq_t;
@@ -49,7 +50,8 @@ struct worker_sched {
   keyq_t *ready_head, *ready_tail;
   keyq_t *cont_head, *cont_tail; /* keys whose waiting run can go on */
   keyq_t *deferred;  /* keys whose head may not run yet, soonest wake_at first */
-  int inflight;      /* queued + running (waiting runs included) */
+  int inflight;      /* queued + running (waiting runs included; not those being recorded) */
+  int recording;     /* running jobs whose outcome is being written (worker_sched_recording) */
   int waiting;       /* runs waiting for a call (handed to the IO thread) */
   bool stop;
   pthread_t *threads;
@@ -170,7 +172,12 @@ static void *runner_main(void *arg) {
     pthread_mutex_lock(&s->mu);
     if (!finished) continue; /* held (worker_sched_hold): its key stays running until it ends */
     q->running = false;
-    s->inflight--;
+    if (q->recording) {
+      q->recording = false;
+      s->recording--;
+    } else {
+      s->inflight--;
+    }
     if (q->head) make_ready(s, q);
     else forget(s, q);
     if (s->stop) pthread_cond_broadcast(&s->ready_cv); /* the last waiting run may have ended */
@@ -289,6 +296,20 @@ int worker_sched_key_depth(worker_sched_t *s, const char *key, size_t len) {
   int n = q ? q->n + (q->running ? 1 : 0) : 0;
   pthread_mutex_unlock(&s->mu);
   return n;
+}
+
+bool worker_sched_recording(worker_sched_t *s, worker_job_t *job, int cap) {
+  pthread_mutex_lock(&s->mu);
+  keyq_t *q = job->sched_key;
+  assert(q->running && !q->recording);
+  bool moved = s->recording < cap;
+  if (moved) {
+    q->recording = true;
+    s->recording++;
+    s->inflight--;
+  }
+  pthread_mutex_unlock(&s->mu);
+  return moved;
 }
 
 int worker_sched_inflight(worker_sched_t *s) {

@@ -174,7 +174,13 @@ worker_io_t *worker_io_start(worker_sched_t *sched, obx_err_t *err);
 void worker_io_submit(worker_io_t *io, worker_job_t *job);
 /* After worker_sched_destroy (no call left): ends the thread, frees. NULL is a no-op. */
 void worker_io_stop(worker_io_t *io);
+/* Queued and running jobs, those being recorded left out (worker_sched_recording). */
 int worker_sched_inflight(worker_sched_t *sched);
+/* A running job's run is over and its outcome goes to be written (the recorder, batch.c): it
+ * leaves the in-flight count for the recording one while that holds fewer than cap jobs, so the
+ * intake may take another event meanwhile; its key stays running until the job ends, so the
+ * key's next event still starts only once this outcome is written. Returns whether it moved. */
+bool worker_sched_recording(worker_sched_t *sched, worker_job_t *job, int cap);
 /* Removes the queued (not started) jobs `which` selects, handing each to `dropped`; returns how
  * many. Called with the scheduler's lock held: the callbacks must not call back into it. */
 int worker_sched_drop(worker_sched_t *sched, bool (*which)(void *ctx, const worker_job_t *job),

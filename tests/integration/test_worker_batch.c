@@ -14,7 +14,8 @@
  * recorded alone and no pipeline runs twice, and one whose commitTransaction MongoDB refuses
  * (failCommand), the same. The last three hold the first group commit (failCommand
  * blockConnection on its inbox update, or a transaction of the test's on its entry) so that the
- * other events' outcomes are written together. Every wait polls with a deadline. */
+ * other events' outcomes are written together. The last case holds one event's recording to
+ * show that it frees the in-flight slot but not the key. Every wait polls with a deadline. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -397,6 +398,59 @@ static void test_refused_group_commit_records_each_alone(void **state) {
   for (int i = 0; i < GROUP; i++) obx_event_cleanup(&ev[i]);
 }
 
+#define HOLD_MS 2500
+
+/* A run whose outcome is being written gives its in-flight slot back, not its key: with
+ * WORKER_MAX_INFLIGHT 1 and the recorder's write of A-1's outcome held HOLD_MS (failCommand
+ * blockConnection on its inbox update), B's event (another key) is taken in and calls its
+ * endpoint while A-1 is not DONE yet (before, A-1 held the only slot until its outcome was
+ * written), and A-2 (A-1's key) calls its endpoint only once A-1 is DONE. */
+static void test_recording_frees_the_slot_not_the_key(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  wt_conf_set(fx, "worker.max_inflight", "1");
+  wt_conf_set(fx, "worker.lease", "60s"); /* no claim renewal (an inbox update) meanwhile */
+  obx_event_t a1, a2, b;
+  wt_event(&a1, "OrderConfirmed", "K-A", "SLOT-A1");
+  wt_event(&a2, "OrderConfirmed", "K-A", "SLOT-A2");
+  wt_event(&b, "OrderConfirmed", "K-B", "SLOT-B");
+  wt_route(fx, "SLOT-A1", 200);
+  wt_route(fx, "SLOT-A2", 200);
+  wt_route(fx, "SLOT-B", 200);
+  char fp[512];
+  snprintf(fp, sizeof fp,
+           "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"failCommands\": "
+           "[\"update\"], \"namespace\": \"%s.inbox\", \"blockConnection\": true, \"blockTimeMS\": %d}}",
+           obx_mongo_db_name(fx->mongo), HOLD_MS);
+  obx_test_fail_point(fx->client, fp);
+  wt_start_worker(fx);
+  wt_produce(fx, &a1);
+  wt_wait_calls(fx, "SLOT-A1", 1);
+  int64_t a1_called = obx_test_now_ms();
+  wt_produce(fx, &b);
+  wt_produce(fx, &a2);
+  wt_wait_calls(fx, "SLOT-B", 1);
+  char got[32];
+  wt_inbox_str(fx, a1.id, "status", got, sizeof got);
+  print_message("B called %lld ms after A-1, A-1 then %s\n", (long long)(obx_test_now_ms() - a1_called), got);
+  if (strcmp(got, "DONE") == 0) fail_msg("B ran only once A-1's outcome was written: A-1 held the only slot");
+  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
+  while (strcmp(wt_inbox_str(fx, a1.id, "status", got, sizeof got), "DONE") != 0) {
+    if (wt_erp_calls(fx, "SLOT-A2") > 0) fail_msg("A-2 called its endpoint before A-1 was DONE (%s)", got);
+    if (obx_test_now_ms() > deadline) fail_msg("A-1: %s, want DONE", got);
+    usleep(10000);
+  }
+  wt_wait_status(fx, a2.id, "DONE");
+  wt_wait_status(fx, b.id, "DONE");
+  assert_int_equal(wt_erp_calls(fx, "SLOT-A1"), 1);
+  assert_int_equal(wt_erp_calls(fx, "SLOT-A2"), 1);
+  assert_int_equal(wt_erp_calls(fx, "SLOT-B"), 1);
+  assert_int_equal(obx_test_fail_point(fx->client, "{\"configureFailPoint\": \"failCommand\", \"mode\": \"off\"}"), 1);
+  obx_event_cleanup(&a1);
+  obx_event_cleanup(&a2);
+  obx_event_cleanup(&b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_claim_many_maps_each_insert_to_its_event, setup, teardown),
@@ -405,6 +459,7 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_group_commit_records_the_others_when_one_claim_is_lost, setup, teardown),
     cmocka_unit_test_setup_teardown(test_failed_group_commit_records_each_alone, setup, teardown),
     cmocka_unit_test_setup_teardown(test_refused_group_commit_records_each_alone, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_recording_frees_the_slot_not_the_key, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
