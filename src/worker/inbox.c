@@ -669,25 +669,27 @@ bool obx_inbox_keys_parked(mongoc_client_t *client, const char *db, const char *
   return ok;
 }
 
+/* One write (write_one) to the parked key {consumer, key} of parked_keys; `extra` (NULL: none)
+ * is added to its filter. */
+static bool key_write(mongoc_client_t *client, const char *db, mongoc_client_session_t *session, const char *consumer,
+                      const char *key, const bson_t *extra, const bson_t *update, bool upsert, int64_t *matched,
+                      obx_err_t *err) {
+  bson_t filter = BSON_INITIALIZER;
+  append_id(&filter, "_id", consumer, "key", key);
+  if (extra) bson_concat(&filter, extra);
+  bool ok = write_one(client, db, "parked_keys", session, &filter, update, upsert, matched, err);
+  bson_destroy(&filter);
+  return ok;
+}
+
 bool obx_inbox_park_key(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                         const char *consumer, const char *key, const char *head_event_id, const char *reason,
                         obx_err_t *err) {
-  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child;
-  append_id(&filter, "_id", consumer, "key", key);
-  BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &child);
-  BSON_APPEND_UTF8(&child, "headEventId", head_event_id);
-  BSON_APPEND_UTF8(&child, "reason", reason ? reason : "");
-  bson_append_document_end(&update, &child);
-  BSON_APPEND_DOCUMENT_BEGIN(&update, "$setOnInsert", &child);
-  BSON_APPEND_DATE_TIME(&child, "since", obx_time_now_ms());
-  bson_append_document_end(&update, &child);
-  BSON_APPEND_DOCUMENT_BEGIN(&update, "$unset", &child);
-  BSON_APPEND_UTF8(&child, "releasedBy", "");
-  BSON_APPEND_UTF8(&child, "sent", "");
-  bson_append_document_end(&update, &child);
-  bool ok = write_one(client, db, "parked_keys", session, &filter, &update, true, NULL, err);
-  bson_destroy(&update);
-  bson_destroy(&filter);
+  bson_t *update = BCON_NEW("$set", "{", "headEventId", BCON_UTF8(head_event_id), "reason", BCON_UTF8(reason ? reason : ""),
+                            "}", "$setOnInsert", "{", "since", BCON_DATE_TIME(obx_time_now_ms()), "}", "$unset", "{",
+                            "releasedBy", BCON_UTF8(""), "sent", BCON_UTF8(""), "}");
+  bool ok = key_write(client, db, session, consumer, key, NULL, update, true, NULL, err);
+  bson_destroy(update);
   return ok;
 }
 
@@ -705,64 +707,44 @@ bool obx_inbox_key_get(mongoc_client_t *client, const char *db, mongoc_client_se
 bool obx_inbox_move_head(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                          const char *consumer, const char *key, const char *from_event_id, const char *to_event_id,
                          bool *moved, obx_err_t *err) {
-  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child;
-  append_id(&filter, "_id", consumer, "key", key);
-  BSON_APPEND_UTF8(&filter, "headEventId", from_event_id);
   char reason[64 + OBX_UUID_LEN];
   snprintf(reason, sizeof reason, "released after %s", from_event_id);
-  BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &child);
-  BSON_APPEND_UTF8(&child, "headEventId", to_event_id);
-  BSON_APPEND_UTF8(&child, "releasedBy", from_event_id);
-  BSON_APPEND_BOOL(&child, "sent", false);
-  BSON_APPEND_UTF8(&child, "reason", reason);
-  bson_append_document_end(&update, &child);
+  bson_t *head = BCON_NEW("headEventId", BCON_UTF8(from_event_id));
+  bson_t *update = BCON_NEW("$set", "{", "headEventId", BCON_UTF8(to_event_id), "releasedBy", BCON_UTF8(from_event_id),
+                            "sent", BCON_BOOL(false), "reason", BCON_UTF8(reason), "}");
   int64_t matched;
-  bool ok = write_one(client, db, "parked_keys", session, &filter, &update, false, &matched, err);
+  bool ok = key_write(client, db, session, consumer, key, head, update, false, &matched, err);
   *moved = ok && matched > 0;
-  bson_destroy(&update);
-  bson_destroy(&filter);
+  bson_destroy(update);
+  bson_destroy(head);
   return ok;
 }
 
 bool obx_inbox_mark_sent(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                          const char *consumer, const char *key, const char *head_event_id, obx_err_t *err) {
-  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child;
-  append_id(&filter, "_id", consumer, "key", key);
-  BSON_APPEND_UTF8(&filter, "headEventId", head_event_id);
-  BSON_APPEND_DOCUMENT_BEGIN(&update, "$set", &child);
-  BSON_APPEND_BOOL(&child, "sent", true);
-  bson_append_document_end(&update, &child);
-  bool ok = write_one(client, db, "parked_keys", session, &filter, &update, false, NULL, err);
-  bson_destroy(&update);
-  bson_destroy(&filter);
+  bson_t *head = BCON_NEW("headEventId", BCON_UTF8(head_event_id));
+  bson_t *update = BCON_NEW("$set", "{", "sent", BCON_BOOL(true), "}");
+  bool ok = key_write(client, db, session, consumer, key, head, update, false, NULL, err);
+  bson_destroy(update);
+  bson_destroy(head);
   return ok;
 }
 
 bool obx_inbox_hold_key(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                         const char *consumer, const char *key, const char *event_id, bool *held, obx_err_t *err) {
-  bson_t filter = BSON_INITIALIZER, update = BSON_INITIALIZER, child;
-  append_id(&filter, "_id", consumer, "key", key);
-  BSON_APPEND_DOCUMENT_BEGIN(&filter, "headEventId", &child);
-  BSON_APPEND_UTF8(&child, "$ne", event_id);
-  bson_append_document_end(&filter, &child);
-  BSON_APPEND_DOCUMENT_BEGIN(&update, "$inc", &child);
-  BSON_APPEND_INT64(&child, "admitted", 1);
-  bson_append_document_end(&update, &child);
+  bson_t *other_head = BCON_NEW("headEventId", "{", "$ne", BCON_UTF8(event_id), "}");
+  bson_t *update = BCON_NEW("$inc", "{", "admitted", BCON_INT64(1), "}");
   int64_t matched;
-  bool ok = write_one(client, db, "parked_keys", session, &filter, &update, false, &matched, err);
+  bool ok = key_write(client, db, session, consumer, key, other_head, update, false, &matched, err);
   *held = ok && matched > 0;
-  bson_destroy(&update);
-  bson_destroy(&filter);
+  bson_destroy(update);
+  bson_destroy(other_head);
   return ok;
 }
 
 bool obx_inbox_unpark_key(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,
                           const char *consumer, const char *key, obx_err_t *err) {
-  bson_t filter = BSON_INITIALIZER;
-  append_id(&filter, "_id", consumer, "key", key);
-  bool ok = write_one(client, db, "parked_keys", session, &filter, NULL, false, NULL, err);
-  bson_destroy(&filter);
-  return ok;
+  return key_write(client, db, session, consumer, key, NULL, NULL, false, NULL, err);
 }
 
 bool obx_inbox_next_blocked(mongoc_client_t *client, const char *db, mongoc_client_session_t *session,

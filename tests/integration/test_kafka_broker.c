@@ -36,6 +36,7 @@
 #include "obx/obx_event.h"
 #include "obx/obx_pipeline.h"
 #include "obx_test.h"
+#include "obx_test_fixture.h"
 #include "obx_test_httpd.h"
 #include "obx_test_kafka.h"
 #include "obx_test_mongo.h"
@@ -210,19 +211,8 @@ static void insert_events(fx_t *fx, int first, int n, int nkeys, char (*ids)[OBX
 static void create_pipeline(fx_t *fx) {
   if (!(fx->httpd = obx_test_httpd_start())) fail_msg("scripted ERP did not start");
   char json[1024];
-  snprintf(json, sizeof json,
-           "{\"name\": \"post\", \"trigger\": \"order.post\", \"enabled\": true, \"nodes\": ["
-           "{\"id\": \"start\", \"type\": \"start\"},"
-           "{\"id\": \"notify\", \"type\": \"http-request\", \"onError\": \"abort\", \"config\": {"
-           "  \"method\": \"POST\", \"url\": \"%s/{{orderNumber}}\", \"body\": {\"n\": \"{{orderNumber}}\"}}}],"
-           "\"edges\": [{\"from\": \"start\", \"to\": \"notify\"}]}",
-           obx_test_httpd_url(fx->httpd, "/erp"));
-  bson_error_t berr;
-  bson_t *def = bson_new_from_json((const uint8_t *)json, -1, &berr);
-  if (!def) fail_msg("pipeline json: %s", berr.message);
-  obx_err_t err = OBX_ERR_INIT;
-  if (!obx_pipeline_store_create(fx->client, fx->db, ORG, def, NULL, &err)) fail_msg("pipeline: %s", err.msg);
-  bson_destroy(def);
+  obx_test_erp_pipeline_json(json, sizeof json, obx_test_httpd_url(fx->httpd, "/erp"));
+  obx_test_pipeline_create(fx->client, fx->db, ORG, json);
 }
 
 static void route_erp(fx_t *fx, const char *number, int delay_ms) {

@@ -63,6 +63,19 @@ static obx_pipeline_t *one_call_pipeline(const char *config) {
   return pipeline;
 }
 
+/* Runs the one-call pipeline of config on `in` through egress, which must succeed, and copies the
+ * request it sent into *req (obx_test_httpd_request_cleanup). */
+static void run_one_call(const char *config, const obx_pipeline_input_t *in, obx_egress_t *egress,
+                         obx_test_httpd_request_t *req) {
+  obx_pipeline_t *pipeline = one_call_pipeline(config);
+  int before = obx_test_httpd_nrequests(httpd);
+  obx_pipeline_run_t *run = obx_pipeline_execute(pipeline, in, egress);
+  assert_int_equal(obx_pipeline_run_status(run), OBX_PIPELINE_SUCCEEDED);
+  assert_true(obx_test_httpd_request(httpd, before, req));
+  obx_pipeline_run_destroy(run);
+  obx_pipeline_destroy(pipeline);
+}
+
 static bson_t *order_context(void) {
   bson_error_t berr;
   bson_t *ctx = bson_new_from_json(
@@ -71,6 +84,15 @@ static bson_t *order_context(void) {
     -1, &berr);
   assert_non_null(ctx);
   return ctx;
+}
+
+/* For a table of run_one_call cases: scripts path to answer {}, opens egress (loopback allowed)
+ * and returns the order context they run on. */
+static bson_t *one_call_cases(const char *path, obx_egress_t *egress) {
+  obx_test_httpd_route_t route = {.path = path, .body = "{}"};
+  obx_test_httpd_route(httpd, &route);
+  assert_true(obx_egress_init(egress, "", "127.0.0.0/8", 1000, TIMEOUT_MS, MAX_BYTES, NULL));
+  return order_context();
 }
 
 static obx_pipeline_run_t *run_against(const char *path, const char *nets, const char *on_error) {
@@ -173,26 +195,17 @@ static void test_methods(void **state) {
     {"\"url\": \"%s\", \"method\": \"GET\", \"body\": {\"q\": 1}", "GET", "{\"q\":1}"},
     {"\"url\": \"%s\", \"method\": \"POST\"", "POST", ""},
   };
-  obx_test_httpd_route_t route = {.path = "/m", .body = "{}"};
-  obx_test_httpd_route(httpd, &route);
   obx_egress_t egress;
-  assert_true(obx_egress_init(&egress, "", "127.0.0.0/8", 1000, TIMEOUT_MS, MAX_BYTES, NULL));
-  bson_t *ctx = order_context();
+  bson_t *ctx = one_call_cases("/m", &egress);
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char config[512];
     snprintf(config, sizeof config, cases[i].config, obx_test_httpd_url(httpd, "/m"));
-    obx_pipeline_t *pipeline = one_call_pipeline(config);
     obx_pipeline_input_t in = {.context = ctx, .org_id = "o"};
-    int before = obx_test_httpd_nrequests(httpd);
-    obx_pipeline_run_t *run = obx_pipeline_execute(pipeline, &in, &egress);
-    assert_int_equal(obx_pipeline_run_status(run), OBX_PIPELINE_SUCCEEDED);
     obx_test_httpd_request_t req;
-    assert_true(obx_test_httpd_request(httpd, before, &req));
+    run_one_call(config, &in, &egress, &req);
     if (strcmp(req.method, cases[i].want_method) != 0 || strcmp(req.body, cases[i].want_body) != 0)
       fail_msg("case %zu: got %s %s, want %s %s", i, req.method, req.body, cases[i].want_method, cases[i].want_body);
     obx_test_httpd_request_cleanup(&req);
-    obx_pipeline_run_destroy(run);
-    obx_pipeline_destroy(pipeline);
   }
   bson_destroy(ctx);
   obx_egress_cleanup(&egress);
@@ -216,29 +229,20 @@ static void test_idempotency_key(void **state) {
     {", \"headers\": {\"idempotency-key\": \"mine-{{orderNumber}}\"}", "ev-4", NULL, "idempotency-key", "mine-A-1"},
     {"", NULL, NULL, "idempotency-key", NULL},
   };
-  obx_test_httpd_route_t route = {.path = "/idem", .body = "{}"};
-  obx_test_httpd_route(httpd, &route);
   obx_egress_t egress;
-  assert_true(obx_egress_init(&egress, "", "127.0.0.0/8", 1000, TIMEOUT_MS, MAX_BYTES, NULL));
-  bson_t *ctx = order_context();
+  bson_t *ctx = one_call_cases("/idem", &egress);
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char config[512];
     snprintf(config, sizeof config, "\"url\": \"%s\"%s", obx_test_httpd_url(httpd, "/idem"), cases[i].extra);
-    obx_pipeline_t *pipeline = one_call_pipeline(config);
     obx_pipeline_input_t in = {.context = ctx, .org_id = "o", .event_id = cases[i].event_id,
                                .replay_id = cases[i].replay_id};
-    int before = obx_test_httpd_nrequests(httpd);
-    obx_pipeline_run_t *run = obx_pipeline_execute(pipeline, &in, &egress);
-    assert_int_equal(obx_pipeline_run_status(run), OBX_PIPELINE_SUCCEEDED);
     obx_test_httpd_request_t req;
-    assert_true(obx_test_httpd_request(httpd, before, &req));
+    run_one_call(config, &in, &egress, &req);
     const char *got = obx_test_httpd_request_header(&req, cases[i].header);
     if (cases[i].want ? !got || strcmp(got, cases[i].want) != 0 : got != NULL)
       fail_msg("case %zu: %s: got %s, want %s", i, cases[i].header, got ? got : "(none)",
                cases[i].want ? cases[i].want : "(none)");
     obx_test_httpd_request_cleanup(&req);
-    obx_pipeline_run_destroy(run);
-    obx_pipeline_destroy(pipeline);
   }
   /* a header name that is not one is refused when the pipeline is saved */
   obx_pipeline_t *pipeline = NULL;

@@ -367,15 +367,8 @@ static void test_emitted_event_and_replay(void **state) {
   char json2[1024];
   snprintf(json2, sizeof json2, emitted_pipeline, obx_test_httpd_url(t->fx->httpd, "/erp"));
   const char *defs[] = {json, json2};
-  for (int i = 0; i < 2; i++) {
-    bson_error_t berr;
-    bson_t *def = bson_new_from_json((const uint8_t *)defs[i], -1, &berr);
-    if (!def) fail_msg("pipeline json: %s", berr.message);
-    obx_err_t err = OBX_ERR_INIT;
-    if (!obx_pipeline_store_create(t->fx->client, obx_mongo_db_name(t->fx->mongo), "org-emit", def, NULL, &err))
-      fail_msg("pipeline: %s", err.msg);
-    bson_destroy(def);
-  }
+  for (int i = 0; i < 2; i++)
+    obx_test_pipeline_create(t->fx->client, obx_mongo_db_name(t->fx->mongo), "org-emit", defs[i]);
   char keys_path[512], emit_key[128], fixture_key[128];
   snprintf(keys_path, sizeof keys_path, "%s/trace-keys-%d", obx_test_tmpdir(), (int)getpid());
   obx_test_apikey_add(keys_path, "org-emit", "*", emit_key); /* beside the fixture's key */

@@ -31,6 +31,7 @@
 #include "obx/obx_pipeline.h"
 #include "obx/obx_worker.h"
 #include "obx_test.h"
+#include "obx_test_fixture.h"
 #include "obx_test_httpd.h"
 #include "obx_test_kafka.h"
 #include "obx_test_mongo.h"
@@ -136,25 +137,13 @@ static inline bool wt_ladder_next(obx_ladder_consumer_t *consumer, obx_envelope_
 
 /* Stores a pipeline of WT_ORG from its JSON definition. */
 static inline void wt_create_pipeline_json(wt_fx_t *fx, const char *json) {
-  bson_error_t berr;
-  bson_t *def = bson_new_from_json((const uint8_t *)json, -1, &berr);
-  if (!def) fail_msg("pipeline json: %s", berr.message);
-  obx_err_t err = OBX_ERR_INIT;
-  if (!obx_pipeline_store_create(fx->client, obx_mongo_db_name(fx->mongo), WT_ORG, def, NULL, &err))
-    fail_msg("pipeline: %s", err.msg);
-  bson_destroy(def);
+  obx_test_pipeline_create(fx->client, obx_mongo_db_name(fx->mongo), WT_ORG, json);
 }
 
 /* The order.post pipeline: POST /erp/{{orderNumber}} on the scripted ERP. */
 static inline void wt_create_pipeline(wt_fx_t *fx) {
   char json[1024];
-  snprintf(json, sizeof json,
-           "{\"name\": \"post\", \"trigger\": \"order.post\", \"enabled\": true, \"nodes\": ["
-           "{\"id\": \"start\", \"type\": \"start\"},"
-           "{\"id\": \"notify\", \"type\": \"http-request\", \"onError\": \"abort\", \"config\": {"
-           "  \"method\": \"POST\", \"url\": \"%s/{{orderNumber}}\", \"body\": {\"n\": \"{{orderNumber}}\"}}}],"
-           "\"edges\": [{\"from\": \"start\", \"to\": \"notify\"}]}",
-           obx_test_httpd_url(fx->httpd, "/erp"));
+  obx_test_erp_pipeline_json(json, sizeof json, obx_test_httpd_url(fx->httpd, "/erp"));
   wt_create_pipeline_json(fx, json);
 }
 

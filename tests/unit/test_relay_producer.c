@@ -37,6 +37,40 @@ static void on_ack(const obx_relay_ack_t *ack, void *ctx) {
   acks->acked++;
 }
 
+/* A host producer that never connects and a mock cluster of one broker on it; *host destroyed
+ * after the cluster. */
+static rd_kafka_mock_cluster_t *mock_cluster(rd_kafka_t **host) {
+  char why[256];
+  rd_kafka_conf_t *host_conf = rd_kafka_conf_new();
+  rd_kafka_conf_set(host_conf, "log_level", "2", why, sizeof why);
+  *host = rd_kafka_new(RD_KAFKA_PRODUCER, host_conf, why, sizeof why);
+  assert_non_null(*host);
+  rd_kafka_mock_cluster_t *mc = rd_kafka_mock_cluster_new(*host, 1);
+  assert_non_null(mc);
+  return mc;
+}
+
+/* A producer reporting into acks (cleared), or the test fails. */
+static obx_relay_producer_t *producer_into(const obx_conf_t *conf, const char *transactional_id, acks_t *acks) {
+  obx_err_t err = OBX_ERR_INIT;
+  memset(acks, 0, sizeof *acks);
+  obx_relay_producer_t *producer = obx_relay_producer_new(conf, transactional_id, on_ack, acks, &err);
+  if (!producer) fail_msg("producer_new%s%s: %s", transactional_id ? " " : "", transactional_id ? transactional_id : "",
+                          err.msg);
+  return producer;
+}
+
+/* A record of key and the value {}. */
+static obx_kafka_record_t record_of(const char *key) {
+  obx_kafka_record_t rec;
+  memset(&rec, 0, sizeof rec);
+  rec.key = (char *)key;
+  rec.key_len = strlen(key);
+  rec.value = "{}";
+  rec.value_len = 2;
+  return rec;
+}
+
 static const char *const keys[] = {
   "21", "foobar", "abc", "a-little-bit-long-string", "ORD-000001", "ORD-000002", "ORD-424242",
   "0193f2a4-7c1e-7b3a-9f00-0a1b2c3d4e5f", "org-1/Order/77", "S\xc3\xa3o Paulo", "x",
@@ -46,13 +80,8 @@ static const char *const keys[] = {
 
 static void test_partition_matches_java(void **state) {
   static const int partition_counts[] = {1, 3, 7, 12, 64};
-  char why[256];
-  rd_kafka_conf_t *host_conf = rd_kafka_conf_new();
-  rd_kafka_conf_set(host_conf, "log_level", "2", why, sizeof why); /* the host never connects */
-  rd_kafka_t *host = rd_kafka_new(RD_KAFKA_PRODUCER, host_conf, why, sizeof why);
-  assert_non_null(host);
-  rd_kafka_mock_cluster_t *mc = rd_kafka_mock_cluster_new(host, 1);
-  assert_non_null(mc);
+  rd_kafka_t *host;
+  rd_kafka_mock_cluster_t *mc = mock_cluster(&host);
 
   obx_conf_t conf;
   memset(&conf, 0, sizeof conf);
@@ -68,17 +97,10 @@ static void test_partition_matches_java(void **state) {
     assert_int_equal(rd_kafka_mock_topic_create(mc, topic, n, 1), RD_KAFKA_RESP_ERR_NO_ERROR);
 
     acks_t acks;
-    memset(&acks, 0, sizeof acks);
     obx_err_t err = OBX_ERR_INIT;
-    obx_relay_producer_t *producer = obx_relay_producer_new(&conf, NULL, on_ack, &acks, &err);
-    if (!producer) fail_msg("producer_new: %s", err.msg);
+    obx_relay_producer_t *producer = producer_into(&conf, NULL, &acks);
     for (int i = 0; i < NKEYS; i++) {
-      obx_kafka_record_t rec;
-      memset(&rec, 0, sizeof rec);
-      rec.key = (char *)keys[i];
-      rec.key_len = strlen(keys[i]);
-      rec.value = "{}";
-      rec.value_len = 2;
+      obx_kafka_record_t rec = record_of(keys[i]);
       if (!obx_relay_producer_send(producer, topic, &rec, (void *)(intptr_t)i, &err))
         fail_msg("send %s: %s", keys[i], err.msg);
     }
@@ -125,11 +147,8 @@ static void test_bad_passthrough_key_is_named(void **state) {
  * own transactional.id whatever kafka.transactional.id says, and reports a record only once its
  * transaction is committed. */
 static void test_passthrough_cannot_override_guarantees(void **state) {
-  char why[256];
-  rd_kafka_conf_t *host_conf = rd_kafka_conf_new();
-  rd_kafka_conf_set(host_conf, "log_level", "2", why, sizeof why);
-  rd_kafka_t *host = rd_kafka_new(RD_KAFKA_PRODUCER, host_conf, why, sizeof why);
-  rd_kafka_mock_cluster_t *mc = rd_kafka_mock_cluster_new(host, 1);
+  rd_kafka_t *host;
+  rd_kafka_mock_cluster_t *mc = mock_cluster(&host);
   assert_int_equal(rd_kafka_mock_topic_create(mc, "forced", 1, 1), RD_KAFKA_RESP_ERR_NO_ERROR);
   obx_conf_t conf;
   memset(&conf, 0, sizeof conf);
@@ -138,16 +157,9 @@ static void test_passthrough_cannot_override_guarantees(void **state) {
   conf.passthrough = acks0;
   conf.npassthrough = 2;
   acks_t acks;
-  memset(&acks, 0, sizeof acks);
   obx_err_t err = OBX_ERR_INIT;
-  obx_relay_producer_t *producer = obx_relay_producer_new(&conf, NULL, on_ack, &acks, &err);
-  if (!producer) fail_msg("producer_new: %s", err.msg);
-  obx_kafka_record_t rec;
-  memset(&rec, 0, sizeof rec);
-  rec.key = "k";
-  rec.key_len = 1;
-  rec.value = "{}";
-  rec.value_len = 2;
+  obx_relay_producer_t *producer = producer_into(&conf, NULL, &acks);
+  obx_kafka_record_t rec = record_of("k");
   for (intptr_t i = 0; i < 2; i++) assert_true(obx_relay_producer_send(producer, "forced", &rec, (void *)i, &err));
   assert_true(obx_relay_producer_flush(producer, 20000));
   assert_int_equal(acks.acked, 2);
@@ -162,9 +174,7 @@ static void test_passthrough_cannot_override_guarantees(void **state) {
   obx_conf_pair_t acks1[] = {{"kafka.acks", "1"}, {"kafka.enable.idempotence", "false"}, {"kafka.transactional.id", "other"}};
   conf.passthrough = acks1;
   conf.npassthrough = 3;
-  memset(&acks, 0, sizeof acks);
-  producer = obx_relay_producer_new(&conf, "obx-unit-txn-0", on_ack, &acks, &err);
-  if (!producer) fail_msg("transactional producer_new: %s", err.msg);
+  producer = producer_into(&conf, "obx-unit-txn-0", &acks);
   if (obx_relay_producer_send(producer, "forced", &rec, (void *)0, &err)) fail_msg("sent before it was fenced in");
   if (!obx_relay_producer_fence(producer, 20000, &err)) fail_msg("fence: %s", err.msg);
   for (intptr_t i = 0; i < 2; i++) assert_true(obx_relay_producer_send(producer, "forced", &rec, (void *)i, &err));
@@ -192,16 +202,9 @@ static void test_undeliverable_record_reports_failure(void **state) {
   conf.passthrough = pass;
   conf.npassthrough = 1;
   acks_t acks;
-  memset(&acks, 0, sizeof acks);
   obx_err_t err = OBX_ERR_INIT;
-  obx_relay_producer_t *producer = obx_relay_producer_new(&conf, NULL, on_ack, &acks, &err);
-  if (!producer) fail_msg("producer_new: %s", err.msg);
-  obx_kafka_record_t rec;
-  memset(&rec, 0, sizeof rec);
-  rec.key = "k";
-  rec.key_len = 1;
-  rec.value = "{}";
-  rec.value_len = 2;
+  obx_relay_producer_t *producer = producer_into(&conf, NULL, &acks);
+  obx_kafka_record_t rec = record_of("k");
   assert_true(obx_relay_producer_send(producer, "t", &rec, (void *)(intptr_t)0, &err));
   assert_true(obx_relay_producer_flush(producer, 20000));
   assert_int_equal(acks.acked, 1);
@@ -214,27 +217,17 @@ static void test_undeliverable_record_reports_failure(void **state) {
 static void test_record_waits_out_an_outage(void **state) {
   /* A record produced while the broker is down is held (neither acknowledged nor failed) and
    * acknowledged once the broker is back. */
-  char why[256];
-  rd_kafka_conf_t *host_conf = rd_kafka_conf_new();
-  rd_kafka_conf_set(host_conf, "log_level", "2", why, sizeof why);
-  rd_kafka_t *host = rd_kafka_new(RD_KAFKA_PRODUCER, host_conf, why, sizeof why);
-  rd_kafka_mock_cluster_t *mc = rd_kafka_mock_cluster_new(host, 1);
+  rd_kafka_t *host;
+  rd_kafka_mock_cluster_t *mc = mock_cluster(&host);
   assert_int_equal(rd_kafka_mock_topic_create(mc, "outage", 2, 1), RD_KAFKA_RESP_ERR_NO_ERROR);
   obx_conf_t conf;
   memset(&conf, 0, sizeof conf);
   conf.kafka_brokers = (char *)rd_kafka_mock_cluster_bootstraps(mc);
   acks_t acks;
-  memset(&acks, 0, sizeof acks);
   obx_err_t err = OBX_ERR_INIT;
-  obx_relay_producer_t *producer = obx_relay_producer_new(&conf, NULL, on_ack, &acks, &err);
-  if (!producer) fail_msg("producer_new: %s", err.msg);
+  obx_relay_producer_t *producer = producer_into(&conf, NULL, &acks);
   assert_int_equal(rd_kafka_mock_broker_set_down(mc, 1), RD_KAFKA_RESP_ERR_NO_ERROR);
-  obx_kafka_record_t rec;
-  memset(&rec, 0, sizeof rec);
-  rec.key = "ORD-1";
-  rec.key_len = 5;
-  rec.value = "{}";
-  rec.value_len = 2;
+  obx_kafka_record_t rec = record_of("ORD-1");
   assert_true(obx_relay_producer_send(producer, "outage", &rec, (void *)(intptr_t)0, &err));
   int64_t until = obx_test_now_ms() + 1500;
   while (obx_test_now_ms() < until) obx_relay_producer_poll(producer, 100);
