@@ -232,6 +232,44 @@ static void test_indexes_follow_writes(void **state) {
   }
 }
 
+/* Updates that change some indexes' keys and not others' (an unindexed field only; a key of one
+ * index; a document moved out of and into the partial index's filter; the sparse field added and
+ * removed): devmongod rewrites only the entries whose keys changed, as mongod does, and every
+ * index still answers as a collection scan would. */
+static void test_updates_touch_only_changed_indexes(void **state) {
+  mongoc_collection_t *cs[2] = {g_ix, g_plain};
+  const char *updates[][2] = {
+    {"{\"a\": 1}", "{\"$set\": {\"x\": \"only an unindexed field\"}}"},
+    {"{\"a\": 2}", "{\"$set\": {\"d\": {\"$date\": 1600000000000}}}"},
+    {"{\"a\": 6}", "{\"$set\": {\"a\": 3}}"},      /* out of s_partial (a > 5), a_1_b_-1 moved */
+    {"{\"a\": 7}", "{\"$set\": {\"sp\": 2}}"},     /* into sp_sparse for those without sp */
+    {"{\"a\": 8}", "{\"$unset\": {\"sp\": \"\"}}"}, /* out of it */
+    {"{\"a\": 9}", "{\"$set\": {\"s\": \"k999\"}}"}, /* s_partial's key, a unchanged */
+    {"{\"a\": 0}", "{\"$set\": {\"a\": 9}}"},      /* into s_partial, s unchanged */
+  };
+  for (int k = 0; k < 2; k++)
+    for (size_t i = 0; i < sizeof updates / sizeof *updates; i++) {
+      bson_error_t error;
+      bson_t *q = obx_test_bson(updates[i][0]), *u = obx_test_bson(updates[i][1]);
+      if (!mongoc_collection_update_many(cs[k], q, u, NULL, NULL, &error)) fail_msg("update: %s", error.message);
+      bson_destroy(q);
+      bson_destroy(u);
+    }
+  static char got[NDOCS * 8], want[NDOCS * 8];
+  const char *queries[][2] = {{"{\"a\": {\"$gt\": 5}, \"s\": {\"$gte\": \"k000\"}}", "{\"sort\": {\"s\": 1, \"_id\": 1}}"},
+                              {"{\"a\": 3}", "{\"sort\": {\"b\": -1}}"},
+                              {"{\"a\": {\"$in\": [0, 6, 9]}}", "{\"sort\": {\"a\": 1, \"b\": -1}}"},
+                              {"{\"sp\": {\"$exists\": true}}", "{\"sort\": {\"sp\": 1, \"_id\": 1}}"},
+                              {"{\"d\": {\"$lt\": {\"$date\": 1700000000000}}}", "{\"sort\": {\"d\": -1, \"_id\": 1}}"},
+                              {"{\"x\": {\"$exists\": true}}", "{\"sort\": {\"b\": 1}}"}};
+  for (size_t i = 0; i < sizeof queries / sizeof *queries; i++) {
+    ids_of(g_ix, queries[i][0], queries[i][1], got, sizeof got);
+    ids_of(g_plain, queries[i][0], queries[i][1], want, sizeof want);
+    if (strcmp(got, want)) fail_msg("%s: indexed [%s], unindexed [%s]", queries[i][0], got, want);
+    if (!want[0]) fail_msg("%s: no document (the case tests nothing)", queries[i][0]);
+  }
+}
+
 /* Inside a transaction an index scan sees the transaction's own writes and its snapshot. */
 static void test_transaction_reads_through_index(void **state) {
   bson_error_t error;
@@ -362,6 +400,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_same_results_and_plans),
     cmocka_unit_test(test_indexes_follow_writes),
+    cmocka_unit_test(test_updates_touch_only_changed_indexes),
     cmocka_unit_test(test_transaction_reads_through_index),
     cmocka_unit_test(test_profiler_and_other_commands),
     cmocka_unit_test(test_plan_log_non_utf8),
