@@ -227,17 +227,20 @@ static void wait_claimed(wt_fx_t *fx, const obx_event_t *ev, int n) {
 #define CALL_MS 2500
 #define FIRST_MS 1000
 
-/* Holds the recorder: the next update of the inbox (the first group commit's, that of ev[0],
- * whose call ends first, FIRST_MS) waits CALL_MS, so the outcomes of the other GROUP - 1 events,
- * whose calls end together at CALL_MS, queue behind it and are written in one group commit. */
-static void hold_first_group_commit(wt_fx_t *fx) {
+/* The next update of the inbox (the recorder's next group commit) waits ms. */
+static void hold_next_inbox_update(wt_fx_t *fx, int ms) {
   char fp[512];
   snprintf(fp, sizeof fp,
            "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"failCommands\": "
            "[\"update\"], \"namespace\": \"%s.inbox\", \"blockConnection\": true, \"blockTimeMS\": %d}}",
-           obx_mongo_db_name(fx->mongo), CALL_MS);
+           obx_mongo_db_name(fx->mongo), ms);
   obx_test_fail_point(fx->client, fp);
 }
+
+/* Holds the recorder: the first group commit's (that of ev[0], whose call ends first, FIRST_MS)
+ * waits CALL_MS, so the outcomes of the other GROUP - 1 events, whose calls end together at
+ * CALL_MS, queue behind it and are written in one group commit. */
+static void hold_first_group_commit(wt_fx_t *fx) { hold_next_inbox_update(fx, CALL_MS); }
 
 static void group_events(wt_fx_t *fx, obx_event_t *ev, char nums[][16], const char *prefix) {
   for (int i = 0; i < GROUP; i++) {
@@ -417,12 +420,7 @@ static void test_recording_frees_the_slot_not_the_key(void **state) {
   wt_route(fx, "SLOT-A1", 200);
   wt_route(fx, "SLOT-A2", 200);
   wt_route(fx, "SLOT-B", 200);
-  char fp[512];
-  snprintf(fp, sizeof fp,
-           "{\"configureFailPoint\": \"failCommand\", \"mode\": {\"times\": 1}, \"data\": {\"failCommands\": "
-           "[\"update\"], \"namespace\": \"%s.inbox\", \"blockConnection\": true, \"blockTimeMS\": %d}}",
-           obx_mongo_db_name(fx->mongo), HOLD_MS);
-  obx_test_fail_point(fx->client, fp);
+  hold_next_inbox_update(fx, HOLD_MS);
   wt_start_worker(fx);
   wt_produce(fx, &a1);
   wt_wait_calls(fx, "SLOT-A1", 1);

@@ -193,27 +193,45 @@ static void test_hung_key_holds_only_its_partition(void **state) {
 #define NBOUND 40
 #define BOUND_CALL_MS 4000
 
-static void test_bound_holds_the_partitions_with_records_waiting(void **state) {
-  WT_NEED_BROKER();
-  wt_fx_t *fx = *state;
-  char bound[16];
+/* Starts the worker at WORKER_MAX_INFLIGHT BOUND (statistics every 100 ms) with NBOUND events of
+ * NBOUND keys, prefix-<i>, whose calls take delay_ms(i) (routes set, nothing produced yet).
+ * Returns the fixture's request count before them. */
+static int start_bounded(wt_fx_t *fx, obx_event_t ev[NBOUND], const char *prefix, int (*delay_ms)(int i)) {
+  char bound[16], num[32];
   snprintf(bound, sizeof bound, "%d", BOUND);
   wt_conf_set(fx, "worker.max_inflight", bound);
   wt_conf_set(fx, "kafka.statistics.interval.ms", "100");
+  wt_conf_set(fx, "egress.timeout", "20s"); /* above the slow calls */
   int before = obx_test_httpd_nrequests(fx->httpd);
   wt_start_worker(fx);
-  obx_event_t ev[NBOUND];
-  char num[32];
   for (int i = 0; i < NBOUND; i++) {
-    snprintf(num, sizeof num, "B-%d", i);
+    snprintf(num, sizeof num, "%s-%d", prefix, i);
     wt_event(&ev[i], "OrderConfirmed", num, num);
-    wt_route_delay(fx, num, 200, BOUND_CALL_MS);
-    produce_async(fx, &ev[i]);
+    wt_route_delay(fx, num, 200, delay_ms(i));
   }
+  return before;
+}
+
+static int bound_call_ms(int i) {
+  (void)i;
+  return BOUND_CALL_MS;
+}
+
+/* Flushes the producer, then waits up to within_ms for want calls since before; returns them. */
+static int flush_then_wait_calls(wt_fx_t *fx, int before, int want, int within_ms) {
   if (rd_kafka_flush(fx->producer, 20000)) fail_msg("produce: flush timed out");
-  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
-  while (obx_test_httpd_nrequests(fx->httpd) - before < BOUND && obx_test_now_ms() < deadline) usleep(10000);
-  int calls = obx_test_httpd_nrequests(fx->httpd) - before;
+  int64_t deadline = obx_test_now_ms() + within_ms;
+  while (obx_test_httpd_nrequests(fx->httpd) - before < want && obx_test_now_ms() < deadline) usleep(10000);
+  return obx_test_httpd_nrequests(fx->httpd) - before;
+}
+
+static void test_bound_holds_the_partitions_with_records_waiting(void **state) {
+  WT_NEED_BROKER();
+  wt_fx_t *fx = *state;
+  obx_event_t ev[NBOUND];
+  int before = start_bounded(fx, ev, "B", bound_call_ms);
+  for (int i = 0; i < NBOUND; i++) produce_async(fx, &ev[i]);
+  int calls = flush_then_wait_calls(fx, before, BOUND, WT_WAIT_MS);
   if (calls < BOUND) fail_msg("calls started: got %d, want %d", calls, BOUND);
   obx_worker_stats_t s;
   fresh_kafka_stats(fx, &s); /* within the first calls' BOUND_CALL_MS */
@@ -242,32 +260,20 @@ static void test_bound_holds_the_partitions_with_records_waiting(void **state) {
 #define REFILL_SHORT_MS 1500
 #define REFILL_SLOW_MS 6000
 
+static int refill_call_ms(int i) { return i == 0 ? REFILL_SHORT_MS : REFILL_SLOW_MS; }
+
 static void test_bound_refills_as_each_event_ends(void **state) {
   WT_NEED_BROKER();
   wt_fx_t *fx = *state;
-  char bound[16];
-  snprintf(bound, sizeof bound, "%d", BOUND);
-  wt_conf_set(fx, "worker.max_inflight", bound);
-  wt_conf_set(fx, "kafka.statistics.interval.ms", "100");
-  wt_conf_set(fx, "egress.timeout", "20s"); /* above the slow calls */
-  int before = obx_test_httpd_nrequests(fx->httpd);
-  wt_start_worker(fx);
   obx_event_t ev[NBOUND];
-  char num[32];
-  for (int i = 0; i < NBOUND; i++) {
-    snprintf(num, sizeof num, "R-%d", i);
-    wt_event(&ev[i], "OrderConfirmed", num, num);
-    wt_route_delay(fx, num, 200, i == 0 ? REFILL_SHORT_MS : REFILL_SLOW_MS);
-  }
+  int before = start_bounded(fx, ev, "R", refill_call_ms);
   for (int i = 0; i < BOUND; i++) produce_async(fx, &ev[i]); /* the bound's first 20, R-0 among them */
-  if (rd_kafka_flush(fx->producer, 20000)) fail_msg("produce: flush timed out");
-  int64_t deadline = obx_test_now_ms() + WT_WAIT_MS;
-  while (obx_test_httpd_nrequests(fx->httpd) - before < BOUND && obx_test_now_ms() < deadline) usleep(10000);
+  flush_then_wait_calls(fx, before, BOUND, WT_WAIT_MS);
   for (int i = BOUND; i < NBOUND; i++) produce_async(fx, &ev[i]);
-  if (rd_kafka_flush(fx->producer, 20000)) fail_msg("produce: flush timed out");
+  int calls = flush_then_wait_calls(fx, before, BOUND, 0);
   obx_worker_stats_t s;
   fresh_kafka_stats(fx, &s);
-  int calls = obx_test_httpd_nrequests(fx->httpd) - before;
+  calls = obx_test_httpd_nrequests(fx->httpd) - before;
   print_message("before R-0 ends: calls %d, in flight %lld, partitions held %lld, prefetched %lld\n", calls,
                 (long long)s.in_flight, (long long)s.paused_partitions, (long long)s.prefetched_records);
   if (calls != BOUND || s.paused_partitions < 1 || s.prefetched_records != NBOUND - BOUND)
@@ -275,9 +281,7 @@ static void test_bound_refills_as_each_event_ends(void **state) {
              calls);
   wt_wait_status(fx, ev[0].id, "DONE");
   int64_t ended = obx_test_now_ms();
-  deadline = ended + 2000; /* the slow calls end more than 4 s after R-0 */
-  while (obx_test_httpd_nrequests(fx->httpd) - before < BOUND + 1 && obx_test_now_ms() < deadline) usleep(10000);
-  calls = obx_test_httpd_nrequests(fx->httpd) - before;
+  calls = flush_then_wait_calls(fx, before, BOUND + 1, 2000); /* the slow calls end more than 4 s after R-0 */
   obx_worker_stats(fx->worker, &s);
   print_message("%d calls started %lld ms after R-0 ended (19 slow ones still running); in flight %lld\n", calls,
                 (long long)(obx_test_now_ms() - ended), (long long)s.in_flight);
