@@ -34,19 +34,13 @@
 #define GAP_BACKOFF_MIN_MS 50
 #define GAP_BACKOFF_MAX_MS 1000
 
-static uint64_t key_hash(const char *key, size_t len) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a, 64 bits */
-  for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)key[i]) * 1099511628211ull;
-  return h;
-}
-
 void worker_keyseq_settled(obx_worker_t *w, const job_t *job, worker_outcome_t outcome) {
   if (job->key_seq <= 0 || !(outcome == WORKER_DONE || outcome == WORKER_SKIPPED || outcome == WORKER_BLOCKED ||
                              outcome == WORKER_RETRYING || outcome == WORKER_DEAD))
     return;
   size_t klen;
   const char *key = obx_envelope_partition_key(&job->msg, &klen);
-  uint64_t h = key_hash(key, klen);
+  uint64_t h = worker_key_hash(key, klen);
   pthread_mutex_lock(&w->settled_mu);
   w->settled[h % KEYSEQ_SETTLED_SLOTS].key_hash = h;
   w->settled[h % KEYSEQ_SETTLED_SLOTS].seq = job->key_seq;
@@ -55,7 +49,7 @@ void worker_keyseq_settled(obx_worker_t *w, const job_t *job, worker_outcome_t o
 
 /* Whether this process settled the key's keySeq `seq` last (its slot may have gone to another key). */
 static bool settled_here(obx_worker_t *w, const char *key, size_t len, int64_t seq) {
-  uint64_t h = key_hash(key, len);
+  uint64_t h = worker_key_hash(key, len);
   pthread_mutex_lock(&w->settled_mu);
   bool here = w->settled[h % KEYSEQ_SETTLED_SLOTS].key_hash == h && w->settled[h % KEYSEQ_SETTLED_SLOTS].seq == seq;
   pthread_mutex_unlock(&w->settled_mu);

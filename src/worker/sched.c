@@ -32,7 +32,7 @@
 typedef struct keyq {
   char *key;
   size_t len;
-  uint32_t hash;
+  uint64_t hash;
   worker_job_t *head, *tail;
   int n;             /* queued, not started */
   bool running;      /* a runner holds its head, or its run waits for a call */
@@ -61,14 +61,14 @@ struct worker_sched {
   void *ctx;
 };
 
-static uint32_t key_hash(const char *s, size_t len) {
-  uint32_t h = 2166136261u; /* FNV-1a */
-  for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
+uint64_t worker_key_hash(const char *key, size_t len) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a, 64 bits */
+  for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)key[i]) * 1099511628211ull;
   return h;
 }
 
 static keyq_t *find(worker_sched_t *s, const char *key, size_t len, bool create) {
-  uint32_t h = key_hash(key, len);
+  uint64_t h = worker_key_hash(key, len);
   keyq_t **slot = &s->buckets[h % NBUCKETS];
   for (keyq_t *q = *slot; q; q = q->chain)
     if (q->hash == h && q->len == len && memcmp(q->key, key, len) == 0) return q;

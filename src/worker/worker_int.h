@@ -164,6 +164,9 @@ void worker_sched_hold(worker_sched_t *sched);
  * running. Any thread. */
 void worker_sched_resume(worker_sched_t *sched, worker_job_t *job);
 int worker_sched_key_depth(worker_sched_t *sched, const char *key, size_t len);
+/* The hash of a business key (FNV-1a, 64 bits): the per-key queues' (sched.c) and the keySeq
+ * memory's (keyseq.c). */
+uint64_t worker_key_hash(const char *key, size_t len);
 
 /* ---- the IO thread (io.c): every http-request call in flight, in one libcurl multi handle ---- */
 typedef struct worker_io worker_io_t;
