@@ -90,9 +90,10 @@ static relay_key_t *key_find(obx_relay_t *relay, const char *key, bool create) {
   return k;
 }
 
-/* Frees k when it holds nothing. */
+/* Frees k when it holds nothing: no event in flight or queued, no hold, no release due (its
+ * PENDING events still to publish, relay_keys_tick). */
 static void key_gc(obx_relay_t *relay, relay_key_t *k) {
-  if (k->inflight || k->head || k->held_id) return;
+  if (k->inflight || k->head || k->held_id || k->release_due) return;
   relay_key_t **slot = &relay->keys[key_hash(k->key) % KEYS_BUCKETS];
   while (*slot != k) slot = &(*slot)->next;
   *slot = k->next;
