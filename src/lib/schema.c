@@ -45,8 +45,11 @@ static const obx_schema_index_t outbox_indexes[] = {
   {"outbox_pending_claimed", "{\"status\": 1, \"availableAt\": 1, \"_id\": 1, \"bucket\": 1}",
    "{\"partialFilterExpression\": {\"status\": \"PENDING\", \"claimedUntil\": {\"$exists\": true}}}",
    OBX_SCHEMA_TTL_NONE},
-  /* a released key's waiting events, in order (src/relay/keys.c) */
-  {"outbox_key_status_seq", "{\"partitionKey\": 1, \"status\": 1, \"keySeq\": 1}", NULL, OBX_SCHEMA_TTL_NONE},
+  /* a released key's waiting events, in order: sort {keySeq, occurredAt, _id} (src/relay/keys.c);
+   * named apart from the {partitionKey, status, keySeq} index it replaces, which an older schema
+   * may still hold (never dropped here, no longer used) */
+  {"outbox_key_status_seq_occurred_id", "{\"partitionKey\": 1, \"status\": 1, \"keySeq\": 1, \"occurredAt\": 1, \"_id\": 1}",
+   NULL, OBX_SCHEMA_TTL_NONE},
   /* the operators' lists (GET /api/outbox, outboxctl outbox list), newest first, by org and
    * status, by org, and by status across orgs (also the oldest PENDING for the lag) */
   {"outbox_org_status_occurred_id", "{\"orgId\": 1, \"status\": 1, \"occurredAt\": -1, \"_id\": -1}", NULL,
