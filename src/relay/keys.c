@@ -67,10 +67,9 @@ struct relay_key {
   struct relay_key *next;   /* hash chain */
 };
 
-static uint32_t key_hash(const char *s) {
-  uint32_t h = 2166136261u;
-  for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
-  return h;
+/* The hash chain of a key, by Kafka's murmur2 (obx_bucket.h: the hash the buckets use too). */
+static size_t key_slot(const char *key) {
+  return (uint32_t)obx_murmur2(key, strlen(key)) % KEYS_BUCKETS;
 }
 
 static relay_key_t *key_find(obx_relay_t *relay, const char *key, bool create) {
@@ -78,7 +77,7 @@ static relay_key_t *key_find(obx_relay_t *relay, const char *key, bool create) {
     relay->keys = calloc(KEYS_BUCKETS, sizeof *relay->keys);
     if (!relay->keys) abort();
   }
-  relay_key_t **slot = &relay->keys[key_hash(key) % KEYS_BUCKETS];
+  relay_key_t **slot = &relay->keys[key_slot(key)];
   for (relay_key_t *k = *slot; k; k = k->next)
     if (strcmp(k->key, key) == 0) return k;
   if (!create) return NULL;
@@ -94,7 +93,7 @@ static relay_key_t *key_find(obx_relay_t *relay, const char *key, bool create) {
  * PENDING events still to publish, relay_keys_tick). */
 static void key_gc(obx_relay_t *relay, relay_key_t *k) {
   if (k->inflight || k->head || k->held_id || k->release_due) return;
-  relay_key_t **slot = &relay->keys[key_hash(k->key) % KEYS_BUCKETS];
+  relay_key_t **slot = &relay->keys[key_slot(k->key)];
   while (*slot != k) slot = &(*slot)->next;
   *slot = k->next;
   free(k->key);
@@ -397,7 +396,7 @@ void relay_keys_reset(obx_relay_t *relay) {
 
 bool relay_keys_queued_has(const obx_relay_t *relay, const char *pkey, const char *id) {
   if (!relay->keys || !relay->nqueued) return false;
-  size_t first = pkey ? key_hash(pkey) % KEYS_BUCKETS : 0, last = pkey ? first : KEYS_BUCKETS - 1;
+  size_t first = pkey ? key_slot(pkey) : 0, last = pkey ? first : KEYS_BUCKETS - 1;
   for (size_t b = first; b <= last; b++)
     for (const relay_key_t *k = relay->keys[b]; k; k = k->next) {
       if (pkey && strcmp(k->key, pkey) != 0) continue;
