@@ -126,12 +126,14 @@ static void key_drop_queue(obx_relay_t *relay, relay_key_t *k) {
   k->tail = NULL;
 }
 
-static void key_hold(obx_relay_t *relay, relay_key_t *k, const obx_relay_msg_t *msg) {
+/* Holds k behind msg's event; a new hold is logged at `level` (a refusal: error; a takeover's
+ * hold of a claimed event: debug, relay_claims_release counts them in one line). */
+static void key_hold(obx_relay_t *relay, relay_key_t *k, const obx_relay_msg_t *msg, obx_log_level_t level) {
   if (!k->held_id) {
     relay->nheld++;
     k->held_id = strdup(msg->id);
     bson_value_copy(&msg->idv, &k->held_idv);
-    obx_log_event(OBX_LOG_ERROR, msg->id + 1, NULL, "key %s held: its later events wait until this event is "
+    obx_log_event(level, msg->id + 1, NULL, "key %s held: its later events wait until this event is "
                   "published, reprocessed, fixed or skipped (%s)", k->key, msg->error);
   }
   snprintf(k->reason, sizeof k->reason, "%s", msg->error);
@@ -198,7 +200,7 @@ void relay_keys_acked(obx_relay_t *relay, obx_relay_msg_t *msg) {
     if (msg->from == RELAY_FROM_STREAM) relay_window_done(relay, msg->seq);
   }
   if (!msg->ok) {
-    if (!msg->purged) key_hold(relay, k, msg);
+    if (!msg->purged) key_hold(relay, k, msg, OBX_LOG_ERROR);
     key_drop_queue(relay, k);
   } else {
     if (k->held_id && msg->id && strcmp(k->held_id, msg->id) == 0) {
@@ -294,8 +296,9 @@ void relay_keys_check(obx_relay_t *relay) {
 }
 
 /* Holds the keys of the documents `filter` (sorted by `sort`, may be NULL) finds: the first
- * of a key is its head. */
-static bool keys_load_from(obx_relay_t *relay, bson_t *filter, bson_t *sort, const char *why_default) {
+ * of a key is its head; each new hold logged at `level`. */
+static bool keys_load_from(obx_relay_t *relay, bson_t *filter, bson_t *sort, const char *why_default,
+                           obx_log_level_t level) {
   bson_t *opts = BCON_NEW("limit", BCON_INT64(KEYS_LOAD_MAX));
   if (sort) BSON_APPEND_DOCUMENT(opts, "sort", sort);
   relay_bucket_filter(relay, filter, OBX_BUCKET_FIELD); /* the keys of this relay's bucket */
@@ -311,7 +314,7 @@ static bool keys_load_from(obx_relay_t *relay, bson_t *filter, bson_t *sort, con
     relay_msg_set_id(&msg, doc);
     const char *why = obx_mongo_doc_str(doc, "lastError");
     snprintf(msg.error, sizeof msg.error, "%s", why ? why : why_default);
-    key_hold(relay, k, &msg);
+    key_hold(relay, k, &msg, level);
     free(msg.id);
     free(msg.shard_key);
     if (msg.idv.value_type) bson_value_destroy(&msg.idv);
@@ -333,12 +336,12 @@ bool relay_keys_load(obx_relay_t *relay) {
    * repeat those indexes' partialFilterExpression (src/lib/schema.c), so a server may use them:
    * a takeover reads what matches, not the PENDING backlog. */
   return keys_load_from(relay, BCON_NEW("status", "FAILED"), BCON_NEW("occurredAt", BCON_INT32(1), "_id", BCON_INT32(1)),
-                        "a failed publish") &&
+                        "a failed publish", OBX_LOG_ERROR) &&
          keys_load_from(relay, BCON_NEW("status", "PENDING", "attempts", "{", "$gt", BCON_INT32(0), "}"), NULL,
-                        "a failed publish") &&
+                        "a failed publish", OBX_LOG_ERROR) &&
          keys_load_from(relay, BCON_NEW("status", "PENDING", "claimedUntil", "{", "$exists", BCON_BOOL(true), "}"),
                         BCON_NEW("availableAt", BCON_INT32(1), "_id", BCON_INT32(1)),
-                        "claimed by an earlier leader, not yet published");
+                        "claimed by an earlier leader, not yet published", OBX_LOG_DEBUG);
 }
 
 void relay_keys_filter(obx_relay_t *relay, bson_t *query) {
