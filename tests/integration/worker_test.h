@@ -187,8 +187,8 @@ static inline wt_fx_t *wt_setup_on(int partitions, const char *mongo_args, bool 
     free(fx);
     fail_msg("the scripted ERP did not start");
   }
-  snprintf(fx->prefix, sizeof fx->prefix, "wt.%d.%d", (int)getpid(), seq);
-  snprintf(fx->group, sizeof fx->group, "wt-%d-%d", (int)getpid(), seq++);
+  snprintf(fx->prefix, sizeof fx->prefix, "wt.%s.%d", obx_test_unique(), seq);
+  snprintf(fx->group, sizeof fx->group, "wt-%s-%d", obx_test_unique(), seq++);
   obx_conf_init(&fx->conf);
   wt_conf_set(fx, "mongo.uri", fx->m.uri);
   wt_conf_set(fx, "kafka.brokers", fx->broker.bootstrap);

@@ -176,7 +176,7 @@ void obx_test_broker_stop(obx_test_broker_t *b) {
 
 void obx_test_broker_group(const char *base, char *out, size_t outlen) {
   static int seq;
-  snprintf(out, outlen, "%s-%d-%d", base, (int)getpid(), seq++);
+  snprintf(out, outlen, "%s-%s-%d", base, obx_test_unique(), seq++);
 }
 
 /* Every partition of topic has a leader in the broker's metadata. */
@@ -200,7 +200,7 @@ bool obx_test_broker_topic(const obx_test_broker_t *b, const char *base, int par
   static int seq;
   char errstr[256];
   bool ok = false;
-  snprintf(name, namelen, "%s-%d-%d", base, (int)getpid(), seq++);
+  snprintf(name, namelen, "%s-%s-%d", base, obx_test_unique(), seq++);
   rd_kafka_conf_t *conf = rd_kafka_conf_new();
   if (rd_kafka_conf_set(conf, "bootstrap.servers", b->bootstrap, errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
     rd_kafka_conf_destroy(conf);

@@ -57,6 +57,11 @@ bool obx_test_file_contains(const char *path, const char *needle, int timeout_ms
 /* A private temp directory for this test run (created once, under $TMPDIR). */
 const char *obx_test_tmpdir(void);
 
+/* This test process's token for the names it leaves on the run's shared broker and node
+ * (topics, consumer groups, queue prefixes): its pid and 32 random bits, since a long run
+ * reuses pids (pid_max is 32768 on these machines) and a topic outlives its process. */
+const char *obx_test_unique(void);
+
 /* Builds a path to a program in the build tree, e.g. obx_test_build_path("tests/fixtures/devmongo/devmongod"). */
 const char *obx_test_build_path(const char *rel);
 

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -40,6 +42,16 @@ const char *obx_test_tmpdir(void) {
     }
   }
   return dir;
+}
+
+const char *obx_test_unique(void) {
+  static char id[32];
+  if (!id[0]) {
+    uint32_t r;
+    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) r = (uint32_t)obx_test_now_ms();
+    snprintf(id, sizeof id, "%d-%08x", (int)getpid(), r);
+  }
+  return id;
 }
 
 const char *obx_test_build_path(const char *rel) {
