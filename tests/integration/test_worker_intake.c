@@ -270,10 +270,10 @@ static void test_bound_refills_as_each_event_ends(void **state) {
   for (int i = 0; i < BOUND; i++) produce_async(fx, &ev[i]); /* the bound's first 20, R-0 among them */
   flush_then_wait_calls(fx, before, BOUND, WT_WAIT_MS);
   for (int i = BOUND; i < NBOUND; i++) produce_async(fx, &ev[i]);
-  int calls = flush_then_wait_calls(fx, before, BOUND, 0);
+  flush_then_wait_calls(fx, before, BOUND, 0); /* the flush; the calls are counted after the statistics */
   obx_worker_stats_t s;
   fresh_kafka_stats(fx, &s);
-  calls = obx_test_httpd_nrequests(fx->httpd) - before;
+  int calls = obx_test_httpd_nrequests(fx->httpd) - before;
   print_message("before R-0 ends: calls %d, in flight %lld, partitions held %lld, prefetched %lld\n", calls,
                 (long long)s.in_flight, (long long)s.paused_partitions, (long long)s.prefetched_records);
   if (calls != BOUND || s.paused_partitions < 1 || s.prefetched_records != NBOUND - BOUND)
